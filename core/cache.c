@@ -1,0 +1,359 @@
+/* libfscache: the cache directory and its background committer.
+ *
+ * Layout of a cache directory (docs/format.md):
+ *
+ *   DIR/                 mode 0700, owned by the user running nbdkit
+ *   DIR/fscache.hdr      512-byte header: magic, format version, the
+ *                        cache's UUID, creation time, XXH3 checksum
+ *   DIR/objects/@xx/     fan-out directories (keyenc.h)
+ *   DIR/objects/@xx/NAME.idx, NAME.data   one object (index.h)
+ *
+ * The header is written to a temporary name, synced and renamed, so it
+ * is either absent or whole.  A header that fails its checksum is
+ * replaced (objects validate themselves); one from a newer version is
+ * refused so that we never scribble over a cache we do not understand.
+ *
+ * One committer thread per cache makes fills durable in batches: it
+ * wakes every commit_interval_ms, or sooner when an object has many
+ * dirty groups, and commits each object with pending changes.  Reads
+ * therefore never wait for an fsync.
+ */
+#include <config.h>
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <uuid/uuid.h>
+#include <xxhash.h>
+
+#include "internal.h"
+#include "utils.h"
+
+#define HDR_NAME "fscache.hdr"
+#define HDR_SIZE 512
+#define HDR_VERSION 1           /* saved on disk */
+static const unsigned char hdr_magic[8] = "NBDFSCHD";
+
+/* Header field offsets, saved on disk. */
+enum { H_MAGIC = 0, H_VERSION = 8, H_SIZE = 12, H_UUID = 16,
+       H_CREATED = 32, H_CHECKSUM = HDR_SIZE - 8 };
+
+/* Create DIR and missing parents, like mkdir -p -m 0700. */
+static int
+mkdir_p (const char *dir)
+{
+  CLEANUP_FREE char *path = strdup (dir);
+  if (path == NULL)
+    return -1;
+  for (char *p = path + 1; ; ++p) {
+    if (*p == '/' || *p == '\0') {
+      char c = *p;
+      *p = '\0';
+      if (mkdir (path, 0700) == -1 && errno != EEXIST)
+        return -1;
+      *p = c;
+      if (c == '\0')
+        break;
+    }
+  }
+  return 0;
+}
+
+static int
+write_header (struct fsc_cache *c)
+{
+  unsigned char buf[HDR_SIZE] = { 0 };
+  const char *tmp = HDR_NAME ".tmp";
+
+  uuid_generate (c->uuid);
+  memcpy (buf + H_MAGIC, hdr_magic, 8);
+  put_le32 (buf + H_VERSION, HDR_VERSION);
+  put_le32 (buf + H_SIZE, HDR_SIZE);
+  memcpy (buf + H_UUID, c->uuid, 16);
+  put_le64 (buf + H_CREATED, (uint64_t) time (NULL));
+  put_le64 (buf + H_CHECKSUM, XXH3_64bits (buf, H_CHECKSUM));
+
+  unlinkat (c->dirfd, tmp, 0);
+  int fd = openat (c->dirfd, tmp,
+                   O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (fd == -1)
+    return -1;
+  if (fsc_io_pwrite (&c->io, FSC_FILE_INDEX, fd, buf, HDR_SIZE, 0) == -1 ||
+      fsync (fd) == -1) {
+    int e = errno;
+    close (fd);
+    unlinkat (c->dirfd, tmp, 0);
+    errno = e;
+    return -1;
+  }
+  close (fd);
+  if (renameat (c->dirfd, tmp, c->dirfd, HDR_NAME) == -1)
+    return -1;
+  return fsync (c->dirfd);
+}
+
+/* Read the header.  Returns 0, or -1 with errno: ENOENT (absent),
+ * EBADMSG (damaged), EPROTONOSUPPORT (newer version), or an I/O error.
+ */
+static int
+read_header (struct fsc_cache *c)
+{
+  unsigned char buf[HDR_SIZE];
+  int fd = openat (c->dirfd, HDR_NAME, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd == -1)
+    return -1;
+  ssize_t n = fsc_io_pread (&c->io, FSC_FILE_INDEX, fd, buf, HDR_SIZE, 0);
+  int e = errno;
+  close (fd);
+  if (n == -1) {
+    errno = e;
+    return -1;
+  }
+  if (n != HDR_SIZE || memcmp (buf + H_MAGIC, hdr_magic, 8) != 0) {
+    errno = EBADMSG;
+    return -1;
+  }
+  if (get_le32 (buf + H_VERSION) != HDR_VERSION) {
+    errno = EPROTONOSUPPORT;
+    return -1;
+  }
+  if (get_le32 (buf + H_SIZE) != HDR_SIZE ||
+      get_le64 (buf + H_CHECKSUM) != XXH3_64bits (buf, H_CHECKSUM)) {
+    errno = EBADMSG;
+    return -1;
+  }
+  memcpy (c->uuid, buf + H_UUID, 16);
+  return 0;
+}
+
+/* A directory we may trust: ours, and nobody else may write it. */
+static int
+check_dir (int fd)
+{
+  struct stat st;
+  if (fstat (fd, &st) == -1)
+    return -1;
+  if (!S_ISDIR (st.st_mode)) {
+    errno = ENOTDIR;
+    return -1;
+  }
+  if (st.st_uid != geteuid () || (st.st_mode & S_IWOTH)) {
+    errno = EPERM;
+    return -1;
+  }
+  return 0;
+}
+
+static void
+free_scratch (void *p)
+{
+  free (p);
+}
+
+int
+fsc_cache_open (const struct fsc_cache_config *config,
+                struct fsc_cache **cachep)
+{
+  struct fsc_cache *c = calloc (1, sizeof *c);
+  int e;
+
+  if (c == NULL)
+    return -1;
+  c->dirfd = c->objdirfd = -1;
+  c->commit_interval_ms = config->commit_interval_ms ?: 2000;
+  if (fsc_io_init (&c->io, config->faults) == -1)
+    goto err_free;
+
+  if (config->create && mkdir_p (config->dir) == -1)
+    goto err_free;
+  c->dirfd = open (config->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (c->dirfd == -1 || check_dir (c->dirfd) == -1)
+    goto err_close;
+
+  if (read_header (c) == -1) {
+    if (errno != ENOENT && errno != EBADMSG)
+      goto err_close;
+    if (write_header (c) == -1)
+      goto err_close;
+  }
+
+  if (mkdirat (c->dirfd, "objects", 0700) == -1 && errno != EEXIST)
+    goto err_close;
+  c->objdirfd = openat (c->dirfd, "objects",
+                        O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (c->objdirfd == -1 || check_dir (c->objdirfd) == -1)
+    goto err_close;
+
+  if ((e = pthread_key_create (&c->scratch_key, free_scratch)) != 0) {
+    errno = e;
+    goto err_close;
+  }
+  pthread_mutex_init (&c->lock, NULL);
+  pthread_cond_init (&c->cond, NULL);
+  *cachep = c;
+  return 0;
+
+ err_close:
+  e = errno;
+  if (c->objdirfd >= 0)
+    close (c->objdirfd);
+  if (c->dirfd >= 0)
+    close (c->dirfd);
+  errno = e;
+ err_free:
+  e = errno;
+  free (c);
+  errno = e;
+  return -1;
+}
+
+void
+fsc_cache_uuid (const struct fsc_cache *cache, char out[37])
+{
+  uuid_unparse_lower (cache->uuid, out);
+}
+
+void
+fsc_cache_stats (struct fsc_cache *cache, struct fsc_stats *st)
+{
+  fsc_stats_snapshot (&cache->stats, st);
+}
+
+void *
+fsc_scratch (struct fsc_cache *cache, size_t size)
+{
+  size_t *p = pthread_getspecific (cache->scratch_key);
+  if (p == NULL || p[0] < size) {
+    free (p);
+    p = malloc (sizeof (size_t) * 2 + size);
+    pthread_setspecific (cache->scratch_key, p);
+    if (p == NULL)
+      return NULL;
+    p[0] = size;
+  }
+  return p + 2;
+}
+
+void
+fsc_cache_kick (struct fsc_cache *cache)
+{
+  SCOPED_LOCK (&cache->lock);
+  cache->commit_wanted = true;
+  pthread_cond_signal (&cache->cond);
+}
+
+void
+fsc_cache_commit_all (struct fsc_cache *cache)
+{
+  struct fsc_object **objs = NULL;
+  size_t n = 0, cap = 0;
+
+  /* Take a reference on each dirty object, then commit with no cache
+   * lock held.
+   */
+  pthread_mutex_lock (&cache->lock);
+  for (struct fsc_object *o = cache->objects; o; o = o->next) {
+    if (!fsc_object_has_dirty (o))
+      continue;
+    if (n == cap) {
+      size_t ncap = cap ? cap * 2 : 8;
+      struct fsc_object **p = realloc (objs, ncap * sizeof *p);
+      if (p == NULL)
+        break;
+      objs = p;
+      cap = ncap;
+    }
+    o->refs++;
+    objs[n++] = o;
+  }
+  pthread_mutex_unlock (&cache->lock);
+
+  for (size_t i = 0; i < n; ++i) {
+    fsc_object_commit_internal (objs[i]);
+    fsc_object_close (objs[i]);
+  }
+  free (objs);
+}
+
+static void *
+committer (void *arg)
+{
+  struct fsc_cache *c = arg;
+
+  for (;;) {
+    pthread_mutex_lock (&c->lock);
+    if (!c->stopping && !c->commit_wanted) {
+      struct timespec ts;
+      clock_gettime (CLOCK_REALTIME, &ts);
+      uint64_t ns = ts.tv_nsec + (uint64_t) c->commit_interval_ms * 1000000;
+      ts.tv_sec += ns / 1000000000;
+      ts.tv_nsec = ns % 1000000000;
+      pthread_cond_timedwait (&c->cond, &c->lock, &ts);
+    }
+    bool stop = c->stopping;
+    c->commit_wanted = false;
+    pthread_mutex_unlock (&c->lock);
+    if (stop)
+      return NULL;
+    fsc_cache_commit_all (c);
+  }
+}
+
+int
+fsc_cache_start (struct fsc_cache *cache)
+{
+  SCOPED_LOCK (&cache->lock);
+  if (cache->committer_running)
+    return 0;
+  int e = pthread_create (&cache->committer, NULL, committer, cache);
+  if (e != 0) {
+    errno = e;
+    return -1;
+  }
+  cache->committer_running = true;
+  return 0;
+}
+
+void
+fsc_cache_close (struct fsc_cache *cache)
+{
+  if (cache == NULL)
+    return;
+  pthread_mutex_lock (&cache->lock);
+  cache->stopping = true;
+  pthread_cond_signal (&cache->cond);
+  bool running = cache->committer_running;
+  pthread_mutex_unlock (&cache->lock);
+  if (running)
+    pthread_join (cache->committer, NULL);
+
+  /* Objects still open (a connection nbdkit did not close) are closed
+   * here, which commits them and marks them clean.
+   */
+  for (;;) {
+    pthread_mutex_lock (&cache->lock);
+    struct fsc_object *o = cache->objects;
+    if (o)
+      o->refs = 1;
+    pthread_mutex_unlock (&cache->lock);
+    if (o == NULL)
+      break;
+    fsc_object_close (o);
+  }
+
+  void *p = pthread_getspecific (cache->scratch_key);
+  free (p);
+  pthread_setspecific (cache->scratch_key, NULL);
+  pthread_key_delete (cache->scratch_key);
+  close (cache->objdirfd);
+  close (cache->dirfd);
+  pthread_mutex_destroy (&cache->lock);
+  pthread_cond_destroy (&cache->cond);
+  free (cache);
+}

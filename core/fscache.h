@@ -1,0 +1,176 @@
+/* libfscache: the public API, used by the nbdkit filter, the tools and
+ * the unit tests.  No nbdkit headers here or anywhere in core/.
+ *
+ * The model follows FS-Cache (see ../shared/seeds and docs/design.md):
+ *
+ *   cache    a directory on local disk (fsc_cache_open), holding
+ *            objects; one background thread commits their indexes.
+ *   object   the cached copy of one upstream export, looked up by a key
+ *            (the upstream's identity plus the client's export name) and
+ *            checked against auxiliary coherency data (upstream size,
+ *            generation, a fingerprint of sampled blocks).  States:
+ *            LOOKING_UP -> (CREATING ->) AVAILABLE -> WITHDRAWN.
+ *   ops      retrieval (fsc_object_read, fsc_object_prefetch), storage
+ *            (fills on miss, fsc_object_write_*), invalidation, commit.
+ *
+ * Every function returns -1 and sets errno on error and prints nothing.
+ * Errors of the cache's own I/O are never returned to the caller of a
+ * read: the object withdraws (or stops filling, for ENOSPC) and the
+ * request is served from upstream.  Only upstream errors come back.
+ */
+#ifndef FSC_FSCACHE_H
+#define FSC_FSCACHE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "index.h"
+#include "stats.h"
+
+struct fsc_cache;
+struct fsc_object;
+
+/* Object states, as in the seed's object state machine. */
+enum fsc_object_state {
+  FSC_OBJ_LOOKING_UP = 0,
+  FSC_OBJ_CREATING = 1,
+  FSC_OBJ_AVAILABLE = 2,
+  FSC_OBJ_WITHDRAWN = 3,        /* every request goes upstream */
+};
+
+struct fsc_cache_config {
+  const char *dir;              /* the cache directory */
+  bool create;                  /* create it (mode 0700) if missing */
+  const char *faults;           /* fault spec for tests (io.h), or NULL */
+  unsigned commit_interval_ms;  /* background commit period; 0: 2000 */
+};
+
+/* Open (and with CONFIG->create, create) a cache directory.  Refuses a
+ * directory that is a symlink (ELOOP), not a directory (ENOTDIR), not
+ * owned by the effective user or writable by others (EPERM), or whose
+ * header was written by a newer version (EPROTONOSUPPORT).
+ */
+extern int fsc_cache_open (const struct fsc_cache_config *config,
+                           struct fsc_cache **cachep);
+
+/* Start the background committer thread.  Call after any fork. */
+extern int fsc_cache_start (struct fsc_cache *cache);
+
+/* Commit and close every object, stop the thread, free CACHE. */
+extern void fsc_cache_close (struct fsc_cache *cache);
+
+/* The cache's UUID as 36 characters and a NUL. */
+extern void fsc_cache_uuid (const struct fsc_cache *cache, char out[37]);
+
+/* Snapshot of the cache's counters. */
+extern void fsc_cache_stats (struct fsc_cache *cache, struct fsc_stats *st);
+
+/* Commit every object with pending changes now. */
+extern void fsc_cache_commit_all (struct fsc_cache *cache);
+
+struct fsc_object_params {
+  const void *key;              /* any bytes */
+  size_t key_len;               /* > 0 */
+  uint32_t block_size;          /* power of 2, 512 .. 64M */
+  uint64_t size;                /* upstream size in bytes */
+  bool verify;                  /* check each hit's checksum */
+  int validate;                 /* enum fsc_validate */
+  const char *generation;       /* NULL or at most FSC_GEN_MAX bytes */
+  uint64_t fingerprint;         /* with FSC_VALIDATE_SAMPLE */
+};
+
+struct fsc_open_info {
+  int state;                    /* AVAILABLE or WITHDRAWN */
+  int reason;                   /* FSC_OK: reused; else why cold */
+  bool unclean;                 /* last user did not close cleanly */
+  bool busy;                    /* another process holds it: uncached */
+  bool shared;                  /* already open in this process */
+  int err;                      /* errno that made it uncached, or 0 */
+  uint64_t present_blocks;      /* blocks cached at open */
+};
+
+/* Look up or create the object for PARAMS.  Returns 0 and an object in
+ * *OBJP (possibly WITHDRAWN, i.e. uncached, as INFO says), or -1 with
+ * errno only for invalid parameters or no memory.
+ */
+extern int fsc_object_open (struct fsc_cache *cache,
+                            const struct fsc_object_params *params,
+                            struct fsc_object **objp,
+                            struct fsc_open_info *info);
+
+/* Drop a reference; the last one commits, marks the index clean and
+ * closes the files.
+ */
+extern void fsc_object_close (struct fsc_object *obj);
+
+/* How a read reaches the upstream: read COUNT bytes at OFFSET into
+ * BUF, return 0 or -1 with errno.  Called without any lock held, from
+ * several threads at once.
+ */
+struct fsc_upstream {
+  int (*pread) (void *opaque, void *buf, uint32_t count, uint64_t offset);
+  void *opaque;
+};
+
+/* Read [OFFSET, OFFSET+COUNT) into BUF: hits from the cache (verified),
+ * misses from upstream in whole blocks, which then fill the cache.
+ * Returns 0, or -1 with errno only if the upstream failed.
+ */
+extern int fsc_object_read (struct fsc_object *obj, void *buf,
+                            uint32_t count, uint64_t offset,
+                            const struct fsc_upstream *up);
+
+/* Make [OFFSET, OFFSET+COUNT) present without copying it anywhere
+ * (NBD_CMD_CACHE, readahead).  Blocks already present or being
+ * fetched are skipped.  Returns 0 or -1 with errno (upstream error).
+ */
+extern int fsc_object_prefetch (struct fsc_object *obj, uint64_t offset,
+                                uint64_t count,
+                                const struct fsc_upstream *up);
+
+/* Make every change so far durable (client FLUSH).  Returns 0, or -1
+ * if the cache failed (the object is then withdrawn).
+ */
+extern int fsc_object_commit (struct fsc_object *obj);
+
+/* A write, trim or zero of [offset, offset+count) going upstream. */
+struct fsc_write {
+  uint64_t offset;
+  uint64_t count;
+  bool keep;                    /* store the written blocks afterwards */
+  uint64_t first_group, ngroups;
+  uint32_t *epochs;             /* epoch of each group after invalidating */
+  void *head, *tail;            /* old contents of partial end blocks */
+};
+
+/* Before the upstream write: drop every block the range touches and
+ * make that durable, so no crash can leave a block present whose
+ * upstream content changed.  With KEEP (writethrough), remember what is
+ * needed to store the new data afterwards.  Returns 0; -1 only for
+ * ENOMEM.  Always pair with fsc_object_write_end.
+ */
+extern int fsc_object_write_begin (struct fsc_object *obj, uint64_t offset,
+                                   uint64_t count, bool keep,
+                                   struct fsc_write *w);
+
+/* After the upstream write.  If UPSTREAM_OK and W->keep, store BUF (the
+ * data written; NULL for a zero request means zeroes) into the blocks
+ * nobody touched meanwhile.  Frees what begin allocated.
+ */
+extern void fsc_object_write_end (struct fsc_object *obj, struct fsc_write *w,
+                                  const void *buf, bool upstream_ok);
+
+/* True if the object saw writes and this is its last reference, i.e.
+ * the caller should pass a fresh fingerprint to
+ * fsc_object_set_fingerprint before closing.
+ */
+extern bool fsc_object_needs_fingerprint (struct fsc_object *obj);
+extern void fsc_object_set_fingerprint (struct fsc_object *obj, uint64_t fp);
+
+/* Introspection. */
+extern int fsc_object_state (struct fsc_object *obj);
+extern uint64_t fsc_object_present_blocks (struct fsc_object *obj);
+extern bool fsc_object_block_present (struct fsc_object *obj, uint64_t blk);
+
+#endif /* FSC_FSCACHE_H */

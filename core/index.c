@@ -1,0 +1,270 @@
+/* libfscache: encoding and validation of index superblocks and group
+ * records.  The layout is in index.h and docs/format.md.
+ */
+#include <config.h>
+
+#include <errno.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <xxhash.h>
+
+#include "index.h"
+#include "utils.h"
+
+static const unsigned char sb_magic[8] = "NBDFSCIX";
+#define GREC_MAGIC 0x47435346u  /* "FSCG" little-endian */
+
+/* Superblock field offsets, saved on disk. */
+enum {
+  SB_MAGIC = 0, SB_VERSION = 8, SB_SBSIZE = 12, SB_SEQ = 16,
+  SB_BLOCK_SIZE = 24, SB_FLAGS = 28, SB_SIZE_ = 32, SB_NBLOCKS = 40,
+  SB_INCARNATION = 48, SB_KEYHASH_LO = 56, SB_KEYHASH_HI = 64,
+  SB_KEY_LEN = 72, SB_VALIDATE = 76, SB_FINGERPRINT = 80, SB_CREATED = 88,
+  SB_GROUP_BLOCKS = 96, SB_GREC_SIZE = 100, SB_GEN_LEN = 104,
+  SB_KEY_PREFIX_LEN = 108, SB_GENERATION = 112,
+  SB_KEY_PREFIX = SB_GENERATION + FSC_GEN_MAX + 1,
+  SB_CHECKSUM = FSC_SB_SIZE - 8,
+};
+_Static_assert (SB_KEY_PREFIX + FSC_SB_KEY_PREFIX <= SB_CHECKSUM,
+                "superblock fields overlap the checksum");
+
+/* Group record field offsets, saved on disk. */
+enum {
+  GR_MAGIC = 0, GR_GROUP = 8, GR_SEQ = 16, GR_INCARNATION = 24,
+  GR_PRESENT = 32, GR_CSUM = 40, GR_CHECKSUM = FSC_GREC_SIZE - 8,
+};
+_Static_assert (GR_CSUM + 8 * FSC_GROUP_BLOCKS <= GR_CHECKSUM,
+                "group record fields overlap the checksum");
+
+static const char *reason_names[FSC_REASONS] = {
+  [FSC_OK] = "ok",
+  [FSC_REJ_NEW] = "new",
+  [FSC_REJ_SHORT] = "truncated-index",
+  [FSC_REJ_MAGIC] = "bad-magic",
+  [FSC_REJ_CHECKSUM] = "bad-checksum",
+  [FSC_REJ_VERSION] = "unsupported-version",
+  [FSC_REJ_GEOMETRY] = "bad-geometry",
+  [FSC_REJ_KEY] = "key-mismatch",
+  [FSC_REJ_BLOCK_SIZE] = "block-size-changed",
+  [FSC_REJ_DATA_SIZE] = "data-file-size",
+  [FSC_REJ_UPSTREAM_SIZE] = "upstream-size-changed",
+  [FSC_REJ_GENERATION] = "generation-changed",
+  [FSC_REJ_FINGERPRINT] = "upstream-content-changed",
+  [FSC_REJ_FP_STALE] = "unclean-after-writes",
+  [FSC_REJ_VALIDATE] = "validate-mode-changed",
+  [FSC_REJ_IO] = "index-io-error",
+};
+
+const char *
+fsc_reason_name (int reason)
+{
+  if (reason < 0 || reason >= FSC_REASONS || !reason_names[reason])
+    return "unknown";
+  return reason_names[reason];
+}
+
+void
+fsc_sb_encode (const struct fsc_sb *sb, unsigned char *buf)
+{
+  memset (buf, 0, FSC_SB_SIZE);
+  memcpy (buf + SB_MAGIC, sb_magic, 8);
+  put_le32 (buf + SB_VERSION, FSC_INDEX_VERSION);
+  put_le32 (buf + SB_SBSIZE, FSC_SB_SIZE);
+  put_le64 (buf + SB_SEQ, sb->seq);
+  put_le32 (buf + SB_BLOCK_SIZE, sb->block_size);
+  put_le32 (buf + SB_FLAGS, sb->flags);
+  put_le64 (buf + SB_SIZE_, sb->size);
+  put_le64 (buf + SB_NBLOCKS, sb->nblocks);
+  put_le64 (buf + SB_INCARNATION, sb->incarnation);
+  put_le64 (buf + SB_KEYHASH_LO, sb->key_hash_lo);
+  put_le64 (buf + SB_KEYHASH_HI, sb->key_hash_hi);
+  put_le32 (buf + SB_KEY_LEN, sb->key_len);
+  put_le32 (buf + SB_VALIDATE, sb->validate);
+  put_le64 (buf + SB_FINGERPRINT, sb->fingerprint);
+  put_le64 (buf + SB_CREATED, sb->created);
+  put_le32 (buf + SB_GROUP_BLOCKS, FSC_GROUP_BLOCKS);
+  put_le32 (buf + SB_GREC_SIZE, FSC_GREC_SIZE);
+  uint32_t gl = MIN (sb->gen_len, (uint32_t) FSC_GEN_MAX);
+  put_le32 (buf + SB_GEN_LEN, gl);
+  memcpy (buf + SB_GENERATION, sb->generation, gl);
+  uint32_t kl = MIN (sb->key_prefix_len, (uint32_t) FSC_SB_KEY_PREFIX);
+  put_le32 (buf + SB_KEY_PREFIX_LEN, kl);
+  memcpy (buf + SB_KEY_PREFIX, sb->key_prefix, kl);
+  put_le64 (buf + SB_CHECKSUM, XXH3_64bits (buf, SB_CHECKSUM));
+}
+
+int
+fsc_sb_decode (const unsigned char *buf, struct fsc_sb *sb)
+{
+  if (memcmp (buf + SB_MAGIC, sb_magic, 8) != 0)
+    return FSC_REJ_MAGIC;
+  /* A newer format may move anything, the checksum included. */
+  if (get_le32 (buf + SB_VERSION) != FSC_INDEX_VERSION)
+    return FSC_REJ_VERSION;
+  if (get_le64 (buf + SB_CHECKSUM) != XXH3_64bits (buf, SB_CHECKSUM))
+    return FSC_REJ_CHECKSUM;
+
+  memset (sb, 0, sizeof *sb);
+  sb->version = FSC_INDEX_VERSION;
+  sb->seq = get_le64 (buf + SB_SEQ);
+  sb->block_size = get_le32 (buf + SB_BLOCK_SIZE);
+  sb->flags = get_le32 (buf + SB_FLAGS);
+  sb->size = get_le64 (buf + SB_SIZE_);
+  sb->nblocks = get_le64 (buf + SB_NBLOCKS);
+  sb->incarnation = get_le64 (buf + SB_INCARNATION);
+  sb->key_hash_lo = get_le64 (buf + SB_KEYHASH_LO);
+  sb->key_hash_hi = get_le64 (buf + SB_KEYHASH_HI);
+  sb->key_len = get_le32 (buf + SB_KEY_LEN);
+  sb->validate = get_le32 (buf + SB_VALIDATE);
+  sb->fingerprint = get_le64 (buf + SB_FINGERPRINT);
+  sb->created = get_le64 (buf + SB_CREATED);
+  sb->gen_len = get_le32 (buf + SB_GEN_LEN);
+  sb->key_prefix_len = get_le32 (buf + SB_KEY_PREFIX_LEN);
+
+  /* Bounds: everything later code relies on is checked here. */
+  if (get_le32 (buf + SB_SBSIZE) != FSC_SB_SIZE ||
+      get_le32 (buf + SB_GROUP_BLOCKS) != FSC_GROUP_BLOCKS ||
+      get_le32 (buf + SB_GREC_SIZE) != FSC_GREC_SIZE ||
+      !is_power_of_2 (sb->block_size) ||
+      sb->block_size < 512 || sb->block_size > (64u << 20) ||
+      sb->nblocks != DIV_ROUND_UP (sb->size, (uint64_t) sb->block_size) ||
+      sb->nblocks > (UINT64_C (1) << 40) ||
+      sb->gen_len > FSC_GEN_MAX ||
+      sb->key_prefix_len > FSC_SB_KEY_PREFIX ||
+      sb->key_prefix_len > sb->key_len ||
+      sb->validate > FSC_VALIDATE_SAMPLE ||
+      (sb->flags & ~(FSC_SB_CLEAN | FSC_SB_FP_STALE)) != 0)
+    return FSC_REJ_GEOMETRY;
+  memcpy (sb->generation, buf + SB_GENERATION, sb->gen_len);
+  sb->generation[sb->gen_len] = '\0';
+  memcpy (sb->key_prefix, buf + SB_KEY_PREFIX, sb->key_prefix_len);
+  return FSC_OK;
+}
+
+int
+fsc_sb_load (struct fsc_io *io, int fd, struct fsc_sb *sb, int *slot)
+{
+  unsigned char buf[2 * FSC_SB_SIZE];
+  struct fsc_sb cand[2];
+  int r[2];
+
+  ssize_t n = fsc_io_pread (io, FSC_FILE_INDEX, fd, buf, sizeof buf, 0);
+  if (n == -1)
+    return FSC_REJ_IO;
+  if (n < FSC_SB_SIZE)
+    return FSC_REJ_SHORT;
+  for (int i = 0; i < 2; ++i)
+    r[i] = (i + 1) * FSC_SB_SIZE <= n
+      ? fsc_sb_decode (buf + i * FSC_SB_SIZE, &cand[i]) : FSC_REJ_SHORT;
+
+  int best = -1;
+  for (int i = 0; i < 2; ++i)
+    if (r[i] == FSC_OK && (best == -1 || cand[i].seq > cand[best].seq))
+      best = i;
+  if (best == -1) {
+    /* Report the more telling reason: a version or geometry problem
+     * says more than a blank or torn slot.
+     */
+    if (r[0] == FSC_REJ_VERSION || r[1] == FSC_REJ_VERSION)
+      return FSC_REJ_VERSION;
+    if (r[0] == FSC_REJ_GEOMETRY || r[1] == FSC_REJ_GEOMETRY)
+      return FSC_REJ_GEOMETRY;
+    if (r[0] == FSC_REJ_CHECKSUM || r[1] == FSC_REJ_CHECKSUM)
+      return FSC_REJ_CHECKSUM;
+    return r[0];
+  }
+  *sb = cand[best];
+  *slot = best;
+  return FSC_OK;
+}
+
+void
+fsc_grec_encode (const struct fsc_grec *g, unsigned char *buf)
+{
+  memset (buf, 0, FSC_GREC_SIZE);
+  put_le32 (buf + GR_MAGIC, GREC_MAGIC);
+  put_le64 (buf + GR_GROUP, g->group);
+  put_le64 (buf + GR_SEQ, g->seq);
+  put_le64 (buf + GR_INCARNATION, g->incarnation);
+  put_le64 (buf + GR_PRESENT, g->present);
+  for (int i = 0; i < FSC_GROUP_BLOCKS; ++i)
+    put_le64 (buf + GR_CSUM + 8 * i, g->csum[i]);
+  put_le64 (buf + GR_CHECKSUM, XXH3_64bits (buf, GR_CHECKSUM));
+}
+
+bool
+fsc_grec_decode (const unsigned char *buf, struct fsc_grec *g)
+{
+  if (get_le32 (buf + GR_MAGIC) != GREC_MAGIC ||
+      get_le32 (buf + GR_MAGIC + 4) != 0 ||
+      get_le64 (buf + GR_CHECKSUM) != XXH3_64bits (buf, GR_CHECKSUM))
+    return false;
+  g->group = get_le64 (buf + GR_GROUP);
+  g->seq = get_le64 (buf + GR_SEQ);
+  g->incarnation = get_le64 (buf + GR_INCARNATION);
+  g->present = get_le64 (buf + GR_PRESENT);
+  for (int i = 0; i < FSC_GROUP_BLOCKS; ++i)
+    g->csum[i] = get_le64 (buf + GR_CSUM + 8 * i);
+  return true;
+}
+
+#define SCAN_CHUNK (512 * 2 * FSC_GREC_SIZE)    /* 1 MiB: 512 groups */
+
+int
+fsc_grec_scan (struct fsc_io *io, int fd, uint64_t ngroups,
+               uint64_t incarnation, fsc_grec_fn fn, void *opaque)
+{
+  CLEANUP_FREE unsigned char *buf = malloc (SCAN_CHUNK);
+  const uint64_t gsize = 2 * FSC_GREC_SIZE;
+  const uint64_t end = fsc_grec_offset (ngroups, 0);
+  uint64_t pos = FSC_GROUPS_OFFSET;
+
+  if (buf == NULL)
+    return -1;
+  while (pos < end) {
+    /* Skip holes: groups never written cost nothing to load. */
+    off_t d = lseek (fd, pos, SEEK_DATA);
+    if (d == -1) {
+      if (errno == ENXIO)
+        break;
+      if (errno != EINVAL)      /* SEEK_DATA unsupported: read all */
+        return -1;
+      d = pos;
+    }
+    if ((uint64_t) d >= end)
+      break;
+    pos = FSC_GROUPS_OFFSET +
+      ROUND_DOWN ((uint64_t) d - FSC_GROUPS_OFFSET, gsize);
+    uint64_t len = MIN ((uint64_t) SCAN_CHUNK, end - pos);
+    ssize_t n = fsc_io_pread (io, FSC_FILE_INDEX, fd, buf, len, pos);
+    if (n == -1)
+      return -1;
+    if (n == 0)
+      break;
+    /* The file may end inside the last group (slot 1 never written):
+     * what is missing reads as zeroes, which no record matches.
+     */
+    uint64_t got = ROUND_UP ((uint64_t) n, gsize);
+    memset (buf + n, 0, got - n);
+    for (uint64_t o = 0; o + gsize <= got; o += gsize) {
+      uint64_t group = (pos + o - FSC_GROUPS_OFFSET) / gsize;
+      struct fsc_grec rec[2];
+      bool ok[2];
+      for (int s = 0; s < 2; ++s)
+        ok[s] = fsc_grec_decode (buf + o + s * FSC_GREC_SIZE, &rec[s]) &&
+          rec[s].group == group && rec[s].incarnation == incarnation;
+      int best = -1;
+      for (int s = 0; s < 2; ++s)
+        if (ok[s] && (best == -1 || rec[s].seq > rec[best].seq))
+          best = s;
+      if (best >= 0 && fn (opaque, &rec[best], best) == -1)
+        return -1;
+    }
+    /* A short read ends the file. */
+    if ((uint64_t) n < len)
+      break;
+    pos += len;
+  }
+  return 0;
+}

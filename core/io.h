@@ -1,0 +1,73 @@
+/* libfscache: every read, write and sync of a cache file goes through
+ * here.
+ *
+ * Two reasons for one layer: the loops that turn short reads and
+ * writes into whole ones are written once, and tests can make the
+ * cache's own I/O fail on purpose.  A fault spec (from the environment
+ * variable NBD_FSCACHE_FAULTS, see tests/README.md) names an operation,
+ * a kind of file, the Nth such call (counted from 1 per process and
+ * cache) and an errno:
+ *
+ *   write:data:3:EIO        the 3rd write to a data file fails with EIO
+ *   sync:index:1+:EIO       every index sync from the 1st on fails
+ *   read:any:10+:EIO        every read from the 10th on fails
+ *
+ * Faults are matched in order; several may be given, separated by
+ * commas.  Counters are atomic, so no lock is taken.
+ */
+#ifndef FSC_IO_H
+#define FSC_IO_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+enum fsc_file_kind {
+  FSC_FILE_DATA = 0,
+  FSC_FILE_INDEX = 1,
+  FSC_FILE_KINDS = 2,
+};
+
+enum fsc_io_op {
+  FSC_OP_READ = 0,
+  FSC_OP_WRITE = 1,
+  FSC_OP_SYNC = 2,
+  FSC_OPS = 3,
+};
+
+#define FSC_IO_MAX_FAULTS 8
+
+struct fsc_fault {
+  int op;                       /* enum fsc_io_op */
+  int kind;                     /* enum fsc_file_kind, or -1 for any */
+  uint64_t nth;                 /* 1-based call number */
+  bool sticky;                  /* fail from nth on, not only at nth */
+  int err;                      /* errno to fail with */
+};
+
+struct fsc_io {
+  struct fsc_fault faults[FSC_IO_MAX_FAULTS];
+  unsigned nfaults;
+  uint64_t calls[FSC_OPS][FSC_FILE_KINDS];  /* atomic counters */
+  uint64_t injected;                        /* atomic: faults fired */
+};
+
+/* Parse SPEC (may be NULL or "") into IO.  Returns -1 with errno =
+ * EINVAL on a malformed spec.
+ */
+extern int fsc_io_init (struct fsc_io *io, const char *spec);
+
+/* Read up to N bytes at OFF, looping over short reads.  Returns the
+ * number read (less than N only at end of file) or -1 with errno.
+ */
+extern ssize_t fsc_io_pread (struct fsc_io *io, int kind, int fd,
+                             void *buf, size_t n, uint64_t off);
+
+/* Write all N bytes at OFF.  Returns 0 or -1 with errno. */
+extern int fsc_io_pwrite (struct fsc_io *io, int kind, int fd,
+                          const void *buf, size_t n, uint64_t off);
+
+/* fdatasync FD.  Returns 0 or -1 with errno. */
+extern int fsc_io_sync (struct fsc_io *io, int kind, int fd);
+
+#endif /* FSC_IO_H */

@@ -1,0 +1,57 @@
+/* libfscache: counters of one cache, shared by its objects.
+ *
+ * Plain uint64_t fields updated with relaxed atomics: no lock, and a
+ * snapshot may mix instants, which is fine for statistics.  The names
+ * printed by fsc_stats_format are stable (tests and tools parse them).
+ */
+#ifndef FSC_STATS_H
+#define FSC_STATS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define FSC_STATS_FIELDS(X)                                               \
+  X (read_requests)       /* client reads */                              \
+  X (hit_bytes)           /* bytes served from the cache */               \
+  X (miss_bytes)          /* bytes served from upstream */                \
+  X (upstream_reads)      /* read requests sent upstream */               \
+  X (upstream_read_bytes) /* bytes read upstream */                       \
+  X (fill_bytes)          /* bytes written into data files */             \
+  X (fill_errors)         /* failed data file writes */                   \
+  X (verify_failures)     /* hits whose checksum did not match */         \
+  X (read_errors)         /* failed data file reads */                    \
+  X (dedup_waits)         /* misses that waited for another's fetch */    \
+  X (prefetch_bytes)      /* bytes fetched by prefetch/readahead */       \
+  X (commits)             /* index commits */                             \
+  X (commit_errors)       /* failed commits */                            \
+  X (withdrawals)         /* objects withdrawn on cache errors */         \
+  X (nofill_events)       /* fills stopped for lack of space */           \
+  X (objects_opened)      /* objects looked up */                         \
+  X (objects_reused)      /* opened with a valid index */                 \
+  X (objects_created)     /* started cold */                              \
+  X (objects_discarded)   /* existing index rejected */                   \
+  X (objects_busy)        /* held by another process: uncached */         \
+  X (unclean_opens)       /* previous user crashed */                     \
+  X (invalidated_blocks)  /* present blocks dropped by writes */          \
+  X (stored_blocks)       /* blocks stored by writethrough */
+
+struct fsc_stats {
+#define FSC_STATS_DECL(name) uint64_t name;
+  FSC_STATS_FIELDS (FSC_STATS_DECL)
+#undef FSC_STATS_DECL
+};
+
+#define FSC_STAT_ADD(st, field, n) \
+  __atomic_add_fetch (&(st)->field, (n), __ATOMIC_RELAXED)
+
+/* Copy ST field by field with atomic loads. */
+extern void fsc_stats_snapshot (const struct fsc_stats *st,
+                                struct fsc_stats *out);
+
+/* Format ST as "name value\n" lines into BUF.  Returns the length that
+ * was needed (like snprintf).
+ */
+extern size_t fsc_stats_format (const struct fsc_stats *st,
+                                char *buf, size_t size);
+
+#endif /* FSC_STATS_H */

@@ -1,0 +1,84 @@
+/* libfscache: small helpers used everywhere in core/ and plugin/.
+ *
+ * Written once here so that every file rounds, aligns, frees and
+ * encodes little-endian integers the same way.  Everything is inline
+ * or a macro; there is no state.
+ */
+#ifndef FSC_UTILS_H
+#define FSC_UTILS_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <endian.h>
+#include <pthread.h>
+
+/* Round X up/down to a multiple of N; N must be a power of 2. */
+#define ROUND_UP(x, n) (((x) + (n) - 1) & ~((__typeof__ (x)) (n) - 1))
+#define ROUND_DOWN(x, n) ((x) & ~((__typeof__ (x)) (n) - 1))
+#define DIV_ROUND_UP(x, n) (((x) + (n) - 1) / (n))
+#define IS_ALIGNED(x, n) (((x) & ((n) - 1)) == 0)
+#define MIN(a, b) ((a) < (b) ? (a) : (b))
+#define MAX(a, b) ((a) > (b) ? (a) : (b))
+
+static inline bool
+is_power_of_2 (uint64_t v)
+{
+  return v != 0 && (v & (v - 1)) == 0;
+}
+
+/* Checked arithmetic: return true on overflow. */
+#define ADD_OVERFLOW(a, b, r) __builtin_add_overflow ((a), (b), (r))
+#define MUL_OVERFLOW(a, b, r) __builtin_mul_overflow ((a), (b), (r))
+
+/* Cleanup attributes, as in nbdkit's common/utils/cleanup.h. */
+static inline void
+fsc_cleanup_free (void *ptr)
+{
+  free (*(void **) ptr);
+}
+#define CLEANUP_FREE __attribute__ ((cleanup (fsc_cleanup_free)))
+
+static inline void
+fsc_cleanup_unlock (pthread_mutex_t **ptr)
+{
+  pthread_mutex_unlock (*ptr);
+}
+#define FSC_CONCAT_(a, b) a##b
+#define FSC_CONCAT(a, b) FSC_CONCAT_ (a, b)
+/* Hold MUTEX until the end of the enclosing scope. */
+#define SCOPED_LOCK(mutex)                                              \
+  pthread_mutex_t *FSC_CONCAT (scoped_lock_, __LINE__)                  \
+    __attribute__ ((cleanup (fsc_cleanup_unlock))) = (mutex);           \
+  pthread_mutex_lock (FSC_CONCAT (scoped_lock_, __LINE__))
+
+/* Explicit little-endian encoding of on-disk fields. */
+static inline void
+put_le32 (unsigned char *p, uint32_t v)
+{
+  v = htole32 (v);
+  memcpy (p, &v, 4);
+}
+static inline void
+put_le64 (unsigned char *p, uint64_t v)
+{
+  v = htole64 (v);
+  memcpy (p, &v, 8);
+}
+static inline uint32_t
+get_le32 (const unsigned char *p)
+{
+  uint32_t v;
+  memcpy (&v, p, 4);
+  return le32toh (v);
+}
+static inline uint64_t
+get_le64 (const unsigned char *p)
+{
+  uint64_t v;
+  memcpy (&v, p, 8);
+  return le64toh (v);
+}
+
+#endif /* FSC_UTILS_H */

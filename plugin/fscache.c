@@ -1,0 +1,606 @@
+/* nbdkit-fscache-filter: a persistent, coherent, checksummed local
+ * cache of a slow upstream's blocks.
+ *
+ * This file is the thin nbdkit side: it parses the fscache-*
+ * parameters, derives each export's object key, computes the
+ * coherency data (upstream size, generation, sampled fingerprint) and
+ * turns NBD requests into calls of libfscache (core/fscache.h), which
+ * does the caching.  Reads that miss reach the upstream through the
+ * connection's own nbdkit_next, called by core/ with no lock held, so
+ * misses of many requests and connections proceed in parallel.
+ *
+ * Identity of an object: the fscache-key parameter, or by default the
+ * plugin parameters this filter sees, plus the client's export name.
+ * See nbdkit-fscache-filter(1) for the user's view.
+ */
+#include <config.h>
+
+#include <errno.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define NBDKIT_API_VERSION 2
+#include <nbdkit-filter.h>
+
+#include <xxhash.h>
+
+#include "fscache.h"
+#include "utils.h"
+
+enum mode { MODE_WRITETHROUGH, MODE_WRITEAROUND };
+
+/* Parameters, set in .config and read-only afterwards. */
+static char *dir;
+static char *key;               /* fscache-key, or NULL */
+static char *derived_key;       /* from the plugin parameters */
+static size_t derived_len;
+static uint32_t block_size = 64 * 1024;
+static enum mode mode = MODE_WRITETHROUGH;
+static char *generation;
+static int validate = FSC_VALIDATE_SAMPLE;
+static bool verify = true;
+static char *stats_file;
+
+static struct fsc_cache *cache;
+
+#define SAMPLE_SIZE 4096
+#define SAMPLE_COUNT 8          /* first, last and 6 fixed per object */
+
+struct handle {
+  struct fsc_object *obj;
+  char *exportname;
+};
+
+static void
+fscache_unload (void)
+{
+  free (dir);
+  free (key);
+  free (derived_key);
+  free (generation);
+  free (stats_file);
+}
+
+/* Add KEY=VALUE to the derived key.  Values that name existing files
+ * are made absolute, so the same image named from two directories is
+ * one object.
+ */
+static int
+derive_key (const char *k, const char *value)
+{
+  char *real = NULL;
+  if (strchr (value, '/') || access (value, F_OK) == 0)
+    real = realpath (value, NULL);
+  const char *v = real ? real : value;
+  size_t add = strlen (k) + strlen (v) + 2;
+  char *p = realloc (derived_key, derived_len + add + 1);
+  if (p == NULL) {
+    nbdkit_error ("realloc: %m");
+    free (real);
+    return -1;
+  }
+  derived_key = p;
+  derived_len += sprintf (p + derived_len, "%s=%s\n", k, v);
+  free (real);
+  return 0;
+}
+
+static int
+fscache_config (nbdkit_next_config *next, nbdkit_backend *nxdata,
+                const char *k, const char *value)
+{
+  if (strcmp (k, "fscache-dir") == 0) {
+    free (dir);
+    if (*value == '\0') {
+      nbdkit_error ("fscache-dir: must not be empty");
+      return -1;
+    }
+    dir = nbdkit_absolute_path (value);
+    return dir ? 0 : -1;
+  }
+  if (strcmp (k, "fscache-key") == 0) {
+    if (*value == '\0') {
+      nbdkit_error ("fscache-key: must not be empty");
+      return -1;
+    }
+    free (key);
+    key = strdup (value);
+    return key ? 0 : -1;
+  }
+  if (strcmp (k, "fscache-block-size") == 0) {
+    int64_t r = nbdkit_parse_size (value);
+    if (r == -1)
+      return -1;
+    if (r < 4096 || r > 4 * 1024 * 1024 || !is_power_of_2 (r)) {
+      nbdkit_error ("fscache-block-size=%s: must be a power of 2 "
+                    "from 4K to 4M", value);
+      return -1;
+    }
+    block_size = r;
+    return 0;
+  }
+  if (strcmp (k, "fscache-mode") == 0) {
+    if (strcmp (value, "writethrough") == 0)
+      mode = MODE_WRITETHROUGH;
+    else if (strcmp (value, "writearound") == 0)
+      mode = MODE_WRITEAROUND;
+    else {
+      nbdkit_error ("fscache-mode=%s: must be writethrough or writearound",
+                    value);
+      return -1;
+    }
+    return 0;
+  }
+  if (strcmp (k, "fscache-generation") == 0) {
+    if (strlen (value) > FSC_GEN_MAX) {
+      nbdkit_error ("fscache-generation: longer than %d bytes", FSC_GEN_MAX);
+      return -1;
+    }
+    free (generation);
+    generation = strdup (value);
+    return generation ? 0 : -1;
+  }
+  if (strcmp (k, "fscache-validate") == 0) {
+    if (strcmp (value, "sample") == 0)
+      validate = FSC_VALIDATE_SAMPLE;
+    else if (strcmp (value, "size") == 0)
+      validate = FSC_VALIDATE_SIZE;
+    else if (strcmp (value, "none") == 0)
+      validate = FSC_VALIDATE_NONE;
+    else {
+      nbdkit_error ("fscache-validate=%s: must be sample, size or none",
+                    value);
+      return -1;
+    }
+    return 0;
+  }
+  if (strcmp (k, "fscache-verify") == 0) {
+    int r = nbdkit_parse_bool (value);
+    if (r == -1)
+      return -1;
+    verify = r;
+    return 0;
+  }
+  if (strcmp (k, "fscache-stats") == 0) {
+    free (stats_file);
+    stats_file = nbdkit_absolute_path (value);
+    return stats_file ? 0 : -1;
+  }
+  if (strncmp (k, "fscache-", 8) == 0) {
+    nbdkit_error ("unknown parameter %s (see nbdkit-fscache-filter(1))", k);
+    return -1;
+  }
+  if (derive_key (k, value) == -1)
+    return -1;
+  return next (nxdata, k, value);
+}
+
+/* The default cache directory, as documented. */
+static char *
+default_dir (void)
+{
+  const char *env = getenv ("NBD_FSCACHE_DIR");
+  char *r = NULL;
+
+  if (env && *env)
+    return nbdkit_absolute_path (env);
+  if (geteuid () == 0)
+    return strdup ("/var/cache/nbd-fscache");
+  env = getenv ("XDG_CACHE_HOME");
+  if (env && *env) {
+    if (asprintf (&r, "%s/nbd-fscache", env) == -1)
+      return NULL;
+    return r;
+  }
+  env = getenv ("HOME");
+  if (env && *env && asprintf (&r, "%s/.cache/nbd-fscache", env) != -1)
+    return r;
+  nbdkit_error ("fscache-dir: not set, and no NBD_FSCACHE_DIR, "
+                "XDG_CACHE_HOME or HOME to default from");
+  return NULL;
+}
+
+static int
+fscache_config_complete (nbdkit_next_config_complete *next,
+                         nbdkit_backend *nxdata)
+{
+  if (dir == NULL && (dir = default_dir ()) == NULL)
+    return -1;
+  if (key == NULL && derived_key == NULL) {
+    nbdkit_error ("fscache-key: not set and no plugin parameters to "
+                  "derive it from; set fscache-key=STRING");
+    return -1;
+  }
+
+  struct fsc_cache_config cfg = {
+    .dir = dir,
+    .create = true,
+    .faults = getenv ("NBD_FSCACHE_FAULTS"),
+  };
+  if (fsc_cache_open (&cfg, &cache) == -1) {
+    switch (errno) {
+    case EPERM:
+      nbdkit_error ("fscache-dir=%s: refusing to use a cache directory "
+                    "owned by another user or writable by others "
+                    "(it should be mode 0700 and owned by uid %d)",
+                    dir, (int) geteuid ());
+      break;
+    case EPROTONOSUPPORT:
+      nbdkit_error ("fscache-dir=%s: written by a newer nbd-fscache; "
+                    "refusing to touch it", dir);
+      break;
+    case EINVAL:
+      nbdkit_error ("NBD_FSCACHE_FAULTS: malformed fault spec");
+      break;
+    default:
+      nbdkit_error ("fscache-dir=%s: cannot create or open the cache "
+                    "directory: %m", dir);
+    }
+    return -1;
+  }
+  return next (nxdata);
+}
+
+static int
+fscache_after_fork (nbdkit_backend *nxdata)
+{
+  if (fsc_cache_start (cache) == -1) {
+    nbdkit_error ("fscache: starting the committer thread: %m");
+    return -1;
+  }
+  return 0;
+}
+
+static void
+write_stats (void)
+{
+  if (!stats_file || !cache)
+    return;
+  struct fsc_stats st;
+  char buf[4096];
+  CLEANUP_FREE char *tmp = NULL;
+
+  fsc_cache_stats (cache, &st);
+  size_t len = fsc_stats_format (&st, buf, sizeof buf);
+  if (len >= sizeof buf || asprintf (&tmp, "%s.%d.tmp", stats_file,
+                                     (int) getpid ()) == -1)
+    return;
+  FILE *fp = fopen (tmp, "w");
+  if (fp == NULL) {
+    nbdkit_debug ("fscache-stats=%s: %m", stats_file);
+    return;
+  }
+  fwrite (buf, 1, len, fp);
+  if (fclose (fp) == 0)
+    rename (tmp, stats_file);
+  else
+    unlink (tmp);
+}
+
+static void
+fscache_cleanup (nbdkit_backend *nxdata)
+{
+  if (cache) {
+    fsc_cache_commit_all (cache);
+    write_stats ();
+    fsc_cache_close (cache);
+    cache = NULL;
+  }
+}
+
+#define fscache_config_help \
+  "fscache-dir=DIR            Cache directory.\n" \
+  "fscache-key=STRING         Identity of the upstream (default: derived).\n" \
+  "fscache-block-size=SIZE    Cache block size (default 64K).\n" \
+  "fscache-mode=writethrough|writearound   Write policy.\n" \
+  "fscache-generation=STRING  Upstream version; a change discards the cache.\n" \
+  "fscache-validate=sample|size|none       Coherency check at open.\n" \
+  "fscache-verify=BOOL        Verify checksums of hits (default true).\n" \
+  "fscache-stats=FILE         Write counters to FILE."
+
+/*----------------------------------------------------------------------
+ * Connections.
+ */
+
+static void *
+fscache_open (nbdkit_next_open *next, nbdkit_context *nxdata,
+              int readonly, const char *exportname, int is_tls)
+{
+  if (next (nxdata, readonly, exportname) == -1)
+    return NULL;
+  struct handle *h = calloc (1, sizeof *h);
+  if (h == NULL || (h->exportname = strdup (exportname)) == NULL) {
+    nbdkit_error ("calloc: %m");
+    free (h);
+    return NULL;
+  }
+  return h;
+}
+
+static void
+fscache_close (void *handle)
+{
+  struct handle *h = handle;
+  free (h->exportname);
+  free (h);
+}
+
+static int
+up_pread (void *opaque, void *buf, uint32_t count, uint64_t offset)
+{
+  nbdkit_next *next = opaque;
+  int err = 0;
+  if (next->pread (next, buf, count, offset, 0, &err) == -1) {
+    errno = err ? err : EIO;
+    return -1;
+  }
+  return 0;
+}
+
+/* The fingerprint for fscache-validate=sample: XXH3 of SAMPLE_COUNT
+ * small reads at the start, the end and positions fixed by the key.
+ * At most SAMPLE_COUNT * SAMPLE_SIZE = 32 KiB read upstream.
+ */
+static int
+fingerprint (nbdkit_next *next, const void *k, size_t klen, uint64_t size,
+             uint64_t *fp)
+{
+  unsigned char buf[SAMPLE_SIZE];
+  XXH3_state_t *s = XXH3_createState ();
+  uint64_t seed = XXH3_64bits (k, klen);
+  int r = -1;
+
+  if (s == NULL || XXH3_64bits_reset (s) == XXH_ERROR)
+    goto out;
+  XXH3_64bits_update (s, &size, sizeof size);
+  for (int i = 0; i < SAMPLE_COUNT && size > 0; ++i) {
+    uint64_t off;
+    if (i == 0)
+      off = 0;
+    else if (i == 1)
+      off = size > SAMPLE_SIZE ? size - SAMPLE_SIZE : 0;
+    else {
+      seed = seed * 6364136223846793005ULL + 1442695040888963407ULL;
+      off = ROUND_DOWN ((seed >> 11) % size, (uint64_t) SAMPLE_SIZE);
+    }
+    uint32_t n = MIN ((uint64_t) SAMPLE_SIZE, size - off);
+    int err = 0;
+    if (next->pread (next, buf, n, off, 0, &err) == -1) {
+      errno = err ? err : EIO;
+      goto out;
+    }
+    XXH3_64bits_update (s, &off, sizeof off);
+    XXH3_64bits_update (s, buf, n);
+  }
+  *fp = XXH3_64bits_digest (s);
+  r = 0;
+ out:
+  XXH3_freeState (s);
+  return r;
+}
+
+/* The object key: the upstream's identity, NUL, the export name. */
+static char *
+object_key (const char *exportname, size_t *len)
+{
+  const char *base = key ? key : derived_key;
+  size_t blen = key ? strlen (key) : derived_len;
+  size_t elen = strlen (exportname);
+  char *k = malloc (blen + elen + 8);
+  if (k == NULL)
+    return NULL;
+  memcpy (k, base, blen);
+  memcpy (k + blen, "\0export=", 8);
+  memcpy (k + blen + 8, exportname, elen);
+  *len = blen + 8 + elen;
+  return k;
+}
+
+static int
+fscache_prepare (nbdkit_next *next, void *handle, int readonly)
+{
+  struct handle *h = handle;
+  size_t klen;
+  CLEANUP_FREE char *k = object_key (h->exportname, &klen);
+  if (k == NULL) {
+    nbdkit_error ("malloc: %m");
+    return -1;
+  }
+  int64_t size = next->get_size (next);
+  if (size == -1)
+    return -1;
+
+  struct fsc_object_params p = {
+    .key = k, .key_len = klen, .block_size = block_size, .size = size,
+    .verify = verify, .validate = validate, .generation = generation,
+  };
+  if (validate == FSC_VALIDATE_SAMPLE &&
+      fingerprint (next, k, klen, size, &p.fingerprint) == -1) {
+    nbdkit_error ("fscache: reading the coherency sample upstream: %m");
+    return -1;
+  }
+
+  struct fsc_open_info info;
+  if (fsc_object_open (cache, &p, &h->obj, &info) == -1) {
+    nbdkit_error ("fscache: opening the cache object: %m");
+    return -1;
+  }
+  if (info.busy)
+    nbdkit_error ("fscache: warning: export \"%s\" is cached by another "
+                  "process using %s; serving it uncached",
+                  h->exportname, dir);
+  else if (info.err)
+    nbdkit_error ("fscache: warning: export \"%s\": cache unusable (%s); "
+                  "serving it uncached", h->exportname,
+                  strerror (info.err));
+  else if (!info.shared) {
+    if (info.reason != FSC_OK && info.reason != FSC_REJ_NEW)
+      nbdkit_error ("fscache: warning: export \"%s\": discarding cached "
+                    "data (%s), starting cold", h->exportname,
+                    fsc_reason_name (info.reason));
+    if (info.unclean)
+      nbdkit_error ("fscache: warning: export \"%s\": previous user did "
+                    "not shut down cleanly; the cache was checked and "
+                    "kept", h->exportname);
+    nbdkit_debug ("fscache: export \"%s\": %s, %" PRIu64 " blocks cached",
+                  h->exportname, fsc_reason_name (info.reason),
+                  info.present_blocks);
+  }
+  return 0;
+}
+
+static int
+fscache_finalize (nbdkit_next *next, void *handle)
+{
+  struct handle *h = handle;
+  if (h->obj == NULL)
+    return 0;
+  if (fsc_object_needs_fingerprint (h->obj)) {
+    size_t klen;
+    uint64_t fp;
+    CLEANUP_FREE char *k = object_key (h->exportname, &klen);
+    int64_t size = next->get_size (next);
+    /* If we cannot fingerprint, the index stays marked stale and the
+     * next open starts cold: safe.
+     */
+    if (k && size >= 0 && fingerprint (next, k, klen, size, &fp) == 0)
+      fsc_object_set_fingerprint (h->obj, fp);
+  }
+  fsc_object_close (h->obj);
+  h->obj = NULL;
+  write_stats ();
+  return 0;
+}
+
+/*----------------------------------------------------------------------
+ * Data.
+ */
+
+static int
+fscache_can_cache (nbdkit_next *next, void *handle)
+{
+  /* We implement NBD_CMD_CACHE ourselves: it fills our cache. */
+  return NBDKIT_CACHE_NATIVE;
+}
+
+static int
+fscache_pread (nbdkit_next *next, void *handle, void *buf, uint32_t count,
+               uint64_t offset, uint32_t flags, int *err)
+{
+  struct handle *h = handle;
+  struct fsc_upstream up = { .pread = up_pread, .opaque = next };
+  if (fsc_object_read (h->obj, buf, count, offset, &up) == -1) {
+    *err = errno;
+    return -1;
+  }
+  return 0;
+}
+
+static int
+fscache_cache (nbdkit_next *next, void *handle, uint32_t count,
+               uint64_t offset, uint32_t flags, int *err)
+{
+  struct handle *h = handle;
+  struct fsc_upstream up = { .pread = up_pread, .opaque = next };
+  if (fsc_object_prefetch (h->obj, offset, count, &up) == -1) {
+    *err = errno;
+    return -1;
+  }
+  return 0;
+}
+
+static int
+fscache_pwrite (nbdkit_next *next, void *handle, const void *buf,
+                uint32_t count, uint64_t offset, uint32_t flags, int *err)
+{
+  struct handle *h = handle;
+  struct fsc_write w;
+  if (fsc_object_write_begin (h->obj, offset, count,
+                              mode == MODE_WRITETHROUGH, &w) == -1) {
+    *err = errno;
+    nbdkit_error ("fscache: write: %m");
+    return -1;
+  }
+  int r = next->pwrite (next, buf, count, offset, flags, err);
+  fsc_object_write_end (h->obj, &w, buf, r == 0);
+  return r;
+}
+
+static int
+fscache_zero (nbdkit_next *next, void *handle, uint32_t count,
+              uint64_t offset, uint32_t flags, int *err)
+{
+  struct handle *h = handle;
+  struct fsc_write w;
+  if (fsc_object_write_begin (h->obj, offset, count, false, &w) == -1) {
+    *err = errno;
+    nbdkit_error ("fscache: zero: %m");
+    return -1;
+  }
+  int r = next->zero (next, count, offset, flags, err);
+  fsc_object_write_end (h->obj, &w, NULL, r == 0);
+  return r;
+}
+
+static int
+fscache_trim (nbdkit_next *next, void *handle, uint32_t count,
+              uint64_t offset, uint32_t flags, int *err)
+{
+  struct handle *h = handle;
+  struct fsc_write w;
+  if (fsc_object_write_begin (h->obj, offset, count, false, &w) == -1) {
+    *err = errno;
+    nbdkit_error ("fscache: trim: %m");
+    return -1;
+  }
+  int r = next->trim (next, count, offset, flags, err);
+  fsc_object_write_end (h->obj, &w, NULL, r == 0);
+  return r;
+}
+
+static int
+fscache_flush (nbdkit_next *next, void *handle, uint32_t flags, int *err)
+{
+  struct handle *h = handle;
+  if (next->flush (next, flags, err) == -1)
+    return -1;
+  /* A cache failure only withdraws the object: not the client's error. */
+  fsc_object_commit (h->obj);
+  return 0;
+}
+
+static int
+fscache_thread_model (void)
+{
+  return NBDKIT_THREAD_MODEL_PARALLEL;
+}
+
+static struct nbdkit_filter filter = {
+  .name = "fscache",
+  .longname = "nbdkit persistent local cache filter",
+  .unload = fscache_unload,
+  .config = fscache_config,
+  .config_complete = fscache_config_complete,
+  .config_help = fscache_config_help,
+  .thread_model = fscache_thread_model,
+  .after_fork = fscache_after_fork,
+  .cleanup = fscache_cleanup,
+  .open = fscache_open,
+  .close = fscache_close,
+  .prepare = fscache_prepare,
+  .finalize = fscache_finalize,
+  .can_cache = fscache_can_cache,
+  .pread = fscache_pread,
+  .pwrite = fscache_pwrite,
+  .zero = fscache_zero,
+  .trim = fscache_trim,
+  .flush = fscache_flush,
+  .cache = fscache_cache,
+};
+
+NBDKIT_REGISTER_FILTER (filter)

@@ -1,0 +1,302 @@
+/* Unit test: objects cache, persist, verify, invalidate and fall back.
+ * The upstream is a buffer in memory that counts the bytes read from
+ * it; the cache is a real directory on disk.
+ */
+#include <config.h>
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "fscache.h"
+#include "keyenc.h"
+#include "unit.h"
+
+#define BS 4096u
+#define SIZE (1024u * 1024u + 12345u)   /* not a multiple of BS */
+
+static unsigned char upstream[SIZE];
+static uint64_t up_bytes;               /* atomic */
+static int up_fail;
+
+static int
+up_pread (void *opaque, void *buf, uint32_t count, uint64_t offset)
+{
+  if (up_fail) {
+    errno = EIO;
+    return -1;
+  }
+  CHECK (offset + count <= SIZE);
+  memcpy (buf, upstream + offset, count);
+  __atomic_add_fetch (&up_bytes, count, __ATOMIC_RELAXED);
+  return 0;
+}
+
+static const struct fsc_upstream up = { .pread = up_pread };
+static char dir[64];
+
+static struct fsc_cache *
+open_cache (const char *faults)
+{
+  struct fsc_cache *c;
+  struct fsc_cache_config cfg = { .dir = dir, .create = true,
+                                  .faults = faults };
+  CHECK (fsc_cache_open (&cfg, &c) == 0);
+  return c;
+}
+
+static struct fsc_object *
+open_obj (struct fsc_cache *c, struct fsc_open_info *info,
+          const char *gen, uint64_t size)
+{
+  struct fsc_object *o;
+  struct fsc_object_params p = {
+    .key = "key\0export=", .key_len = 11, .block_size = BS, .size = size,
+    .verify = true, .validate = FSC_VALIDATE_SIZE, .generation = gen,
+  };
+  CHECK (fsc_object_open (c, &p, &o, info) == 0);
+  return o;
+}
+
+/* Read the whole object in odd-sized pieces and compare. */
+static void
+read_all (struct fsc_object *o)
+{
+  static unsigned char buf[SIZE];
+  uint64_t off = 0;
+  while (off < SIZE) {
+    uint32_t n = 1 + (off * 7919) % 70000;
+    if (n > SIZE - off)
+      n = SIZE - off;
+    CHECK (fsc_object_read (o, buf + off, n, off, &up) == 0);
+    off += n;
+  }
+  CHECK (memcmp (buf, upstream, SIZE) == 0);
+}
+
+static void
+path_of (char *out, size_t n, const char *suffix)
+{
+  char name[FSC_NAME_MAX + 1], fan[FSC_FAN_MAX + 1];
+  fsc_key_encode ("key\0export=", 11, name, fan);
+  snprintf (out, n, "%s/objects/%s/%s%s", dir, fan, name, suffix);
+}
+
+static void *
+reader_thread (void *arg)
+{
+  read_all (arg);
+  return NULL;
+}
+
+int
+main (void)
+{
+  struct fsc_open_info info;
+  struct fsc_stats st;
+  char idx[512], data[512];
+
+  srand (1);
+  for (size_t i = 0; i < SIZE; ++i)
+    upstream[i] = rand ();
+  snprintf (dir, sizeof dir, "/tmp/unit-object-XXXXXX");
+  CHECK (mkdtemp (dir) != NULL);
+  strcat (dir, "/cache");               /* created by fsc_cache_open */
+  path_of (idx, sizeof idx, ".idx");
+  path_of (data, sizeof data, ".data");
+
+  /* Cold, then warm: the second read fetches nothing. */
+  struct fsc_cache *c = open_cache (NULL);
+  struct stat sst;
+  CHECK (stat (dir, &sst) == 0 && (sst.st_mode & 0777) == 0700);
+  struct fsc_object *o = open_obj (c, &info, NULL, SIZE);
+  CHECK_EQ (info.state, FSC_OBJ_AVAILABLE);
+  CHECK_EQ (info.reason, FSC_REJ_NEW);
+  read_all (o);
+  CHECK_EQ (up_bytes, SIZE);
+  CHECK_EQ (fsc_object_present_blocks (o), (SIZE + BS - 1) / BS);
+  up_bytes = 0;
+  read_all (o);
+  CHECK_EQ (up_bytes, 0);
+  CHECK (stat (data, &sst) == 0 && (sst.st_mode & 0777) == 0600);
+  fsc_object_close (o);
+  fsc_cache_close (c);
+
+  /* Reopen: still cached, clean. */
+  c = open_cache (NULL);
+  o = open_obj (c, &info, NULL, SIZE);
+  CHECK_EQ (info.reason, FSC_OK);
+  CHECK (!info.unclean);
+  CHECK_EQ (info.present_blocks, (SIZE + BS - 1) / BS);
+  read_all (o);
+  CHECK_EQ (up_bytes, 0);
+
+  /* A second open in the same process shares the object. */
+  struct fsc_object *o2 = open_obj (c, &info, NULL, SIZE);
+  CHECK (o2 == o && info.shared);
+  fsc_object_close (o2);
+
+  /* Corrupt a block in the data file: detected, refetched, counted. */
+  int fd = open (data, O_RDWR);
+  CHECK (fd >= 0);
+  CHECK (pwrite (fd, "garbage", 7, 5 * BS + 100) == 7);
+  close (fd);
+  read_all (o);
+  CHECK_EQ (up_bytes, BS);
+  fsc_cache_stats (c, &st);
+  CHECK_EQ (st.verify_failures, 1);
+
+  /* Writes: begin drops the blocks durably, end stores whole blocks
+   * and partial ones that were present (read-modify-write).
+   */
+  struct fsc_write w;
+  unsigned char wbuf[3 * BS];
+  memset (wbuf, 0xab, sizeof wbuf);
+  uint64_t woff = 10 * BS + 100;
+  CHECK (fsc_object_write_begin (o, woff, sizeof wbuf, true, &w) == 0);
+  CHECK (!fsc_object_block_present (o, 10));
+  CHECK (!fsc_object_block_present (o, 12));
+  memcpy (upstream + woff, wbuf, sizeof wbuf);    /* the upstream write */
+  fsc_object_write_end (o, &w, wbuf, true);
+  CHECK (fsc_object_block_present (o, 10));
+  CHECK (fsc_object_block_present (o, 11));
+  CHECK (fsc_object_block_present (o, 13));
+  up_bytes = 0;
+  read_all (o);
+  CHECK_EQ (up_bytes, 0);
+
+  /* A failed upstream write leaves the blocks absent. */
+  CHECK (fsc_object_write_begin (o, 20 * BS, BS, true, &w) == 0);
+  fsc_object_write_end (o, &w, wbuf, false);
+  CHECK (!fsc_object_block_present (o, 20));
+  read_all (o);
+  CHECK_EQ (up_bytes, BS);
+
+  /* Writearound (keep=false) drops without storing. */
+  CHECK (fsc_object_write_begin (o, 30 * BS, BS, false, &w) == 0);
+  fsc_object_write_end (o, &w, wbuf, true);
+  CHECK (!fsc_object_block_present (o, 30));
+  CHECK (fsc_object_commit (o) == 0);
+  fsc_object_close (o);
+  fsc_cache_close (c);
+
+  /* Coherency: a new generation or size discards the object. */
+  c = open_cache (NULL);
+  o = open_obj (c, &info, "v2", SIZE);
+  CHECK_EQ (info.reason, FSC_REJ_GENERATION);
+  CHECK_EQ (info.present_blocks, 0);
+  read_all (o);
+  fsc_object_close (o);
+  o = open_obj (c, &info, "v2", SIZE);
+  CHECK_EQ (info.reason, FSC_OK);
+  fsc_object_close (o);
+  o = open_obj (c, &info, "v2", SIZE - 1);
+  CHECK_EQ (info.reason, FSC_REJ_UPSTREAM_SIZE);
+  fsc_object_close (o);
+  o = open_obj (c, &info, "v2", SIZE);
+  CHECK_EQ (info.reason, FSC_REJ_UPSTREAM_SIZE);
+  read_all (o);
+  fsc_object_close (o);
+  fsc_cache_close (c);
+
+  /* A truncated index starts the object cold, never trusted. */
+  CHECK (truncate (idx, 100) == 0);
+  c = open_cache (NULL);
+  o = open_obj (c, &info, "v2", SIZE);
+  CHECK_EQ (info.reason, FSC_REJ_SHORT);
+  CHECK_EQ (info.present_blocks, 0);
+  up_bytes = 0;
+  read_all (o);
+  CHECK_EQ (up_bytes, SIZE);
+  fsc_object_close (o);
+  fsc_cache_close (c);
+
+  /* A garbled superblock likewise. */
+  fd = open (idx, O_RDWR);
+  CHECK (fd >= 0);
+  CHECK (pwrite (fd, "XXXXXXXXXXXXXXXX", 16, 20) == 16);
+  CHECK (pwrite (fd, "XXXXXXXXXXXXXXXX", 16, 4096 + 20) == 16);
+  close (fd);
+  c = open_cache (NULL);
+  o = open_obj (c, &info, "v2", SIZE);
+  CHECK_EQ (info.reason, FSC_REJ_CHECKSUM);
+  read_all (o);
+  fsc_object_close (o);
+  fsc_cache_close (c);
+
+  /* Parallel readers of a cold object: same data, and concurrent
+   * misses of one block fetch it once (each byte exactly once).
+   */
+  c = open_cache (NULL);
+  o = open_obj (c, &info, "v3", SIZE);
+  up_bytes = 0;
+  pthread_t t[8];
+  for (int i = 0; i < 8; ++i)
+    CHECK (pthread_create (&t[i], NULL, reader_thread, o) == 0);
+  for (int i = 0; i < 8; ++i)
+    pthread_join (t[i], NULL);
+  CHECK_EQ (up_bytes, SIZE);
+  fsc_object_close (o);
+  fsc_cache_close (c);
+
+  /* The cache's own I/O fails: reads still return upstream's data. */
+  c = open_cache ("read:data:1+:EIO");
+  o = open_obj (c, &info, "v3", SIZE);
+  CHECK_EQ (info.reason, FSC_OK);
+  read_all (o);
+  CHECK_EQ (fsc_object_state (o), FSC_OBJ_WITHDRAWN);
+  read_all (o);
+  fsc_cache_stats (c, &st);
+  CHECK_EQ (st.withdrawals, 1);
+  fsc_object_close (o);
+  fsc_cache_close (c);
+
+  c = open_cache ("write:data:3+:ENOSPC");
+  o = open_obj (c, &info, "v4", SIZE);
+  read_all (o);
+  read_all (o);
+  CHECK_EQ (fsc_object_state (o), FSC_OBJ_AVAILABLE);
+  fsc_cache_stats (c, &st);
+  CHECK (st.nofill_events >= 1);
+  fsc_object_close (o);
+  fsc_cache_close (c);
+
+  c = open_cache ("sync:index:2+:EIO");
+  o = open_obj (c, &info, "v5", SIZE);
+  read_all (o);
+  CHECK (fsc_object_commit (o) == -1);
+  read_all (o);
+  fsc_object_close (o);
+  fsc_cache_close (c);
+
+  /* An upstream error reaches the caller. */
+  c = open_cache (NULL);
+  o = open_obj (c, &info, "v6", SIZE);
+  up_fail = 1;
+  unsigned char b1[100];
+  CHECK (fsc_object_read (o, b1, sizeof b1, 0, &up) == -1 && errno == EIO);
+  up_fail = 0;
+  CHECK (fsc_object_read (o, b1, sizeof b1, 0, &up) == 0);
+  CHECK (memcmp (b1, upstream, sizeof b1) == 0);
+  /* Out of range. */
+  CHECK (fsc_object_read (o, b1, 2, SIZE - 1, &up) == -1 && errno == EINVAL);
+  fsc_object_close (o);
+  fsc_cache_close (c);
+
+  /* A world-writable cache directory is refused. */
+  CHECK (chmod (dir, 0777) == 0);
+  struct fsc_cache_config cfg = { .dir = dir };
+  CHECK (fsc_cache_open (&cfg, &c) == -1 && errno == EPERM);
+  CHECK (chmod (dir, 0700) == 0);
+
+  char cmd[128];
+  snprintf (cmd, sizeof cmd, "rm -rf %.*s", (int) (strlen (dir) - 6), dir);
+  CHECK (system (cmd) == 0);
+  return 0;
+}
