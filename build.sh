@@ -14,7 +14,7 @@ cd "$(dirname "$0")"
 packages=(
   build-essential autoconf automake libtool pkg-config
   nbdkit nbdkit-plugin-dev libnbd-dev libnbd-bin libev-dev uuid-dev
-  libxxhash-dev fio qemu-utils
+  libxxhash-dev fio qemu-utils python3-libnbd
 )
 
 install_deps () {

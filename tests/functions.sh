@@ -1,0 +1,143 @@
+# Shared helpers of the shell tests (tests/test-fscache-*.sh).
+#
+# Source it first thing:   source "${top_srcdir:-.}/tests/functions.sh"
+#
+#   requires CMD [ARGS]        skip (exit 77) unless CMD ARGS succeeds
+#   cleanup_fn CMD [ARGS]      run CMD ARGS when the test exits
+#   start_nbdkit -P PIDFILE -U SOCK ARGS...
+#                              start nbdkit in the background, wait until
+#                              it serves, stop it when the test exits
+#   stop_nbdkit PIDFILE        SIGTERM it and wait until it has exited
+#                              (so its unload work, e.g. stats files, is done)
+#   kill9_nbdkit PIDFILE       SIGKILL it and wait until it is gone
+#   log_read_bytes LOGFILE     bytes read, summed over a log filter's file
+#   log_count LOGFILE WORD     requests of type WORD (Read, Write, Flush...)
+#   stat_value STATSFILE NAME  a counter from an fscache-stats file
+#   make_random FILE BYTES     FILE filled with BYTES of random data
+#
+# $FILTER is the fscache filter to pass to --filter=, $TMP a private
+# temporary directory removed at exit, $UPSTREAM_PLUGIN_DIR unused.
+
+set -euo pipefail
+
+: "${top_srcdir:=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)}"
+: "${top_builddir:=$top_srcdir}"
+FILTER="${FSCACHE_FILTER:-$top_builddir/plugin/.libs/nbdkit-fscache-filter.so}"
+export FILTER
+
+_cleanup_cmds=()
+cleanup_fn ()
+{
+  _cleanup_cmds+=("$*")
+}
+_run_cleanup ()
+{
+  local status=$?
+  local i
+  for (( i=${#_cleanup_cmds[@]}-1; i>=0; i-- )); do
+    eval "${_cleanup_cmds[$i]}" || true
+  done
+  exit $status
+}
+trap _run_cleanup EXIT
+
+requires ()
+{
+  if ! "$@" >/dev/null 2>&1; then
+    echo "$0: SKIP: requires $*"
+    exit 77
+  fi
+}
+
+TMP="$(mktemp -d /tmp/fscache-test.XXXXXX)"
+cleanup_fn "rm -rf '$TMP'"
+
+# Wait for a pid file to appear and its socket to accept connections.
+start_nbdkit ()
+{
+  local pidfile="" sock="" args=("$@")
+  local i
+  for (( i=0; i<${#args[@]}; i++ )); do
+    case "${args[$i]}" in
+      -P) pidfile="${args[$((i+1))]}" ;;
+      -U) sock="${args[$((i+1))]}" ;;
+    esac
+  done
+  if [ -z "$pidfile" ]; then
+    echo "$0: start_nbdkit: -P PIDFILE is required" >&2
+    return 1
+  fi
+  rm -f "$pidfile"
+  [ -n "$sock" ] && rm -f "$sock"
+  nbdkit "$@"
+  # nbdkit writes the pid file only once it is ready to serve.
+  for (( i=0; i<300; i++ )); do
+    [ -s "$pidfile" ] && break
+    sleep 0.1
+  done
+  if [ ! -s "$pidfile" ]; then
+    echo "$0: start_nbdkit: nbdkit did not start: $*" >&2
+    return 1
+  fi
+  cleanup_fn "kill -9 $(cat "$pidfile") 2>/dev/null"
+}
+
+_wait_gone ()
+{
+  local pid="$1" i
+  for (( i=0; i<600; i++ )); do
+    kill -0 "$pid" 2>/dev/null || return 0
+    sleep 0.05
+  done
+  echo "$0: process $pid did not exit" >&2
+  return 1
+}
+
+stop_nbdkit ()
+{
+  local pid
+  pid="$(cat "$1")"
+  kill -TERM "$pid" 2>/dev/null || true
+  _wait_gone "$pid"
+}
+
+kill9_nbdkit ()
+{
+  local pid
+  pid="$(cat "$1")"
+  kill -9 "$pid" 2>/dev/null || true
+  _wait_gone "$pid"
+}
+
+log_read_bytes ()
+{
+  # Request lines look like: "connection=1 Read id=1 offset=0x0 count=0x1000 ..."
+  # (mawk has no strtonum: convert the hex by hand.)
+  awk 'function hex(s,   i, c, v) {
+         v = 0; s = tolower (substr (s, 3))
+         for (i = 1; i <= length (s); i++) {
+           c = index ("0123456789abcdef", substr (s, i, 1)) - 1
+           v = v * 16 + c
+         }
+         return v
+       }
+       / Read id=/ && !/\.\.\.Read/ {
+         for (i = 1; i <= NF; i++)
+           if ($i ~ /^count=/) { sub ("count=", "", $i); s += hex($i) }
+       } END { printf "%d\n", s }' "$1"
+}
+
+log_count ()
+{
+  grep -c " $2 id=" "$1" || true
+}
+
+stat_value ()
+{
+  awk -v k="$2" '$1 == k { print $2; found = 1 } END { if (!found) print 0 }' "$1"
+}
+
+make_random ()
+{
+  head -c "$2" /dev/urandom > "$1"
+}

@@ -1,0 +1,2 @@
+/* Placeholder: replaced by the fuzz target. */
+int main (void) { return 0; }
