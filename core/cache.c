@@ -225,6 +225,14 @@ fsc_cache_stats (struct fsc_cache *cache, struct fsc_stats *st)
   fsc_stats_snapshot (&cache->stats, st);
 }
 
+void
+fsc_cache_set_trace (struct fsc_cache *cache, fsc_io_trace_fn *fn,
+                     void *opaque)
+{
+  cache->io.trace_opaque = opaque;
+  cache->io.trace = fn;
+}
+
 void *
 fsc_scratch (struct fsc_cache *cache, size_t size)
 {

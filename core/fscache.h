@@ -26,6 +26,7 @@
 #include <stdint.h>
 
 #include "index.h"
+#include "io.h"
 #include "stats.h"
 
 struct fsc_cache;
@@ -65,6 +66,12 @@ extern void fsc_cache_uuid (const struct fsc_cache *cache, char out[37]);
 
 /* Snapshot of the cache's counters. */
 extern void fsc_cache_stats (struct fsc_cache *cache, struct fsc_stats *st);
+
+/* For tests: call FN after every write and sync of a cache file (see
+ * io.h).  Set it before any I/O is under way.
+ */
+extern void fsc_cache_set_trace (struct fsc_cache *cache,
+                                 fsc_io_trace_fn *fn, void *opaque);
 
 /* Commit every object with pending changes now. */
 extern void fsc_cache_commit_all (struct fsc_cache *cache);

@@ -26,6 +26,8 @@ int
 fsc_io_init (struct fsc_io *io, const char *spec)
 {
   memset (io, 0, sizeof *io);
+  io->trace = NULL;
+  io->trace_opaque = NULL;
   if (spec == NULL || *spec == '\0')
     return 0;
 
@@ -67,6 +69,7 @@ fsc_io_init (struct fsc_io *io, const char *spec)
  bad:
   free (copy);
   memset (io, 0, sizeof *io);
+  io->trace = NULL;
   errno = EINVAL;
   return -1;
 }
@@ -140,6 +143,8 @@ fsc_io_pwrite (struct fsc_io *io, int kind, int fd,
     }
     done += r;
   }
+  if (io->trace)
+    io->trace (io->trace_opaque, FSC_OP_WRITE, kind, buf, n, off);
   return 0;
 }
 
@@ -151,5 +156,9 @@ fsc_io_sync (struct fsc_io *io, int kind, int fd)
     errno = e;
     return -1;
   }
-  return fdatasync (fd);
+  if (fdatasync (fd) == -1)
+    return -1;
+  if (io->trace)
+    io->trace (io->trace_opaque, FSC_OP_SYNC, kind, NULL, 0, 0);
+  return 0;
 }

@@ -45,7 +45,15 @@ struct fsc_fault {
   int err;                      /* errno to fail with */
 };
 
+/* Called after each successful write (BUF, N, OFF) or sync (BUF NULL)
+ * of a cache file: tests record these to rebuild crash states.
+ */
+typedef void fsc_io_trace_fn (void *opaque, int op, int kind,
+                              const void *buf, size_t n, uint64_t off);
+
 struct fsc_io {
+  fsc_io_trace_fn *trace;       /* NULL: no tracing */
+  void *trace_opaque;
   struct fsc_fault faults[FSC_IO_MAX_FAULTS];
   unsigned nfaults;
   uint64_t calls[FSC_OPS][FSC_FILE_KINDS];  /* atomic counters */
