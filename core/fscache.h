@@ -106,6 +106,14 @@ extern int fsc_object_open (struct fsc_cache *cache,
                             struct fsc_object **objp,
                             struct fsc_open_info *info);
 
+/* If the object for PARAMS (key, block size and size) is already open
+ * in this process, return a new reference to it, else NULL.  Lets a
+ * caller skip work (like sampling the upstream) that only the first
+ * opener needs.
+ */
+extern struct fsc_object *fsc_object_get (struct fsc_cache *cache,
+                                          const struct fsc_object_params *p);
+
 /* Drop a reference; the last one commits, marks the index clean and
  * closes the files.
  */

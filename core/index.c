@@ -236,7 +236,14 @@ fsc_grec_scan (struct fsc_io *io, int fd, uint64_t ngroups,
       break;
     pos = FSC_GROUPS_OFFSET +
       ROUND_DOWN ((uint64_t) d - FSC_GROUPS_OFFSET, gsize);
+    /* Read only up to the next hole: a big, sparsely cached export
+     * has its records scattered, and reading the holes between them
+     * would cost as much as a full index.
+     */
     uint64_t len = MIN ((uint64_t) SCAN_CHUNK, end - pos);
+    off_t h = lseek (fd, d, SEEK_HOLE);
+    if (h > d && (uint64_t) h < pos + len)
+      len = MIN (len, ROUND_UP ((uint64_t) h - pos, gsize));
     ssize_t n = fsc_io_pread (io, FSC_FILE_INDEX, fd, buf, len, pos);
     if (n == -1)
       return -1;

@@ -355,7 +355,7 @@ reserve_groups (struct fsc_object *o, uint64_t g0, uint64_t g1)
  * Reads.
  */
 
-enum run_kind { RUN_HIT, RUN_MISS, RUN_WAIT, RUN_UNCACHED };
+enum run_kind { RUN_HIT, RUN_MISS, RUN_UNCACHED };
 
 /* Copy the part of [start, end) that lies in the client's window. */
 static void
@@ -560,6 +560,12 @@ do_read (struct fsc_object *o, void *buf, uint32_t count, uint64_t offset,
     }
     else {
       struct group *g = group_of (o, b, true);
+      if (g && (g->fetching & BIT_OF (b)) && buf == NULL) {
+        /* Prefetch: somebody is already fetching it. */
+        pthread_mutex_unlock (&o->lock);
+        b++;
+        continue;
+      }
       if (g && (g->fetching & BIT_OF (b))) {
         /* Somebody is fetching it: wait for that, then look again. */
         FSC_STAT_ADD (st, dedup_waits, 1);
@@ -620,9 +626,6 @@ do_read (struct fsc_object *o, void *buf, uint32_t count, uint64_t offset,
       }
       b += n;
       break;
-
-    case RUN_WAIT:
-      abort ();
     }
   }
   return 0;
@@ -1202,20 +1205,14 @@ fsc_object_open (struct fsc_cache *c, const struct fsc_object_params *p,
   FSC_STAT_ADD (&c->stats, objects_opened, 1);
 
   /* Already open in this process: share it. */
-  pthread_mutex_lock (&c->lock);
-  for (struct fsc_object *o = c->objects; o; o = o->next) {
-    if (o->key_len == p->key_len && memcmp (o->key, p->key, p->key_len) == 0
-        && o->block_size == p->block_size && o->size == p->size) {
-      o->refs++;
-      pthread_mutex_unlock (&c->lock);
-      *objp = o;
-      info->shared = true;
-      info->state = fsc_object_state (o);
-      info->present_blocks = fsc_object_present_blocks (o);
-      return 0;
-    }
+  struct fsc_object *shared = fsc_object_get (c, p);
+  if (shared) {
+    *objp = shared;
+    info->shared = true;
+    info->state = fsc_object_state (shared);
+    info->present_blocks = fsc_object_present_blocks (shared);
+    return 0;
   }
-  pthread_mutex_unlock (&c->lock);
 
   struct fsc_object *o = calloc (1, sizeof *o);
   if (o == NULL)
@@ -1264,6 +1261,20 @@ fsc_object_open (struct fsc_cache *c, const struct fsc_object_params *p,
   info->present_blocks = fsc_object_present_blocks (o);
   *objp = o;
   return 0;
+}
+
+struct fsc_object *
+fsc_object_get (struct fsc_cache *c, const struct fsc_object_params *p)
+{
+  SCOPED_LOCK (&c->lock);
+  for (struct fsc_object *o = c->objects; o; o = o->next) {
+    if (o->key_len == p->key_len && memcmp (o->key, p->key, p->key_len) == 0
+        && o->block_size == p->block_size && o->size == p->size) {
+      o->refs++;
+      return o;
+    }
+  }
+  return NULL;
 }
 
 void

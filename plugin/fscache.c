@@ -30,6 +30,7 @@
 #include <xxhash.h>
 
 #include "fscache.h"
+#include "readahead.h"
 #include "utils.h"
 
 enum mode { MODE_WRITETHROUGH, MODE_WRITEAROUND };
@@ -45,6 +46,7 @@ static char *generation;
 static int validate = FSC_VALIDATE_SAMPLE;
 static bool verify = true;
 static char *stats_file;
+static uint64_t readahead = 4 * 1024 * 1024;
 
 static struct fsc_cache *cache;
 
@@ -53,6 +55,8 @@ static struct fsc_cache *cache;
 
 struct handle {
   struct fsc_object *obj;
+  struct fsc_readahead *ra;     /* NULL if fscache-readahead=0 */
+  struct fsc_upstream up;       /* this connection's upstream */
   char *exportname;
 };
 
@@ -164,6 +168,17 @@ fscache_config (nbdkit_next_config *next, nbdkit_backend *nxdata,
     if (r == -1)
       return -1;
     verify = r;
+    return 0;
+  }
+  if (strcmp (k, "fscache-readahead") == 0) {
+    int64_t r = nbdkit_parse_size (value);
+    if (r == -1)
+      return -1;
+    if (r > 1024 * 1024 * 1024) {
+      nbdkit_error ("fscache-readahead=%s: at most 1G", value);
+      return -1;
+    }
+    readahead = r;
     return 0;
   }
   if (strcmp (k, "fscache-stats") == 0) {
@@ -301,6 +316,7 @@ fscache_cleanup (nbdkit_backend *nxdata)
   "fscache-generation=STRING  Upstream version; a change discards the cache.\n" \
   "fscache-validate=sample|size|none       Coherency check at open.\n" \
   "fscache-verify=BOOL        Verify checksums of hits (default true).\n" \
+  "fscache-readahead=SIZE     Sequential readahead window (default 4M, 0 off).\n" \
   "fscache-stats=FILE         Write counters to FILE."
 
 /*----------------------------------------------------------------------
@@ -402,6 +418,19 @@ object_key (const char *exportname, size_t *len)
 }
 
 static int
+start_readahead (struct handle *h)
+{
+  if (readahead == 0 || fsc_object_state (h->obj) != FSC_OBJ_AVAILABLE)
+    return 0;
+  h->ra = fsc_readahead_new (h->obj, readahead, &h->up);
+  if (h->ra == NULL) {
+    nbdkit_error ("fscache: readahead: %m");
+    return -1;
+  }
+  return 0;
+}
+
+static int
 fscache_prepare (nbdkit_next *next, void *handle, int readonly)
 {
   struct handle *h = handle;
@@ -419,6 +448,14 @@ fscache_prepare (nbdkit_next *next, void *handle, int readonly)
     .key = k, .key_len = klen, .block_size = block_size, .size = size,
     .verify = verify, .validate = validate, .generation = generation,
   };
+  h->up.pread = up_pread;
+  h->up.opaque = next;
+
+  /* Another connection has the object open: it was validated then. */
+  h->obj = fsc_object_get (cache, &p);
+  if (h->obj)
+    return start_readahead (h);
+
   if (validate == FSC_VALIDATE_SAMPLE &&
       fingerprint (next, k, klen, size, &p.fingerprint) == -1) {
     nbdkit_error ("fscache: reading the coherency sample upstream: %m");
@@ -451,7 +488,7 @@ fscache_prepare (nbdkit_next *next, void *handle, int readonly)
                   h->exportname, fsc_reason_name (info.reason),
                   info.present_blocks);
   }
-  return 0;
+  return start_readahead (h);
 }
 
 static int
@@ -460,6 +497,9 @@ fscache_finalize (nbdkit_next *next, void *handle)
   struct handle *h = handle;
   if (h->obj == NULL)
     return 0;
+  /* Readahead threads use this connection's upstream: stop them first. */
+  fsc_readahead_free (h->ra);
+  h->ra = NULL;
   if (fsc_object_needs_fingerprint (h->obj)) {
     size_t klen;
     uint64_t fp;
@@ -493,11 +533,11 @@ fscache_pread (nbdkit_next *next, void *handle, void *buf, uint32_t count,
                uint64_t offset, uint32_t flags, int *err)
 {
   struct handle *h = handle;
-  struct fsc_upstream up = { .pread = up_pread, .opaque = next };
-  if (fsc_object_read (h->obj, buf, count, offset, &up) == -1) {
+  if (fsc_object_read (h->obj, buf, count, offset, &h->up) == -1) {
     *err = errno;
     return -1;
   }
+  fsc_readahead_observe (h->ra, offset, count);
   return 0;
 }
 
@@ -506,8 +546,7 @@ fscache_cache (nbdkit_next *next, void *handle, uint32_t count,
                uint64_t offset, uint32_t flags, int *err)
 {
   struct handle *h = handle;
-  struct fsc_upstream up = { .pread = up_pread, .opaque = next };
-  if (fsc_object_prefetch (h->obj, offset, count, &up) == -1) {
+  if (fsc_object_prefetch (h->obj, offset, count, &h->up) == -1) {
     *err = errno;
     return -1;
   }

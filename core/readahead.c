@@ -1,0 +1,150 @@
+/* libfscache: sequential readahead.  See readahead.h. */
+#include <config.h>
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdlib.h>
+
+#include "internal.h"
+#include "readahead.h"
+#include "utils.h"
+
+#define QUEUE_MAX 64
+
+struct range {
+  uint64_t offset, count;
+};
+
+struct fsc_readahead {
+  struct fsc_object *obj;
+  struct fsc_upstream up;
+  uint64_t window;
+  uint64_t chunk;
+
+  pthread_mutex_t lock;
+  pthread_cond_t cond;
+  struct range queue[QUEUE_MAX];        /* ring */
+  unsigned head, len;
+  uint64_t last_end;                    /* end of the last client read */
+  uint64_t queued_end;                  /* readahead queued up to here */
+  unsigned sequential;                  /* reads in a row */
+  bool stop;
+  unsigned nthreads;
+  pthread_t threads[FSC_RA_THREADS];
+};
+
+static void *
+worker (void *arg)
+{
+  struct fsc_readahead *ra = arg;
+
+  for (;;) {
+    pthread_mutex_lock (&ra->lock);
+    while (!ra->stop && ra->len == 0)
+      pthread_cond_wait (&ra->cond, &ra->lock);
+    if (ra->stop) {
+      pthread_mutex_unlock (&ra->lock);
+      return NULL;
+    }
+    struct range r = ra->queue[ra->head];
+    ra->head = (ra->head + 1) % QUEUE_MAX;
+    ra->len--;
+    pthread_mutex_unlock (&ra->lock);
+
+    /* Errors only mean the client's own read will miss. */
+    fsc_object_prefetch (ra->obj, r.offset, r.count, &ra->up);
+  }
+}
+
+struct fsc_readahead *
+fsc_readahead_new (struct fsc_object *obj, uint64_t window,
+                   const struct fsc_upstream *up)
+{
+  struct fsc_readahead *ra = calloc (1, sizeof *ra);
+  if (ra == NULL)
+    return NULL;
+  ra->obj = obj;
+  ra->up = *up;
+  ra->window = window;
+  ra->chunk = MAX ((uint64_t) FSC_RA_CHUNK, (uint64_t) obj->block_size);
+  pthread_mutex_init (&ra->lock, NULL);
+  pthread_cond_init (&ra->cond, NULL);
+  return ra;
+}
+
+/* Start one more worker if every one is busy.  Holds ra->lock. */
+static void
+maybe_start_worker (struct fsc_readahead *ra)
+{
+  if (ra->nthreads < FSC_RA_THREADS && ra->len > 0 &&
+      pthread_create (&ra->threads[ra->nthreads], NULL, worker, ra) == 0)
+    ra->nthreads++;
+}
+
+void
+fsc_readahead_observe (struct fsc_readahead *ra, uint64_t offset,
+                       uint32_t count)
+{
+  if (ra == NULL || ra->window == 0)
+    return;
+
+  const uint64_t size = ra->obj->size;
+  SCOPED_LOCK (&ra->lock);
+  if (offset == ra->last_end)
+    ra->sequential++;
+  else {
+    /* The stream jumped: what is queued is useless now. */
+    ra->sequential = 0;
+    ra->len = 0;
+    ra->queued_end = 0;
+  }
+  ra->last_end = offset + count;
+  if (ra->sequential < 2)
+    return;
+
+  uint64_t target = MIN (size, ra->last_end + ra->window);
+  if (ra->queued_end < ra->last_end)
+    ra->queued_end = ra->last_end;
+  /* Top up only when less than half the window is left, so that the
+   * queue gets whole chunks (one upstream read each), not a sliver per
+   * client read.
+   */
+  if (ra->queued_end - ra->last_end >= ra->window / 2 &&
+      ra->queued_end < size)
+    return;
+  bool added = false;
+  while (ra->queued_end < target && ra->len < QUEUE_MAX) {
+    /* Chunks aligned to the chunk size, so that concurrent streams
+     * and the workers split the export the same way.
+     */
+    uint64_t end = MIN (ROUND_DOWN (ra->queued_end, ra->chunk) + ra->chunk,
+                        target);
+    struct range *r = &ra->queue[(ra->head + ra->len) % QUEUE_MAX];
+    r->offset = ra->queued_end;
+    r->count = end - ra->queued_end;
+    ra->len++;
+    ra->queued_end = end;
+    added = true;
+  }
+  if (added) {
+    maybe_start_worker (ra);
+    pthread_cond_broadcast (&ra->cond);
+  }
+}
+
+void
+fsc_readahead_free (struct fsc_readahead *ra)
+{
+  if (ra == NULL)
+    return;
+  pthread_mutex_lock (&ra->lock);
+  ra->stop = true;
+  pthread_cond_broadcast (&ra->cond);
+  pthread_mutex_unlock (&ra->lock);
+  for (unsigned i = 0; i < ra->nthreads; ++i)
+    pthread_join (ra->threads[i], NULL);
+  pthread_mutex_destroy (&ra->lock);
+  pthread_cond_destroy (&ra->cond);
+  free (ra);
+}

@@ -1,0 +1,43 @@
+/* libfscache: sequential readahead for one stream of reads.
+ *
+ * One fsc_readahead per client connection.  The connection reports
+ * each read (fsc_readahead_observe); after two reads in a row that
+ * continue where the last one ended, the next WINDOW bytes are queued
+ * in chunks and fetched into the cache by background threads (at most
+ * FSC_RA_THREADS, started on first need) through fsc_object_prefetch.
+ * Blocks already present, or being fetched by a demand miss, are
+ * skipped there; a demand miss on a block being prefetched waits for
+ * that fetch instead of repeating it.  A read elsewhere drops what is
+ * still queued.  Never past the end of the export.
+ *
+ * The stream's lock guards only its queue and counters; no lock is
+ * held while prefetching.
+ */
+#ifndef FSC_READAHEAD_H
+#define FSC_READAHEAD_H
+
+#include <stdint.h>
+
+#include "fscache.h"
+
+#define FSC_RA_THREADS 4
+#define FSC_RA_CHUNK (1024 * 1024)
+
+struct fsc_readahead;
+
+/* A stream reading OBJ through UP (which must stay valid until
+ * fsc_readahead_free).  WINDOW is how far ahead to read; 0 disables.
+ * Returns NULL with errno on error.
+ */
+extern struct fsc_readahead *fsc_readahead_new (struct fsc_object *obj,
+                                                uint64_t window,
+                                                const struct fsc_upstream *up);
+
+/* A client read of [OFFSET, OFFSET+COUNT) was served. */
+extern void fsc_readahead_observe (struct fsc_readahead *ra,
+                                   uint64_t offset, uint32_t count);
+
+/* Stop the threads (waiting for prefetches under way) and free RA. */
+extern void fsc_readahead_free (struct fsc_readahead *ra);
+
+#endif /* FSC_READAHEAD_H */
