@@ -196,6 +196,7 @@ fsc_cache_open (const struct fsc_cache_config *config,
   }
   pthread_mutex_init (&c->lock, NULL);
   pthread_cond_init (&c->cond, NULL);
+  pthread_cond_init (&c->ready_cond, NULL);
   *cachep = c;
   return 0;
 
@@ -363,5 +364,6 @@ fsc_cache_close (struct fsc_cache *cache)
   close (cache->dirfd);
   pthread_mutex_destroy (&cache->lock);
   pthread_cond_destroy (&cache->cond);
+  pthread_cond_destroy (&cache->ready_cond);
   free (cache);
 }

@@ -29,6 +29,7 @@ struct fsc_cache {
 
   pthread_mutex_t lock;
   pthread_cond_t cond;          /* wakes the committer */
+  pthread_cond_t ready_cond;    /* an object's lookup finished */
   struct fsc_object *objects;   /* open objects, linked by ->next */
   pthread_t committer;
   bool committer_running;
@@ -56,6 +57,7 @@ struct fsc_object {
   struct fsc_cache *cache;
   struct fsc_object *next;      /* cache->objects; under cache->lock */
   unsigned refs;                /* under cache->lock */
+  bool ready;                   /* lookup done; under cache->lock */
   unsigned char *key;
   size_t key_len;
   char name[FSC_NAME_MAX + 1];

@@ -1189,6 +1189,9 @@ lookup (struct fsc_object *o, const struct fsc_object_params *p,
   return 0;
 }
 
+static struct fsc_object *find_locked (struct fsc_cache *c,
+                                       const struct fsc_object_params *p);
+
 int
 fsc_object_open (struct fsc_cache *c, const struct fsc_object_params *p,
                  struct fsc_object **objp, struct fsc_open_info *info)
@@ -1203,16 +1206,6 @@ fsc_object_open (struct fsc_cache *c, const struct fsc_object_params *p,
     return -1;
   }
   FSC_STAT_ADD (&c->stats, objects_opened, 1);
-
-  /* Already open in this process: share it. */
-  struct fsc_object *shared = fsc_object_get (c, p);
-  if (shared) {
-    *objp = shared;
-    info->shared = true;
-    info->state = fsc_object_state (shared);
-    info->present_blocks = fsc_object_present_blocks (shared);
-    return 0;
-  }
 
   struct fsc_object *o = calloc (1, sizeof *o);
   if (o == NULL)
@@ -1239,42 +1232,74 @@ fsc_object_open (struct fsc_cache *c, const struct fsc_object_params *p,
   memcpy (o->key, p->key, p->key_len);
   o->key_len = p->key_len;
 
+  /* Already open, or being looked up, in this process: share it.
+   * Otherwise list ours before looking it up, so that concurrent opens
+   * of one key wait for one lookup instead of racing for the lock.
+   */
+  pthread_mutex_lock (&c->lock);
+  struct fsc_object *shared = find_locked (c, p);
+  if (shared == NULL) {
+    o->next = c->objects;
+    c->objects = o;
+    o->listed = true;
+  }
+  pthread_mutex_unlock (&c->lock);
+  if (shared) {
+    free_object (o);
+    *objp = shared;
+    info->shared = true;
+    info->state = fsc_object_state (shared);
+    info->present_blocks = fsc_object_present_blocks (shared);
+    return 0;
+  }
+
   if (lookup (o, p, info) == -1) {
-    /* Uncached: nothing on disk is used or kept open. */
+    /* Uncached: nothing on disk is used or kept open.  It stays
+     * listed, so other connections share the verdict until the last
+     * one closes it (as a withdrawn cookie in FS-Cache).
+     */
     info->err = errno;
+    pthread_mutex_lock (&o->lock);
     o->state = FSC_OBJ_WITHDRAWN;
+    pthread_mutex_unlock (&o->lock);
     if (o->dfd >= 0) { close (o->dfd); o->dfd = -1; }
     if (o->ifd >= 0) { close (o->ifd); o->ifd = -1; }
     if (o->fandirfd >= 0) { close (o->fandirfd); o->fandirfd = -1; }
   }
-  else {
-    /* Another connection may have opened the same object meanwhile;
-     * the flock above made that one uncached, so listing ours is safe.
-     */
-    pthread_mutex_lock (&c->lock);
-    o->next = c->objects;
-    c->objects = o;
-    o->listed = true;
-    pthread_mutex_unlock (&c->lock);
-  }
-  info->state = o->state;
+  pthread_mutex_lock (&c->lock);
+  o->ready = true;
+  pthread_cond_broadcast (&c->ready_cond);
+  pthread_mutex_unlock (&c->lock);
+
+  info->state = fsc_object_state (o);
   info->present_blocks = fsc_object_present_blocks (o);
   *objp = o;
   return 0;
+}
+
+/* Find a listed object for P and take a reference, waiting for its
+ * lookup to finish.  Caller holds c->lock.
+ */
+static struct fsc_object *
+find_locked (struct fsc_cache *c, const struct fsc_object_params *p)
+{
+  for (struct fsc_object *o = c->objects; o; o = o->next) {
+    if (o->key_len == p->key_len && memcmp (o->key, p->key, p->key_len) == 0
+        && o->block_size == p->block_size && o->size == p->size) {
+      o->refs++;
+      while (!o->ready)
+        pthread_cond_wait (&c->ready_cond, &c->lock);
+      return o;
+    }
+  }
+  return NULL;
 }
 
 struct fsc_object *
 fsc_object_get (struct fsc_cache *c, const struct fsc_object_params *p)
 {
   SCOPED_LOCK (&c->lock);
-  for (struct fsc_object *o = c->objects; o; o = o->next) {
-    if (o->key_len == p->key_len && memcmp (o->key, p->key, p->key_len) == 0
-        && o->block_size == p->block_size && o->size == p->size) {
-      o->refs++;
-      return o;
-    }
-  }
-  return NULL;
+  return find_locked (c, p);
 }
 
 void

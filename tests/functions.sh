@@ -25,6 +25,12 @@ set -euo pipefail
 FILTER="${FSCACHE_FILTER:-$top_builddir/plugin/.libs/nbdkit-fscache-filter.so}"
 export FILTER
 
+# Debian's python3 has the libnbd bindings (python3-libnbd); a python3
+# from pyenv or a venv earlier in PATH would not.
+if [ -x /usr/bin/python3 ]; then
+  python3 () { /usr/bin/python3 "$@"; }
+fi
+
 _cleanup_cmds=()
 cleanup_fn ()
 {
