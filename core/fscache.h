@@ -183,6 +183,15 @@ extern void fsc_object_write_end (struct fsc_object *obj, struct fsc_write *w,
 extern bool fsc_object_needs_fingerprint (struct fsc_object *obj);
 extern void fsc_object_set_fingerprint (struct fsc_object *obj, uint64_t fp);
 
+/* Events the caller should log once (fsc_object_take_notices). */
+#define FSC_NOTICE_WITHDRAWN 1u /* cache I/O failed: now uncached */
+#define FSC_NOTICE_NOFILL    2u /* cache full: fills paused */
+
+/* Return the notices raised since the last call (and clear them), and
+ * in *ERR the errno behind a withdrawal.
+ */
+extern unsigned fsc_object_take_notices (struct fsc_object *obj, int *err);
+
 /* Introspection. */
 extern int fsc_object_state (struct fsc_object *obj);
 extern uint64_t fsc_object_present_blocks (struct fsc_object *obj);

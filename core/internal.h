@@ -84,6 +84,8 @@ struct fsc_object {
   bool committing;
   bool data_dirty;              /* data written since the last sync */
   bool written;                 /* saw a write: fingerprint stale */
+  int withdraw_err;             /* errno that withdrew it */
+  unsigned notices;             /* FSC_NOTICE_* not yet taken */
 };
 
 /* object.c: commit OBJ; 0 or -1 (object withdrawn). */

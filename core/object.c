@@ -127,6 +127,8 @@ withdraw (struct fsc_object *o, int err)
     return;
   }
   o->state = FSC_OBJ_WITHDRAWN;
+  o->withdraw_err = err;
+  o->notices |= FSC_NOTICE_WITHDRAWN;
   pthread_cond_broadcast (&o->cond);
   pthread_mutex_unlock (&o->lock);
 
@@ -142,7 +144,6 @@ withdraw (struct fsc_object *o, int err)
     snprintf (path, sizeof path, "%s.data", o->name);
     unlinkat (o->fandirfd, path, 0);
   }
-  (void) err;
 }
 
 /* Handle a failed write to the data file. */
@@ -153,6 +154,8 @@ fill_failed (struct fsc_object *o, int err)
   if (err == ENOSPC || err == EDQUOT) {
     FSC_STAT_ADD (&o->cache->stats, nofill_events, 1);
     pthread_mutex_lock (&o->lock);
+    if (time (NULL) >= o->nofill_until)
+      o->notices |= FSC_NOTICE_NOFILL;
     o->nofill_until = time (NULL) + NOFILL_SECONDS;
     pthread_mutex_unlock (&o->lock);
   }
@@ -1340,6 +1343,16 @@ fsc_object_set_fingerprint (struct fsc_object *o, uint64_t fp)
 {
   if (fsc_object_commit_internal (o) == 0)
     write_sb (o, 0, FSC_SB_FP_STALE, &fp);
+}
+
+unsigned
+fsc_object_take_notices (struct fsc_object *o, int *err)
+{
+  SCOPED_LOCK (&o->lock);
+  unsigned n = o->notices;
+  o->notices = 0;
+  *err = o->withdraw_err;
+  return n;
 }
 
 int

@@ -521,6 +521,21 @@ fscache_finalize (nbdkit_next *next, void *handle)
  * Data.
  */
 
+/* Log what the cache object wants said once: withdrawal, full disk. */
+static void
+log_notices (struct handle *h)
+{
+  int err;
+  unsigned n = fsc_object_take_notices (h->obj, &err);
+  if (n & FSC_NOTICE_WITHDRAWN)
+    nbdkit_error ("fscache: warning: export \"%s\": cache I/O error (%s); "
+                  "cache withdrawn, serving from upstream", h->exportname,
+                  strerror (err));
+  if (n & FSC_NOTICE_NOFILL)
+    nbdkit_error ("fscache: warning: export \"%s\": cache directory full; "
+                  "not caching new blocks for a while", h->exportname);
+}
+
 static int
 fscache_can_cache (nbdkit_next *next, void *handle)
 {
@@ -533,10 +548,11 @@ fscache_pread (nbdkit_next *next, void *handle, void *buf, uint32_t count,
                uint64_t offset, uint32_t flags, int *err)
 {
   struct handle *h = handle;
-  if (fsc_object_read (h->obj, buf, count, offset, &h->up) == -1) {
-    *err = errno;
+  int r = fsc_object_read (h->obj, buf, count, offset, &h->up);
+  *err = errno;
+  log_notices (h);
+  if (r == -1)
     return -1;
-  }
   fsc_readahead_observe (h->ra, offset, count);
   return 0;
 }
@@ -546,11 +562,10 @@ fscache_cache (nbdkit_next *next, void *handle, uint32_t count,
                uint64_t offset, uint32_t flags, int *err)
 {
   struct handle *h = handle;
-  if (fsc_object_prefetch (h->obj, offset, count, &h->up) == -1) {
-    *err = errno;
-    return -1;
-  }
-  return 0;
+  int r = fsc_object_prefetch (h->obj, offset, count, &h->up);
+  *err = errno;
+  log_notices (h);
+  return r;
 }
 
 static int
@@ -567,6 +582,7 @@ fscache_pwrite (nbdkit_next *next, void *handle, const void *buf,
   }
   int r = next->pwrite (next, buf, count, offset, flags, err);
   fsc_object_write_end (h->obj, &w, buf, r == 0);
+  log_notices (h);
   return r;
 }
 
@@ -583,6 +599,7 @@ fscache_zero (nbdkit_next *next, void *handle, uint32_t count,
   }
   int r = next->zero (next, count, offset, flags, err);
   fsc_object_write_end (h->obj, &w, NULL, r == 0);
+  log_notices (h);
   return r;
 }
 
@@ -599,6 +616,7 @@ fscache_trim (nbdkit_next *next, void *handle, uint32_t count,
   }
   int r = next->trim (next, count, offset, flags, err);
   fsc_object_write_end (h->obj, &w, NULL, r == 0);
+  log_notices (h);
   return r;
 }
 
@@ -610,6 +628,7 @@ fscache_flush (nbdkit_next *next, void *handle, uint32_t flags, int *err)
     return -1;
   /* A cache failure only withdraws the object: not the client's error. */
   fsc_object_commit (h->obj);
+  log_notices (h);
   return 0;
 }
 
