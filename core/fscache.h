@@ -47,10 +47,13 @@ struct fsc_cache_config {
   unsigned commit_interval_ms;  /* background commit period; 0: 2000 */
 };
 
-/* Open (and with CONFIG->create, create) a cache directory.  Refuses a
- * directory that is a symlink (ELOOP), not a directory (ENOTDIR), not
- * owned by the effective user or writable by others (EPERM), or whose
- * header was written by a newer version (EPROTONOSUPPORT).
+/* Open (and with CONFIG->create, create) a cache directory.  The
+ * directory itself may be reached through a symlink (the
+ * administrator's choice); everything inside is opened without
+ * following any.  Refuses a directory that is not a directory
+ * (ENOTDIR), not owned by the effective user or writable by others
+ * (EPERM), or whose header was written by a newer version
+ * (EPROTONOSUPPORT).
  */
 extern int fsc_cache_open (const struct fsc_cache_config *config,
                            struct fsc_cache **cachep);

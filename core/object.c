@@ -394,8 +394,13 @@ hit_run (struct fsc_object *o, uint64_t b, uint64_t n, void *buf,
     ? (unsigned char *) buf + (start - offset)
     : fsc_scratch (o->cache, len);
 
-  if (dst == NULL)
-    return 0;                   /* ENOMEM: the caller retries */
+  if (dst == NULL) {
+    /* No memory for a bounce buffer: serve this object uncached
+     * rather than spin on the same block.
+     */
+    withdraw (o, ENOMEM);
+    return 0;
+  }
   ssize_t r = fsc_io_pread (&o->cache->io, FSC_FILE_DATA, o->dfd, dst, len,
                             start);
   if (r != (ssize_t) len) {

@@ -30,6 +30,7 @@
 #include <xxhash.h>
 
 #include "fscache.h"
+#include "keyenc.h"
 #include "readahead.h"
 #include "utils.h"
 
@@ -207,7 +208,7 @@ default_dir (void)
   if (geteuid () == 0)
     return strdup ("/var/cache/nbd-fscache");
   env = getenv ("XDG_CACHE_HOME");
-  if (env && *env) {
+  if (env && *env == '/') {     /* relative values are invalid: ignored */
     if (asprintf (&r, "%s/nbd-fscache", env) == -1)
       return NULL;
     return r;
@@ -230,6 +231,22 @@ fscache_config_complete (nbdkit_next_config_complete *next,
     nbdkit_error ("fscache-key: not set and no plugin parameters to "
                   "derive it from; set fscache-key=STRING");
     return -1;
+  }
+  if (key == NULL) {
+    /* The parameters may hold passwords: keep only their hash, which
+     * is all the identity needs, out of file names and indexes.
+     */
+    uint64_t lo, hi;
+    char *hashed;
+    fsc_key_hash (derived_key, derived_len, &lo, &hi);
+    int n = asprintf (&hashed, "params-%016" PRIx64 "%016" PRIx64, hi, lo);
+    if (n == -1) {
+      nbdkit_error ("asprintf: %m");
+      return -1;
+    }
+    free (derived_key);
+    derived_key = hashed;
+    derived_len = n;
   }
 
   struct fsc_cache_config cfg = {
