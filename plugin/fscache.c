@@ -119,8 +119,10 @@ fscache_config (nbdkit_next_config *next, nbdkit_backend *nxdata,
   }
   if (strcmp (k, "fscache-block-size") == 0) {
     int64_t r = nbdkit_parse_size (value);
-    if (r == -1)
+    if (r == -1) {
+      nbdkit_error ("fscache-block-size=%s: not a size", value);
       return -1;
+    }
     if (r < 4096 || r > 4 * 1024 * 1024 || !is_power_of_2 (r)) {
       nbdkit_error ("fscache-block-size=%s: must be a power of 2 "
                     "from 4K to 4M", value);
@@ -166,15 +168,19 @@ fscache_config (nbdkit_next_config *next, nbdkit_backend *nxdata,
   }
   if (strcmp (k, "fscache-verify") == 0) {
     int r = nbdkit_parse_bool (value);
-    if (r == -1)
+    if (r == -1) {
+      nbdkit_error ("fscache-verify=%s: not a boolean", value);
       return -1;
+    }
     verify = r;
     return 0;
   }
   if (strcmp (k, "fscache-readahead") == 0) {
     int64_t r = nbdkit_parse_size (value);
-    if (r == -1)
+    if (r == -1) {
+      nbdkit_error ("fscache-readahead=%s: not a size", value);
       return -1;
+    }
     if (r > 1024 * 1024 * 1024) {
       nbdkit_error ("fscache-readahead=%s: at most 1G", value);
       return -1;

@@ -90,9 +90,13 @@ start_nbdkit ()
 
 _wait_gone ()
 {
-  local pid="$1" i
+  local pid="$1" i state
   for (( i=0; i<600; i++ )); do
     kill -0 "$pid" 2>/dev/null || return 0
+    # A daemonised nbdkit is not our child: once it exits it stays a
+    # zombie until init reaps it.  A zombie has finished its work.
+    state=$(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null || echo gone)
+    case "$state" in Z|X|gone) return 0 ;; esac
     sleep 0.05
   done
   echo "$0: process $pid did not exit" >&2
