@@ -157,6 +157,7 @@ struct fsc_write {
   uint64_t offset;
   uint64_t count;
   bool keep;                    /* store the written blocks afterwards */
+  bool counted;                 /* counted in the groups' writers */
   uint64_t first_group, ngroups;
   uint32_t *epochs;             /* epoch of each group after invalidating */
   void *head, *tail;            /* old contents of partial end blocks */

@@ -46,6 +46,7 @@ struct group {
                                  * in-flight record */
   uint64_t fetching;            /* claimed by a fetch or store */
   uint32_t epoch;               /* bumped by every invalidation */
+  uint32_t writers;             /* writes in flight upstream */
   uint8_t slot;                 /* slot of the newest record on disk */
   bool has_record;
   bool dirty;                   /* on obj->dirty */

@@ -21,10 +21,14 @@
  *     record on disk may still name the block it waits for a commit
  *     that started after the change (group commit: concurrent writers
  *     share one).
- *  3. Each group has an epoch, bumped by every invalidation.  A fetch
- *     or store captures it when it claims blocks and only marks them
- *     present if it is unchanged, so data read from upstream before a
- *     write can never be stored after it.
+ *  3. Each group has an epoch, bumped by every invalidation, and a count
+ *     of writes in flight upstream.  A fetch captures the epoch when it
+ *     claims blocks and only marks them present if it is unchanged and
+ *     no write was in flight when it claimed: its upstream read might
+ *     have seen the data before that write.  A writethrough store is
+ *     made only by a write that overlapped no other write, and only if
+ *     the epoch did not move, since the order in which overlapping
+ *     writes land upstream is unknown.
  *
  * Errors of the cache's own files withdraw the object (files unlinked
  * so that nothing stale survives, every request then goes upstream);
@@ -360,6 +364,18 @@ reserve_groups (struct fsc_object *o, uint64_t g0, uint64_t g1)
 
 enum run_kind { RUN_HIT, RUN_MISS, RUN_UNCACHED };
 
+/* What a fetch claiming blocks of G must find at publication time: the
+ * epoch now, or, if a write is in flight upstream (its data may or may
+ * not be what our read sees), a value no epoch ever equals.  Caller
+ * holds o->lock.
+ */
+#define EPOCH_NEVER UINT64_MAX
+static uint64_t
+claim_epoch (const struct group *g)
+{
+  return g->writers ? EPOCH_NEVER : g->epoch;
+}
+
 /* Copy the part of [start, end) that lies in the client's window. */
 static void
 copy_out (void *buf, uint64_t offset, uint32_t count,
@@ -452,7 +468,7 @@ hit_run (struct fsc_object *o, uint64_t b, uint64_t n, void *buf,
 static int
 fetch_run (struct fsc_object *o, uint64_t b, uint64_t n, void *buf,
            uint64_t offset, uint32_t count, const struct fsc_upstream *up,
-           const uint32_t *epochs)
+           const uint64_t *epochs)
 {
   struct fsc_stats *st = &o->cache->stats;
   uint64_t start = block_start (o, b), end = block_end (o, b + n - 1);
@@ -549,7 +565,7 @@ do_read (struct fsc_object *o, void *buf, uint32_t count, uint64_t offset,
 
   while (b <= last) {
     uint64_t csums[FSC_GROUP_BLOCKS];
-    uint32_t epochs[MAX_RUN_GROUPS];
+    uint64_t epochs[MAX_RUN_GROUPS];
     enum run_kind kind;
     uint64_t n = 1;
 
@@ -591,7 +607,7 @@ do_read (struct fsc_object *o, void *buf, uint32_t count, uint64_t offset,
         kind = RUN_MISS;
         const uint64_t g0 = GROUP_OF (b);
         g->fetching |= BIT_OF (b);
-        epochs[0] = g->epoch;
+        epochs[0] = claim_epoch (g);
         while (b + n <= last && n < max_run) {
           uint64_t nb = b + n;
           struct group *ng = group_of (o, nb, true);
@@ -599,7 +615,7 @@ do_read (struct fsc_object *o, void *buf, uint32_t count, uint64_t offset,
               (ng->fetching & BIT_OF (nb)))
             break;
           ng->fetching |= BIT_OF (nb);
-          epochs[GROUP_OF (nb) - g0] = ng->epoch;
+          epochs[GROUP_OF (nb) - g0] = claim_epoch (ng);
           n++;
         }
       }
@@ -795,21 +811,32 @@ fsc_object_write_begin (struct fsc_object *o, uint64_t offset,
     free (w->tail);
     w->tail = NULL;
   }
+  /* Every group must exist to count the write in flight: without the
+   * count a fill could store what upstream held before this write.
+   */
+  for (uint64_t gi = g0; gi <= g1; ++gi)
+    if (o->groups[gi] == NULL &&
+        (o->groups[gi] = calloc (1, sizeof (struct group))) == NULL) {
+      pthread_mutex_unlock (&o->lock);
+      free (w->head);
+      free (w->tail);
+      free (w->epochs);
+      w->head = w->tail = NULL;
+      w->epochs = NULL;
+      withdraw (o, ENOMEM);
+      return 0;
+    }
+  if (o->state != FSC_OBJ_AVAILABLE)
+    keep = false;
   for (uint64_t gi = g0; gi <= g1; ++gi) {
     uint64_t lo = gi == g0 ? IDX_OF (b0) : 0;
     uint64_t hi = gi == g1 ? IDX_OF (b1) : FSC_GROUP_BLOCKS - 1;
     uint64_t mask = (hi - lo == 63) ? ~UINT64_C (0)
       : ((UINT64_C (1) << (hi - lo + 1)) - 1) << lo;
     struct group *g = o->groups[gi];
-    if (g == NULL && keep)
-      g = o->groups[gi] = calloc (1, sizeof *g);
-    if (g == NULL) {
-      if (keep)
-        keep = false;           /* ENOMEM: just don't store */
-      if (w->epochs)
-        w->epochs[gi - g0] = 0;
-      continue;
-    }
+    if (g->writers > 0)
+      keep = false;             /* overlapping writes: order unknown */
+    g->writers++;
     g->epoch++;
     if (w->epochs)
       w->epochs[gi - g0] = g->epoch;
@@ -831,6 +858,7 @@ fsc_object_write_begin (struct fsc_object *o, uint64_t offset,
   pthread_mutex_unlock (&o->lock);
 
   w->keep = keep;
+  w->counted = true;
   w->first_group = g0;
   w->ngroups = g1 - g0 + 1;
   if (need_sync)
@@ -845,6 +873,13 @@ fsc_object_write_end (struct fsc_object *o, struct fsc_write *w,
   struct fsc_stats *st = &o->cache->stats;
   uint8_t *claimed = NULL;
 
+  if (w->counted) {
+    pthread_mutex_lock (&o->lock);
+    for (uint64_t gi = w->first_group; gi < w->first_group + w->ngroups; ++gi)
+      o->groups[gi]->writers--;
+    pthread_mutex_unlock (&o->lock);
+    w->counted = false;
+  }
   if (!w->keep || !upstream_ok || buf == NULL || w->count == 0 ||
       w->offset >= o->size)
     goto out;

@@ -178,6 +178,41 @@ main (void)
   read_all (o);
   CHECK_EQ (up_bytes, BS);
 
+  /* A fill racing with a write in flight upstream must not store what
+   * the upstream held before the write.
+   */
+  {
+    struct fsc_write wa, wb;
+    unsigned char nb[BS], got[BS];
+    uint64_t off = 40 * BS;
+    CHECK (fsc_object_read (o, got, BS, off, &up) == 0);       /* cached */
+    memset (nb, 0xa1, BS);
+    CHECK (fsc_object_write_begin (o, off, BS, true, &wa) == 0);
+    CHECK (fsc_object_read (o, got, BS, off, &up) == 0);       /* old data */
+    CHECK (!fsc_object_block_present (o, 40));
+    memcpy (upstream + off, nb, BS);
+    fsc_object_write_end (o, &wa, nb, true);
+    CHECK (fsc_object_read (o, got, BS, off, &up) == 0);
+    CHECK (memcmp (got, nb, BS) == 0);
+
+    /* Overlapping writes: B ends first but A lands upstream last:
+     * neither may store.
+     */
+    unsigned char na[BS];
+    memset (na, 0xaa, BS);
+    memset (nb, 0xbb, BS);
+    CHECK (fsc_object_write_begin (o, off, BS, true, &wa) == 0);
+    CHECK (fsc_object_write_begin (o, off, BS, true, &wb) == 0);
+    memcpy (upstream + off, nb, BS);
+    fsc_object_write_end (o, &wb, nb, true);
+    CHECK (!fsc_object_block_present (o, 40));
+    memcpy (upstream + off, na, BS);
+    fsc_object_write_end (o, &wa, na, true);
+    CHECK (!fsc_object_block_present (o, 40));
+    CHECK (fsc_object_read (o, got, BS, off, &up) == 0);
+    CHECK (memcmp (got, na, BS) == 0);
+  }
+
   /* Writearound (keep=false) drops without storing. */
   CHECK (fsc_object_write_begin (o, 30 * BS, BS, false, &w) == 0);
   fsc_object_write_end (o, &w, wbuf, true);
