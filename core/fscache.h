@@ -32,6 +32,8 @@
 struct fsc_cache;
 struct fsc_object;
 
+#define FSC_MAX_BLOCK_SIZE (4u << 20)
+
 /* Object states, as in the seed's object state machine. */
 enum fsc_object_state {
   FSC_OBJ_LOOKING_UP = 0,
@@ -82,7 +84,7 @@ extern void fsc_cache_commit_all (struct fsc_cache *cache);
 struct fsc_object_params {
   const void *key;              /* any bytes */
   size_t key_len;               /* > 0 */
-  uint32_t block_size;          /* power of 2, 512 .. 64M */
+  uint32_t block_size;          /* power of 2, 4K .. FSC_MAX_BLOCK_SIZE */
   uint64_t size;                /* upstream size in bytes */
   bool verify;                  /* check each hit's checksum */
   int validate;                 /* enum fsc_validate */

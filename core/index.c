@@ -134,6 +134,7 @@ fsc_sb_decode (const unsigned char *buf, struct fsc_sb *sb)
       sb->key_prefix_len > FSC_SB_KEY_PREFIX ||
       sb->key_prefix_len > sb->key_len ||
       sb->validate > FSC_VALIDATE_SAMPLE ||
+      sb->seq >= FSC_SEQ_MAX ||
       (sb->flags & ~(FSC_SB_CLEAN | FSC_SB_FP_STALE)) != 0)
     return FSC_REJ_GEOMETRY;
   memcpy (sb->generation, buf + SB_GENERATION, sb->gen_len);
@@ -202,6 +203,11 @@ fsc_grec_decode (const unsigned char *buf, struct fsc_grec *g)
     return false;
   g->group = get_le64 (buf + GR_GROUP);
   g->seq = get_le64 (buf + GR_SEQ);
+  /* A sequence number no writer reaches: forged, and it would win
+   * against everything written after it.
+   */
+  if (g->seq >= FSC_SEQ_MAX)
+    return false;
   g->incarnation = get_le64 (buf + GR_INCARNATION);
   g->present = get_le64 (buf + GR_PRESENT);
   for (int i = 0; i < FSC_GROUP_BLOCKS; ++i)

@@ -33,6 +33,8 @@
 #define FSC_GROUPS_OFFSET ((uint64_t) 2 * FSC_SB_SIZE)
 #define FSC_GEN_MAX 255         /* longest fscache-generation */
 #define FSC_SB_KEY_PREFIX 3072  /* key bytes kept for tools */
+#define FSC_SEQ_MAX (UINT64_C (1) << 62)  /* larger sequence numbers are
+                                           * rejected as forged */
 
 /* Superblock flags, saved on disk. */
 #define FSC_SB_CLEAN    1u      /* closed cleanly, nothing pending */

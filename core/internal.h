@@ -63,7 +63,7 @@ struct fsc_object {
   size_t key_len;
   char name[FSC_NAME_MAX + 1];
   char fan[FSC_FAN_MAX + 1];
-  int fandirfd, ifd, dfd;       /* -1 when uncached */
+  int fandirfd, ifd, dfd, sfd;  /* -1 when uncached */
   bool verify;
   uint32_t block_size;
   unsigned bshift;

@@ -48,6 +48,7 @@ fsc_io_init (struct fsc_io *io, const char *spec)
     else goto bad;
     if (strcmp (kind, "data") == 0) f.kind = FSC_FILE_DATA;
     else if (strcmp (kind, "index") == 0) f.kind = FSC_FILE_INDEX;
+    else if (strcmp (kind, "sums") == 0) f.kind = FSC_FILE_SUMS;
     else if (strcmp (kind, "any") == 0) f.kind = -1;
     else goto bad;
     char *end;
@@ -82,7 +83,9 @@ fault (struct fsc_io *io, int op, int kind)
                                        __ATOMIC_RELAXED);
   if (io->nfaults == 0)
     return 0;
-  uint64_t nany = io->calls[op][0] + io->calls[op][1];
+  uint64_t nany = 0;
+  for (int k = 0; k < FSC_FILE_KINDS; ++k)
+    nany += __atomic_load_n (&io->calls[op][k], __ATOMIC_RELAXED);
   for (unsigned i = 0; i < io->nfaults; ++i) {
     const struct fsc_fault *f = &io->faults[i];
     if (f->op != op || (f->kind != -1 && f->kind != kind))

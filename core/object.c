@@ -1,9 +1,14 @@
 /* libfscache: objects and the operations on them.
  *
  * An object is the cached copy of one upstream export: a sparse data
- * file the size of the export (holes = not cached) and an index
- * (index.h) that records which blocks are present and the XXH3-64
- * checksum of each.  In memory, blocks are grouped by 64 (struct
+ * file the size of the export (holes = not cached), a sums file with
+ * the XXH3-64 hash of every 4 KiB sub-block of each cached block, and
+ * an index (index.h) that records which blocks are present and, for
+ * each, the XXH3-64 of its sub-block hashes.  A hit on a whole block
+ * hashes what it read; a hit on part of a block reads that block's
+ * sub-block hashes, checks them against the index, and then reads and
+ * checks only the 4 KiB pieces it serves, so a 4 KiB read of a 64 KiB
+ * block costs 4 KiB of reading and hashing, not 64.  In memory, blocks are grouped by 64 (struct
  * group, allocated on first use) with three bitmaps each:
  *
  *   present    block may be served from the data file now
@@ -62,6 +67,9 @@
 #define DIRTY_KICK 256                  /* dirty groups that wake the
                                          * committer early */
 #define NOFILL_SECONDS 10               /* pause after ENOSPC */
+#define SUB_SHIFT 12                    /* 4 KiB sub-blocks */
+#define SUB_SIZE (UINT64_C (1) << SUB_SHIFT)
+#define MAX_SUBS (FSC_MAX_BLOCK_SIZE >> SUB_SHIFT)
 
 #define GROUP_OF(b) ((b) / FSC_GROUP_BLOCKS)
 #define BIT_OF(b) (UINT64_C (1) << ((b) % FSC_GROUP_BLOCKS))
@@ -78,6 +86,53 @@ static uint64_t
 block_end (const struct fsc_object *o, uint64_t b)
 {
   return MIN ((b + 1) << o->bshift, o->size);
+}
+
+/* Sub-blocks per block, and the offset of block B's hashes in the
+ * sums file.
+ */
+static unsigned
+subs_per_block (const struct fsc_object *o)
+{
+  return o->block_size >> SUB_SHIFT;
+}
+
+static uint64_t
+sums_offset (const struct fsc_object *o, uint64_t b)
+{
+  return b * subs_per_block (o) * 8;
+}
+
+/* Hash each 4 KiB sub-block of LEN bytes at P into OUT; returns how
+ * many (the last may be short).
+ */
+static unsigned
+sub_hashes (const unsigned char *p, uint64_t len, uint64_t *out)
+{
+  unsigned k = 0;
+  for (uint64_t off = 0; off < len; off += SUB_SIZE)
+    out[k++] = XXH3_64bits (p + off, MIN (SUB_SIZE, len - off));
+  return k;
+}
+
+/* The checksum the index keeps for a block: XXH3-64 of its K sub-block
+ * hashes as little-endian bytes.
+ */
+static uint64_t
+sums_csum (const uint64_t *sums, unsigned k)
+{
+  unsigned char le[8 * MAX_SUBS];
+  for (unsigned i = 0; i < k; ++i)
+    put_le64 (le + 8 * i, sums[i]);
+  return XXH3_64bits (le, 8 * k);
+}
+
+/* Index checksum of a whole block of LEN bytes at P. */
+static uint64_t
+block_csum (const unsigned char *p, uint64_t len)
+{
+  uint64_t sums[MAX_SUBS];
+  return sums_csum (sums, sub_hashes (p, len, sums));
 }
 
 /* The group of block B, allocated if ALLOC.  Caller holds o->lock. */
@@ -146,6 +201,8 @@ withdraw (struct fsc_object *o, int err)
     snprintf (path, sizeof path, "%s.idx", o->name);
     unlinkat (o->fandirfd, path, 0);
     snprintf (path, sizeof path, "%s.data", o->name);
+    unlinkat (o->fandirfd, path, 0);
+    snprintf (path, sizeof path, "%s.sums", o->name);
     unlinkat (o->fandirfd, path, 0);
   }
 }
@@ -288,6 +345,8 @@ fsc_object_commit_internal (struct fsc_object *o)
   int r = 0;
   if (dsync)
     r = fsc_io_sync (&o->cache->io, FSC_FILE_DATA, o->dfd);
+  if (dsync && r == 0)
+    r = fsc_io_sync (&o->cache->io, FSC_FILE_SUMS, o->sfd);
   for (size_t i = 0; r == 0 && i < n; ++i)
     r = fsc_io_pwrite (&o->cache->io, FSC_FILE_INDEX, o->ifd,
                        recs + i * FSC_GREC_SIZE, FSC_GREC_SIZE,
@@ -394,71 +453,182 @@ overlap (uint64_t start, uint64_t end, uint64_t offset, uint32_t count)
   return lo < hi ? hi - lo : 0;
 }
 
+/* Block BAD failed its checksum: drop it (if nobody changed it
+ * meanwhile) so that the caller refetches it from upstream.
+ */
+static void
+drop_bad (struct fsc_object *o, uint64_t bad, uint64_t csum)
+{
+  FSC_STAT_ADD (&o->cache->stats, verify_failures, 1);
+  pthread_mutex_lock (&o->lock);
+  struct group *g = group_of (o, bad, false);
+  if (g && (g->present & BIT_OF (bad)) && g->csum[IDX_OF (bad)] == csum) {
+    g->present &= ~BIT_OF (bad);
+    if (mark_dirty (o, GROUP_OF (bad), g) == -1) {
+      pthread_mutex_unlock (&o->lock);
+      withdraw (o, ENOMEM);
+      return;
+    }
+  }
+  pthread_mutex_unlock (&o->lock);
+}
+
+/* A failed read of a cache file. */
+static void
+read_failed (struct fsc_object *o, ssize_t r)
+{
+  FSC_STAT_ADD (&o->cache->stats, read_errors, 1);
+  withdraw (o, r == -1 ? errno : EIO);
+}
+
+/* Serve the part [LO, HI) of present block BLK, which does not cover
+ * all of it, into BUF (the client's window starts at OFFSET).  Returns
+ * true if served.
+ */
+static bool
+hit_partial (struct fsc_object *o, uint64_t blk, void *buf, uint64_t offset,
+             uint64_t lo, uint64_t hi, uint64_t csum)
+{
+  struct fsc_io *io = &o->cache->io;
+  unsigned char *out = (unsigned char *) buf + (lo - offset);
+  const uint64_t bs = block_start (o, blk), be = block_end (o, blk);
+  ssize_t r;
+
+  if (!o->verify) {
+    r = fsc_io_pread (io, FSC_FILE_DATA, o->dfd, out, hi - lo, lo);
+    if (r != (ssize_t) (hi - lo)) {
+      read_failed (o, r);
+      return false;
+    }
+    return true;
+  }
+
+  /* The block's sub-block hashes, checked against the index. */
+  const unsigned kb = DIV_ROUND_UP (be - bs, SUB_SIZE);
+  unsigned char le[8 * MAX_SUBS];
+  uint64_t sums[MAX_SUBS];
+  r = fsc_io_pread (io, FSC_FILE_SUMS, o->sfd, le, 8 * kb,
+                    sums_offset (o, blk));
+  if (r == -1) {
+    read_failed (o, r);
+    return false;
+  }
+  memset (le + r, 0, 8 * kb - r);       /* short: fails the check */
+  for (unsigned i = 0; i < kb; ++i)
+    sums[i] = get_le64 (le + 8 * i);
+  if (sums_csum (sums, kb) != csum) {
+    drop_bad (o, blk, csum);
+    return false;
+  }
+
+  /* Only the sub-blocks we serve. */
+  const uint64_t s0 = (lo - bs) >> SUB_SHIFT, s1 = (hi - 1 - bs) >> SUB_SHIFT;
+  const uint64_t ds = bs + (s0 << SUB_SHIFT);
+  const uint64_t de = MIN (bs + ((s1 + 1) << SUB_SHIFT), be);
+  unsigned char *tmp = fsc_scratch (o->cache, de - ds);
+  if (tmp == NULL) {
+    /* No memory for a bounce buffer: serve this object uncached
+     * rather than spin on the same block.
+     */
+    withdraw (o, ENOMEM);
+    return false;
+  }
+  r = fsc_io_pread (io, FSC_FILE_DATA, o->dfd, tmp, de - ds, ds);
+  if (r != (ssize_t) (de - ds)) {
+    read_failed (o, r);
+    return false;
+  }
+  for (uint64_t i = s0; i <= s1; ++i) {
+    uint64_t so = (i - s0) << SUB_SHIFT;
+    if (XXH3_64bits (tmp + so, MIN (SUB_SIZE, de - ds - so)) != sums[i]) {
+      drop_bad (o, blk, csum);
+      return false;
+    }
+  }
+  memcpy (out, tmp + (lo - ds), hi - lo);
+  return true;
+}
+
 /* Serve N present blocks from B.  Returns how many were served; fewer
  * than N means block B+return failed its checksum or could not be read
- * and is no longer present.
+ * and is no longer present (or the object was withdrawn).
  */
 static uint64_t
 hit_run (struct fsc_object *o, uint64_t b, uint64_t n, void *buf,
          uint64_t offset, uint32_t count, const uint64_t *csums)
 {
   struct fsc_stats *st = &o->cache->stats;
-  uint64_t start = block_start (o, b), end = block_end (o, b + n - 1);
-  uint64_t len = end - start;
-  bool direct = start >= offset && end <= offset + count;
-  unsigned char *dst = direct
-    ? (unsigned char *) buf + (start - offset)
-    : fsc_scratch (o->cache, len);
+  const uint64_t wend = offset + count;
+  const uint64_t start = block_start (o, b), end = block_end (o, b + n - 1);
 
-  if (dst == NULL) {
-    /* No memory for a bounce buffer: serve this object uncached
-     * rather than spin on the same block.
-     */
-    withdraw (o, ENOMEM);
-    return 0;
-  }
-  ssize_t r = fsc_io_pread (&o->cache->io, FSC_FILE_DATA, o->dfd, dst, len,
-                            start);
-  if (r != (ssize_t) len) {
-    FSC_STAT_ADD (st, read_errors, 1);
-    withdraw (o, r == -1 ? errno : EIO);
-    return 0;
-  }
-
-  uint64_t good = n;
-  if (o->verify) {
-    for (uint64_t i = 0; i < n; ++i) {
-      uint64_t bs = block_start (o, b + i) - start;
-      uint64_t be = block_end (o, b + i) - start;
-      if (XXH3_64bits (dst + bs, be - bs) != csums[i]) {
+  if (start >= offset && end <= wend) {
+    /* Whole blocks: one read straight into the client's buffer. */
+    unsigned char *dst = (unsigned char *) buf + (start - offset);
+    ssize_t r = fsc_io_pread (&o->cache->io, FSC_FILE_DATA, o->dfd, dst,
+                              end - start, start);
+    if (r != (ssize_t) (end - start)) {
+      read_failed (o, r);
+      return 0;
+    }
+    uint64_t good = n;
+    for (uint64_t i = 0; o->verify && i < n; ++i) {
+      uint64_t bs = block_start (o, b + i), be = block_end (o, b + i);
+      if (block_csum (dst + (bs - start), be - bs) != csums[i]) {
+        drop_bad (o, b + i, csums[i]);
         good = i;
         break;
       }
     }
+    FSC_STAT_ADD (st, hit_bytes,
+                  (good == n ? end : block_start (o, b + good)) - start);
+    return good;
   }
-  if (good < n) {
-    /* Drop the bad block (if nobody changed it meanwhile); the caller
-     * refetches it from upstream.
-     */
-    uint64_t bad = b + good;
-    FSC_STAT_ADD (st, verify_failures, 1);
-    pthread_mutex_lock (&o->lock);
-    struct group *g = group_of (o, bad, false);
-    if (g && (g->present & BIT_OF (bad)) && g->csum[IDX_OF (bad)] == csums[good]) {
-      g->present &= ~BIT_OF (bad);
-      if (mark_dirty (o, GROUP_OF (bad), g) == -1) {
-        pthread_mutex_unlock (&o->lock);
-        withdraw (o, ENOMEM);
-        pthread_mutex_lock (&o->lock);
-      }
+
+  /* The window starts or ends inside the run: block by block. */
+  for (uint64_t i = 0; i < n; ++i) {
+    uint64_t bs = block_start (o, b + i), be = block_end (o, b + i);
+    uint64_t lo = MAX (bs, offset), hi = MIN (be, wend);
+    if (lo == bs && hi == be) {
+      if (hit_run (o, b + i, 1, buf, offset, count, &csums[i]) == 0)
+        return i;
+      continue;
     }
-    pthread_mutex_unlock (&o->lock);
-    end = block_start (o, bad);
+    if (!hit_partial (o, b + i, buf, offset, lo, hi, csums[i]))
+      return i;
+    FSC_STAT_ADD (st, hit_bytes, hi - lo);
   }
-  if (!direct)
-    copy_out (buf, offset, count, dst, start, end);
-  FSC_STAT_ADD (st, hit_bytes, overlap (start, end, offset, count));
-  return good;
+  return n;
+}
+
+/* Write NB blocks from BLK (their bytes at SRC) and their sub-block
+ * hashes into the cache files, and compute their index checksums into
+ * CSUMS.  Returns 0 or -1 with errno.
+ */
+static int
+store_blocks (struct fsc_object *o, uint64_t blk, uint64_t nb,
+              const unsigned char *src, uint64_t *csums)
+{
+  const unsigned k = subs_per_block (o);
+  const uint64_t s = block_start (o, blk), e = block_end (o, blk + nb - 1);
+  uint64_t sums[MAX_SUBS];
+  CLEANUP_FREE unsigned char *le = calloc (nb * k, 8);
+
+  if (le == NULL)
+    return -1;
+  for (uint64_t i = 0; i < nb; ++i) {
+    uint64_t bs = block_start (o, blk + i), be = block_end (o, blk + i);
+    unsigned kb = sub_hashes (src + (bs - s), be - bs, sums);
+    for (unsigned j = 0; j < kb; ++j)
+      put_le64 (le + 8 * (i * k + j), sums[j]);
+    csums[i] = sums_csum (sums, kb);
+  }
+  if (fsc_io_pwrite (&o->cache->io, FSC_FILE_DATA, o->dfd, src, e - s, s)
+      == -1 ||
+      fsc_io_pwrite (&o->cache->io, FSC_FILE_SUMS, o->sfd, le, nb * k * 8,
+                     sums_offset (o, blk)) == -1)
+    return -1;
+  FSC_STAT_ADD (&o->cache->stats, fill_bytes, e - s);
+  return 0;
 }
 
 /* Fetch N claimed blocks from B upstream, give the client its part,
@@ -497,20 +667,11 @@ fetch_run (struct fsc_object *o, uint64_t b, uint64_t n, void *buf,
     else
       FSC_STAT_ADD (st, prefetch_bytes, len);
 
-    if (reserve_groups (o, g0, g1) == -1)
+    if (reserve_groups (o, g0, g1) == -1 ||
+        store_blocks (o, b, n, dst, csums) == -1)
       fill_failed (o, errno);
-    else if (fsc_io_pwrite (&o->cache->io, FSC_FILE_DATA, o->dfd, dst, len,
-                            start) == -1)
-      fill_failed (o, errno);
-    else {
+    else
       fill_ok = true;
-      FSC_STAT_ADD (st, fill_bytes, len);
-      for (uint64_t i = 0; i < n; ++i) {
-        uint64_t bs = block_start (o, b + i) - start;
-        uint64_t be = block_end (o, b + i) - start;
-        csums[i] = XXH3_64bits (dst + bs, be - bs);
-      }
-    }
   }
 
   /* Publish (or just release) the claimed blocks. */
@@ -724,7 +885,7 @@ read_block (struct fsc_object *o, uint64_t blk, unsigned char *dst,
                             s);
   if (r != (ssize_t) len)
     return false;
-  return XXH3_64bits (dst, len) == csum;
+  return block_csum (dst, len) == csum;
 }
 
 int
@@ -951,21 +1112,18 @@ fsc_object_write_end (struct fsc_object *o, struct fsc_write *w,
       while (j < nb && claimed[j] == 1 && !(b0 + j == b1 && w->tail))
         j++;
     }
-    uint64_t s = block_start (o, blk), e = block_end (o, b0 + j - 1);
-    if (fsc_io_pwrite (&o->cache->io, FSC_FILE_DATA, o->dfd, src, e - s,
-                       s) == -1) {
+    uint64_t *csums = malloc ((j - i) * sizeof *csums);
+    if (csums == NULL || store_blocks (o, blk, j - i, src, csums) == -1) {
       fill_failed (o, errno);
+      free (csums);
       for (; i < nb; ++i)
         if (claimed[i] == 1)
           claimed[i] = 2;
       break;
     }
-    FSC_STAT_ADD (st, fill_bytes, e - s);
     for (uint64_t k = i; k < j; ++k) {
       uint64_t bk = b0 + k;
-      const unsigned char *p = src + (block_start (o, bk) - s);
-      uint64_t csum = XXH3_64bits (p, block_end (o, bk) - block_start (o, bk));
-      /* Stash the checksum in the claim byte's place: publish below. */
+      uint64_t csum = csums[k - i];
       pthread_mutex_lock (&o->lock);
       struct group *g = o->groups[GROUP_OF (bk)];
       g->fetching &= ~BIT_OF (bk);
@@ -981,6 +1139,7 @@ fsc_object_write_end (struct fsc_object *o, struct fsc_write *w,
       pthread_mutex_unlock (&o->lock);
       claimed[k] = 0;
     }
+    free (csums);
     i = j;
   }
 
@@ -1066,7 +1225,8 @@ random_u64 (void)
  */
 static int
 check_sb (const struct fsc_object *o, const struct fsc_sb *sb,
-          const struct fsc_object_params *p, uint64_t data_size)
+          const struct fsc_object_params *p, uint64_t data_size,
+          uint64_t sums_size)
 {
   uint64_t lo, hi;
   fsc_key_hash (p->key, p->key_len, &lo, &hi);
@@ -1079,7 +1239,8 @@ check_sb (const struct fsc_object *o, const struct fsc_sb *sb,
     return FSC_REJ_UPSTREAM_SIZE;
   if (sb->size != p->size)      /* validate=none: still never misindex */
     return FSC_REJ_UPSTREAM_SIZE;
-  if (strcmp (sb->generation, p->generation ? p->generation : "") != 0)
+  const char *gen = p->generation ? p->generation : "";
+  if (sb->gen_len != strlen (gen) || memcmp (sb->generation, gen, sb->gen_len))
     return FSC_REJ_GENERATION;
   if ((int) sb->validate != p->validate)
     return FSC_REJ_VALIDATE;
@@ -1089,9 +1250,8 @@ check_sb (const struct fsc_object *o, const struct fsc_sb *sb,
     if (sb->fingerprint != p->fingerprint)
       return FSC_REJ_FINGERPRINT;
   }
-  if (data_size != sb->size)
+  if (data_size != sb->size || sums_size != sums_offset (o, o->nblocks))
     return FSC_REJ_DATA_SIZE;
-  (void) o;
   return FSC_OK;
 }
 
@@ -1101,7 +1261,10 @@ create_cold (struct fsc_object *o, const struct fsc_object_params *p)
 {
   if (ftruncate (o->ifd, 0) == -1 || fsync (o->ifd) == -1 ||
       ftruncate (o->dfd, 0) == -1 || ftruncate (o->dfd, o->size) == -1 ||
-      fsync (o->dfd) == -1)
+      fsync (o->dfd) == -1 ||
+      ftruncate (o->sfd, 0) == -1 ||
+      ftruncate (o->sfd, sums_offset (o, o->nblocks)) == -1 ||
+      fsync (o->sfd) == -1)
     return -1;
 
   struct fsc_sb *sb = &o->sb;
@@ -1137,6 +1300,7 @@ free_object (struct fsc_object *o)
   free (o->dirty);
   free (o->key);
   if (o->dfd >= 0) close (o->dfd);
+  if (o->sfd >= 0) close (o->sfd);
   if (o->ifd >= 0) close (o->ifd);
   if (o->fandirfd >= 0) close (o->fandirfd);
   pthread_mutex_destroy (&o->lock);
@@ -1178,6 +1342,10 @@ lookup (struct fsc_object *o, const struct fsc_object_params *p,
   o->dfd = open_file (o, ".data");
   if (o->dfd == -1 || fstat (o->dfd, &dst) == -1)
     return -1;
+  struct stat sst;
+  o->sfd = open_file (o, ".sums");
+  if (o->sfd == -1 || fstat (o->sfd, &sst) == -1)
+    return -1;
 
   struct fsc_sb sb;
   int slot = 0;
@@ -1190,7 +1358,7 @@ lookup (struct fsc_object *o, const struct fsc_object_params *p,
   else {
     reason = fsc_sb_load (&c->io, o->ifd, &sb, &slot);
     if (reason == FSC_OK)
-      reason = check_sb (o, &sb, p, dst.st_size);
+      reason = check_sb (o, &sb, p, dst.st_size, sst.st_size);
   }
 
   if (reason == FSC_OK) {
@@ -1241,7 +1409,7 @@ fsc_object_open (struct fsc_cache *c, const struct fsc_object_params *p,
 {
   memset (info, 0, sizeof *info);
   if (p->key_len == 0 || !is_power_of_2 (p->block_size) ||
-      p->block_size < 512 || p->block_size > (64u << 20) ||
+      p->block_size < SUB_SIZE || p->block_size > FSC_MAX_BLOCK_SIZE ||
       p->validate < FSC_VALIDATE_NONE || p->validate > FSC_VALIDATE_SAMPLE ||
       (p->generation && strlen (p->generation) > FSC_GEN_MAX) ||
       p->size > (UINT64_C (1) << 60)) {
@@ -1255,7 +1423,7 @@ fsc_object_open (struct fsc_cache *c, const struct fsc_object_params *p,
     return -1;
   o->cache = c;
   o->refs = 1;
-  o->fandirfd = o->ifd = o->dfd = -1;
+  o->fandirfd = o->ifd = o->dfd = o->sfd = -1;
   o->verify = p->verify;
   o->block_size = p->block_size;
   o->bshift = __builtin_ctz (p->block_size);
@@ -1306,6 +1474,7 @@ fsc_object_open (struct fsc_cache *c, const struct fsc_object_params *p,
     o->state = FSC_OBJ_WITHDRAWN;
     pthread_mutex_unlock (&o->lock);
     if (o->dfd >= 0) { close (o->dfd); o->dfd = -1; }
+    if (o->sfd >= 0) { close (o->sfd); o->sfd = -1; }
     if (o->ifd >= 0) { close (o->ifd); o->ifd = -1; }
     if (o->fandirfd >= 0) { close (o->fandirfd); o->fandirfd = -1; }
   }

@@ -324,6 +324,68 @@ main (void)
   fsc_object_close (o);
   fsc_cache_close (c);
 
+  /* 64K blocks: partial hits check only the 4K sub-blocks they serve,
+   * against the sums file, which is itself checked against the index.
+   */
+  {
+    struct fsc_object_params p64 = {
+      .key = "k64", .key_len = 3, .block_size = 65536, .size = SIZE,
+      .verify = true, .validate = FSC_VALIDATE_SIZE,
+    };
+    char name[FSC_NAME_MAX + 1], fan[FSC_FAN_MAX + 1], d64[512], s64[512];
+    fsc_key_encode ("k64", 3, name, fan);
+    snprintf (d64, sizeof d64, "%s/objects/%s/%s.data", dir, fan, name);
+    snprintf (s64, sizeof s64, "%s/objects/%s/%s.sums", dir, fan, name);
+    unsigned char got[8192];
+
+    c = open_cache (NULL);
+    CHECK (fsc_object_open (c, &p64, &o, &info) == 0);
+    read_all (o);
+    fsc_object_close (o);
+    fsc_cache_close (c);
+
+    /* Corrupt sub-block 3 of block 2 (bytes 2*64K + 3*4K + 10). */
+    fd = open (d64, O_RDWR);
+    CHECK (fd >= 0);
+    CHECK (pwrite (fd, "X", 1, 2 * 65536 + 3 * 4096 + 10) == 1);
+    close (fd);
+    c = open_cache (NULL);
+    CHECK (fsc_object_open (c, &p64, &o, &info) == 0);
+    CHECK_EQ (info.reason, FSC_OK);
+    up_bytes = 0;
+    /* A read of sub-block 1 of that block is served from the cache. */
+    CHECK (fsc_object_read (o, got, 4096, 2 * 65536 + 4096, &up) == 0);
+    CHECK (memcmp (got, upstream + 2 * 65536 + 4096, 4096) == 0);
+    CHECK_EQ (up_bytes, 0);
+    /* A read touching sub-block 3 detects the damage and refetches. */
+    CHECK (fsc_object_read (o, got, 100, 2 * 65536 + 3 * 4096, &up) == 0);
+    CHECK (memcmp (got, upstream + 2 * 65536 + 3 * 4096, 100) == 0);
+    CHECK_EQ (up_bytes, 65536);
+    fsc_cache_stats (c, &st);
+    CHECK_EQ (st.verify_failures, 1);
+    fsc_object_close (o);
+    fsc_cache_close (c);
+
+    /* Corrupt the sums of block 4: a partial read of it refetches. */
+    fd = open (s64, O_RDWR);
+    CHECK (fd >= 0);
+    CHECK (pwrite (fd, "Y", 1, 4 * 16 * 8 + 5) == 1);
+    close (fd);
+    c = open_cache (NULL);
+    CHECK (fsc_object_open (c, &p64, &o, &info) == 0);
+    up_bytes = 0;
+    CHECK (fsc_object_read (o, got, 8192, 4 * 65536 + 100, &up) == 0);
+    CHECK (memcmp (got, upstream + 4 * 65536 + 100, 8192) == 0);
+    CHECK_EQ (up_bytes, 65536);
+    /* The last, short block (12345 bytes past the last full 64K). */
+    up_bytes = 0;
+    CHECK (fsc_object_read (o, got, 5000, SIZE - 5000, &up) == 0);
+    CHECK (memcmp (got, upstream + SIZE - 5000, 5000) == 0);
+    CHECK_EQ (up_bytes, 0);
+    fsc_object_close (o);
+    fsc_cache_close (c);
+  }
+
   /* A world-writable cache directory is refused. */
   CHECK (chmod (dir, 0777) == 0);
   struct fsc_cache_config cfg = { .dir = dir };

@@ -165,7 +165,7 @@ main (int argc, char *argv[])
 {
   char dir[] = "/tmp/unit-powerloss-XXXXXX";
   char cdir[64], name[FSC_NAME_MAX + 1], fan[FSC_FAN_MAX + 1];
-  char idx[512], data[512], hdr[256];
+  char idx[512], data[512], sums[512], hdr[256];
   unsigned seed = argc > 1 ? atoi (argv[1]) : 12345;
   struct fsc_open_info info;
 
@@ -175,6 +175,7 @@ main (int argc, char *argv[])
   fsc_key_encode (KEY, KEYLEN, name, fan);
   snprintf (idx, sizeof idx, "%s/objects/%s/%s.idx", cdir, fan, name);
   snprintf (data, sizeof data, "%s/objects/%s/%s.data", cdir, fan, name);
+  snprintf (sums, sizeof sums, "%s/objects/%s/%s.sums", cdir, fan, name);
   snprintf (hdr, sizeof hdr, "%s/fscache.hdr", cdir);
   for (size_t i = 0; i < SIZE; ++i)
     upstream[i] = rand ();
@@ -183,11 +184,15 @@ main (int argc, char *argv[])
   struct fsc_cache *c = open_cache (cdir);
   struct fsc_object *o = open_obj (c, true, &info);
   CHECK_EQ (info.state, FSC_OBJ_AVAILABLE);
-  struct image base_idx, base_data;
+  struct image base[FSC_FILE_KINDS];
+  const char *paths[FSC_FILE_KINDS];
+  paths[FSC_FILE_DATA] = data;
+  paths[FSC_FILE_INDEX] = idx;
+  paths[FSC_FILE_SUMS] = sums;
   size_t hdr_len;
   unsigned char *base_hdr = slurp (hdr, &hdr_len);
-  base_idx.p = slurp (idx, &base_idx.len);
-  base_data.p = slurp (data, &base_data.len);
+  for (int i = 0; i < FSC_FILE_KINDS; ++i)
+    base[i].p = slurp (paths[i], &base[i].len);
   unsigned char *base_up = malloc (SIZE);
   memcpy (base_up, upstream, SIZE);
 
@@ -234,18 +239,17 @@ main (int argc, char *argv[])
   uint64_t states_with_hits = 0, reused = 0;
   for (int k = 0; k < STATES; ++k) {
     size_t at = k == STATES - 1 ? nev : (size_t) rand () % (nev + 1);
-    ssize_t last_sync[FSC_FILE_KINDS] = { -1, -1 };
+    ssize_t last_sync[FSC_FILE_KINDS] = { -1, -1, -1 };
     for (size_t j = 0; j < at; ++j)
       if (ev[j].type == EV_SYNC)
         last_sync[ev[j].kind] = j;
 
     struct image im[FSC_FILE_KINDS];
-    im[FSC_FILE_DATA].p = malloc (base_data.len);
-    memcpy (im[FSC_FILE_DATA].p, base_data.p, base_data.len);
-    im[FSC_FILE_DATA].len = base_data.len;
-    im[FSC_FILE_INDEX].p = malloc (base_idx.len);
-    memcpy (im[FSC_FILE_INDEX].p, base_idx.p, base_idx.len);
-    im[FSC_FILE_INDEX].len = base_idx.len;
+    for (int i = 0; i < FSC_FILE_KINDS; ++i) {
+      im[i].p = malloc (base[i].len + 1);
+      memcpy (im[i].p, base[i].p, base[i].len);
+      im[i].len = base[i].len;
+    }
     memcpy (up_at, base_up, SIZE);
     for (size_t j = 0; j < at; ++j) {
       struct event *e = &ev[j];
@@ -269,11 +273,13 @@ main (int argc, char *argv[])
               cdir, cdir, fan);
     CHECK (system (cmd) == 0);
     spew (hdr, base_hdr, hdr_len);
-    spew (idx, im[FSC_FILE_INDEX].p, im[FSC_FILE_INDEX].len);
-    spew (data, im[FSC_FILE_DATA].p, im[FSC_FILE_DATA].len);
-    CHECK (truncate (data, base_data.len) == 0);
-    free (im[0].p);
-    free (im[1].p);
+    for (int i = 0; i < FSC_FILE_KINDS; ++i) {
+      spew (paths[i], im[i].p, im[i].len);
+      free (im[i].p);
+    }
+    /* Data and sums files keep their size (set when created). */
+    CHECK (truncate (data, base[FSC_FILE_DATA].len) == 0);
+    CHECK (truncate (sums, base[FSC_FILE_SUMS].len) == 0);
 
     bool verify = k % 2 == 0;
     c = open_cache (cdir);
