@@ -1391,6 +1391,14 @@ lookup (struct fsc_object *o, const struct fsc_object_params *p,
     if (create_cold (o, p) == -1)
       return -1;
   }
+  /* Room for both superblock slots, so that no later superblock write
+   * (the clean mark at close, above all) can fail for want of space.
+   */
+  int e = posix_fallocate (o->ifd, 0, FSC_GROUPS_OFFSET);
+  if (e != 0 && e != EOPNOTSUPP && e != EINVAL) {
+    errno = e;
+    return -1;
+  }
   /* Mark it in use (not clean) before anything can change. */
   if (write_sb (o, 0, FSC_SB_CLEAN, NULL) == -1) {
     errno = EIO;
