@@ -65,12 +65,17 @@ mkdir_p (const char *dir)
   return 0;
 }
 
+/* Write a new header.  With REPLACE false, a header another process
+ * created meanwhile wins (EEXIST): two nbdkit processes may create the
+ * same cache directory at once.
+ */
 static int
-write_header (struct fsc_cache *c)
+write_header (struct fsc_cache *c, bool replace)
 {
   unsigned char buf[HDR_SIZE] = { 0 };
-  const char *tmp = HDR_NAME ".tmp";
+  char tmp[64];
 
+  snprintf (tmp, sizeof tmp, "%s.tmp.%ld", HDR_NAME, (long) getpid ());
   uuid_generate (c->uuid);
   memcpy (buf + H_MAGIC, hdr_magic, 8);
   put_le32 (buf + H_VERSION, HDR_VERSION);
@@ -93,8 +98,15 @@ write_header (struct fsc_cache *c)
     return -1;
   }
   close (fd);
-  if (renameat (c->dirfd, tmp, c->dirfd, HDR_NAME) == -1)
+  int r = replace
+    ? renameat (c->dirfd, tmp, c->dirfd, HDR_NAME)
+    : renameat2 (c->dirfd, tmp, c->dirfd, HDR_NAME, RENAME_NOREPLACE);
+  if (r == -1) {
+    int e = errno;
+    unlinkat (c->dirfd, tmp, 0);
+    errno = e;
     return -1;
+  }
   return fsync (c->dirfd);
 }
 
@@ -177,10 +189,14 @@ fsc_cache_open (const struct fsc_cache_config *config,
     goto err_close;
 
   if (read_header (c) == -1) {
-    if (errno != ENOENT && errno != EBADMSG)
+    bool damaged = errno == EBADMSG;
+    if (errno != ENOENT && !damaged)
       goto err_close;
-    if (write_header (c) == -1)
-      goto err_close;
+    if (write_header (c, damaged) == -1) {
+      /* Another process created it first: use theirs. */
+      if (errno != EEXIST || read_header (c) == -1)
+        goto err_close;
+    }
   }
 
   if (mkdirat (c->dirfd, "objects", 0700) == -1 && errno != EEXIST)
