@@ -55,16 +55,19 @@ case "${1:-}" in
   check)
     build
     status=0
+    rm -f test-suite.log
     make -j"$(nproc)" check || status=$?
-    # The automake totals, as one line.
-    if [ -f tests/test-suite.log ]; then
-      p=$(grep -E '^# PASS:' tests/test-suite.log | awk '{print $3}')
-      f=$(grep -E '^# (FAIL|XPASS|ERROR):' tests/test-suite.log | awk '{s+=$3} END {print s+0}')
-      s=$(grep -E '^# (SKIP|XFAIL):' tests/test-suite.log | awk '{s+=$3} END {print s+0}')
-      [ "$status" -ne 0 ] && [ "$f" -eq 0 ] && f=1
-      echo "${p:-0} passed, $f failed, $s skipped"
+    # The automake totals, as one line (the last one printed).
+    if [ -f test-suite.log ]; then
+      total () { awk -v k="$1" '$1 == "#" && $2 == k":" { s += $3 } END { print s + 0 }' test-suite.log; }
+      p=$(total PASS)
+      f=$(( $(total FAIL) + $(total XPASS) + $(total ERROR) ))
+      s=$(( $(total SKIP) + $(total XFAIL) ))
+      if [ "$status" -ne 0 ] && [ "$f" -eq 0 ]; then f=1; fi
+      echo "$p passed, $f failed, $s skipped"
     else
       echo "0 passed, 1 failed, 0 skipped"
+      [ "$status" -ne 0 ] || status=1
     fi
     exit "$status" ;;
   *)
