@@ -440,6 +440,8 @@ object_key (const char *exportname, size_t *len)
   return k;
 }
 
+static void log_notices (struct handle *h);
+
 static int
 start_readahead (struct handle *h)
 {
@@ -534,6 +536,7 @@ fscache_finalize (nbdkit_next *next, void *handle)
     if (k && size >= 0 && fingerprint (next, k, klen, size, &fp) == 0)
       fsc_object_set_fingerprint (h->obj, fp);
   }
+  log_notices (h);
   fsc_object_close (h->obj);
   h->obj = NULL;
   write_stats ();
