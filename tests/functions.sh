@@ -14,6 +14,7 @@
 #   log_count LOGFILE WORD     requests of type WORD (Read, Write, Flush...)
 #   stat_value STATSFILE NAME  a counter from an fscache-stats file
 #   make_random FILE BYTES     FILE filled with BYTES of random data
+#   fail MESSAGE               print "$0: FAIL: MESSAGE" and exit 1
 #
 # $FILTER is the fscache filter to pass to --filter=, $TMP a private
 # temporary directory removed at exit, $UPSTREAM_PLUGIN_DIR unused.
@@ -150,4 +151,10 @@ stat_value ()
 make_random ()
 {
   head -c "$2" /dev/urandom > "$1"
+}
+
+fail ()
+{
+  echo "$0: FAIL: $*" >&2
+  exit 1
 }

@@ -37,7 +37,6 @@ pid="$TMP/nbdkit.pid"
 uri="nbd+unix:///?socket=$sock"
 make_random "$up" $SIZE
 
-fail () { echo "$0: FAIL: $*" >&2; exit 1; }
 
 # Run the proxy once: full read into $TMP/out.img, then stop it so
 # that the stats file is final.  $1 names the run; more parameters

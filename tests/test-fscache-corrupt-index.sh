@@ -51,7 +51,6 @@ pid="$TMP/nbdkit.pid"
 uri="nbd+unix:///?socket=$sock"
 make_random "$up" $SIZE
 
-fail () { echo "$0: FAIL: $*" >&2; exit 1; }
 
 run=""
 # Start, read everything, check it, make sure the proxy is still

@@ -59,7 +59,6 @@ fio --name=mkimage --filename="$up" --size=$SIZE --bs=4k --rw=write \
     --verify=crc32c --do_verify=0 --ioengine=psync \
     --verify_state_save=0 >/dev/null
 
-fail () { echo "$0: FAIL: $*" >&2; exit 1; }
 
 # Wait (polling, bounded) until the command succeeds.
 wait_until ()

@@ -37,7 +37,6 @@ pid="$TMP/nbdkit.pid"
 uri="nbd+unix:///?socket=$sock"
 make_random "$up" $SIZE
 
-fail () { echo "$0: FAIL: $*" >&2; exit 1; }
 
 run=""
 start_proxy ()           # NAME CACHE-DIR

@@ -34,7 +34,6 @@ sock="$TMP/sock"
 pid="$TMP/nbdkit.pid"
 uri="nbd+unix:///?socket=$sock"
 
-fail () { echo "$0: FAIL: $*" >&2; exit 1; }
 
 mkdir "$mnt"
 mount -t tmpfs -o size=16m,mode=0700 tmpfs "$mnt" ||

@@ -43,7 +43,6 @@ mkdir -p "$TMP/a/b"
 sock="$work/sock"
 pid="$work/nbdkit.pid"
 
-fail () { echo "$0: FAIL: $*" >&2; exit 1; }
 
 run=""
 start_proxy ()           # NAME [PARAMS...]

@@ -37,7 +37,6 @@ up2="$TMP/up2.img"
 make_random "$up" $SIZE
 make_random "$up2" $SIZE
 
-fail () { echo "$0: FAIL: $*" >&2; exit 1; }
 
 wait_until ()
 {

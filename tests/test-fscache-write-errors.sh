@@ -21,10 +21,7 @@ source "${top_srcdir:-.}/tests/functions.sh"
 
 requires nbdkit --version
 requires nbdkit --filter=log --filter=error null --version
-PY=python3
-for p in python3 /usr/bin/python3; do
-  if "$p" -c 'import nbd' >/dev/null 2>&1; then PY="$p"; break; fi
-done
+PY=python3                    # functions.sh: the one with libnbd
 requires "$PY" -c 'import nbd'
 requires test -f "$FILTER"
 

@@ -39,10 +39,7 @@ requires nbdkit --filter=log null --version
 requires qemu-io --version
 requires nbdcopy --version
 requires cmp --version
-PY=python3
-for p in python3 /usr/bin/python3; do
-  if "$p" -c 'import nbd' >/dev/null 2>&1; then PY="$p"; break; fi
-done
+PY=python3                    # functions.sh: the one with libnbd
 requires "$PY" -c 'import nbd'
 requires test -f "$FILTER"
 
