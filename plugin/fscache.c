@@ -365,6 +365,10 @@ static void
 fscache_close (void *handle)
 {
   struct handle *h = handle;
+  /* Only if .finalize did not run (a failed .prepare). */
+  fsc_readahead_free (h->ra);
+  if (h->obj)
+    fsc_object_close (h->obj);
   free (h->exportname);
   free (h);
 }
