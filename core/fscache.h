@@ -182,6 +182,9 @@ extern int fsc_object_write_begin (struct fsc_object *obj, uint64_t offset,
 extern void fsc_object_write_end (struct fsc_object *obj, struct fsc_write *w,
                                   const void *buf, bool upstream_ok);
 
+/* Wait until the fills queued for OBJ's misses are done. */
+extern void fsc_object_drain (struct fsc_object *obj);
+
 /* True if the object saw writes and this is its last reference, i.e.
  * the caller should pass a fresh fingerprint to
  * fsc_object_set_fingerprint before closing.

@@ -18,6 +18,19 @@
 #include "io.h"
 #include "keyenc.h"
 
+/* A fill handed to the cache's fill thread: N claimed blocks from
+ * BLOCK of OBJ (a reference is held), their bytes in DATA.
+ */
+#define FSC_FILL_MAX_GROUPS (1024 / 64 + 2)
+struct fsc_fill {
+  struct fsc_fill *next;
+  struct fsc_object *obj;
+  uint64_t block, nblocks;
+  size_t len;
+  uint64_t epochs[FSC_FILL_MAX_GROUPS];
+  unsigned char data[];
+};
+
 struct fsc_cache {
   int dirfd;                    /* the cache directory */
   int objdirfd;                 /* its objects/ subdirectory */
@@ -35,6 +48,17 @@ struct fsc_cache {
   bool committer_running;
   bool stopping;
   bool commit_wanted;
+
+  /* Background fills: a FIFO under fill_lock, at most FILL_MAX_BYTES
+   * queued; the thread runs between fsc_cache_start and close.
+   */
+  pthread_mutex_t fill_lock;
+  pthread_cond_t fill_cond;
+  struct fsc_fill *fill_head, **fill_tail;
+  size_t fill_bytes;
+  pthread_t filler;
+  bool filler_running;
+  bool fill_stopping;
 };
 
 /* In-memory state of FSC_GROUP_BLOCKS consecutive blocks.  Allocated
@@ -86,6 +110,7 @@ struct fsc_object {
   bool data_dirty;              /* data written since the last sync */
   bool written;                 /* saw a write: fingerprint stale */
   int withdraw_err;             /* errno that withdrew it */
+  unsigned pending_fills;       /* queued on the cache's fill thread */
   unsigned notices;             /* FSC_NOTICE_* not yet taken */
 };
 
@@ -99,6 +124,21 @@ extern bool fsc_object_has_dirty (struct fsc_object *obj);
  * (reused across calls), or NULL with errno.
  */
 extern void *fsc_scratch (struct fsc_cache *cache, size_t size);
+
+/* cache.c: a fill job with room for LEN bytes, or NULL if fills are
+ * not done in the background now (no thread, queue full, no memory).
+ */
+extern struct fsc_fill *fsc_fill_new (struct fsc_cache *cache, size_t len);
+
+/* cache.c: queue F for OBJ (taking a reference on OBJ). */
+extern void fsc_fill_submit (struct fsc_cache *cache, struct fsc_object *obj,
+                             struct fsc_fill *f);
+
+/* cache.c: free a job that was not submitted. */
+extern void fsc_fill_free (struct fsc_cache *cache, struct fsc_fill *f);
+
+/* object.c: store and publish a queued fill (the fill thread). */
+extern void fsc_fill_run (struct fsc_fill *f);
 
 /* cache.c: ask the committer to run soon. */
 extern void fsc_cache_kick (struct fsc_cache *cache);

@@ -64,6 +64,8 @@
 #define MAX_FETCH_BYTES (4u << 20)      /* one upstream read at most */
 #define MAX_RUN_BLOCKS 1024             /* 4 MiB of 4K blocks */
 #define MAX_RUN_GROUPS (MAX_RUN_BLOCKS / FSC_GROUP_BLOCKS + 2)
+_Static_assert (MAX_RUN_GROUPS <= FSC_FILL_MAX_GROUPS,
+                "a fill job must hold a whole run's epochs");
 #define DIRTY_KICK 256                  /* dirty groups that wake the
                                          * committer early */
 #define NOFILL_SECONDS 10               /* pause after ENOSPC */
@@ -631,50 +633,26 @@ store_blocks (struct fsc_object *o, uint64_t blk, uint64_t nb,
   return 0;
 }
 
-/* Fetch N claimed blocks from B upstream, give the client its part,
- * and fill the cache.  EPOCHS holds the epoch of each group from G0
- * when the blocks were claimed.  Returns 0 or -1 (upstream error).
+/* Store N claimed blocks from B (their bytes at DATA) in the cache and
+ * publish them if nothing invalidated them since they were claimed
+ * (EPOCHS, one per group from B's); release the claims either way.
  */
-static int
-fetch_run (struct fsc_object *o, uint64_t b, uint64_t n, void *buf,
-           uint64_t offset, uint32_t count, const struct fsc_upstream *up,
-           const uint64_t *epochs)
+static void
+fill_blocks (struct fsc_object *o, uint64_t b, uint64_t n,
+             const unsigned char *data, const uint64_t *epochs)
 {
-  struct fsc_stats *st = &o->cache->stats;
-  uint64_t start = block_start (o, b), end = block_end (o, b + n - 1);
-  uint64_t len = end - start;
-  uint64_t g0 = GROUP_OF (b), g1 = GROUP_OF (b + n - 1);
-  bool direct = buf && start >= offset && end <= offset + count;
-  unsigned char *dst = direct ? (unsigned char *) buf + (start - offset)
-    : malloc (len);
-  int r = -1, e = ENOMEM;
-  bool fill_ok = false;
+  const uint64_t g0 = GROUP_OF (b), g1 = GROUP_OF (b + n - 1);
   uint64_t csums[MAX_RUN_BLOCKS];
+  bool fill_ok = false;
 
-  if (dst != NULL) {
-    r = up->pread (up->opaque, dst, len, start);
-    e = errno;
-    FSC_STAT_ADD (st, upstream_reads, 1);
-    if (r == 0)
-      FSC_STAT_ADD (st, upstream_read_bytes, len);
-  }
-  if (r == 0) {
-    if (buf) {
-      if (!direct)
-        copy_out (buf, offset, count, dst, start, end);
-      FSC_STAT_ADD (st, miss_bytes, overlap (start, end, offset, count));
-    }
-    else
-      FSC_STAT_ADD (st, prefetch_bytes, len);
-
+  if (data != NULL) {
     if (reserve_groups (o, g0, g1) == -1 ||
-        store_blocks (o, b, n, dst, csums) == -1)
+        store_blocks (o, b, n, data, csums) == -1)
       fill_failed (o, errno);
     else
       fill_ok = true;
   }
 
-  /* Publish (or just release) the claimed blocks. */
   bool kick = false;
   pthread_mutex_lock (&o->lock);
   for (uint64_t i = 0; i < n; ++i) {
@@ -695,9 +673,69 @@ fetch_run (struct fsc_object *o, uint64_t b, uint64_t n, void *buf,
   pthread_mutex_unlock (&o->lock);
   if (kick)
     fsc_cache_kick (o->cache);
+}
 
-  if (!direct)
-    free (dst);
+void
+fsc_fill_run (struct fsc_fill *f)
+{
+  fill_blocks (f->obj, f->block, f->nblocks, f->data, f->epochs);
+}
+
+/* Fetch N claimed blocks from B upstream, give the client its part,
+ * and fill the cache: in the background when the cache's fill thread
+ * runs and has room, so that the reply does not wait for local writes
+ * (others missing on these blocks wait for the fill as for a fetch);
+ * else here.  EPOCHS holds the claim epoch of each group from B's.
+ * Returns 0 or -1 (upstream error).
+ */
+static int
+fetch_run (struct fsc_object *o, uint64_t b, uint64_t n, void *buf,
+           uint64_t offset, uint32_t count, const struct fsc_upstream *up,
+           const uint64_t *epochs)
+{
+  struct fsc_stats *st = &o->cache->stats;
+  uint64_t start = block_start (o, b), end = block_end (o, b + n - 1);
+  uint64_t len = end - start;
+  bool direct = buf && start >= offset && end <= offset + count;
+  /* The fill job owns its buffer: read straight into the client's
+   * buffer only when the fill will not need it afterwards.
+   */
+  struct fsc_fill *f = fsc_fill_new (o->cache, len);
+  unsigned char *dst = f ? f->data
+    : direct ? (unsigned char *) buf + (start - offset) : malloc (len);
+  int r = -1, e = ENOMEM;
+
+  if (dst != NULL) {
+    r = up->pread (up->opaque, dst, len, start);
+    e = errno;
+    FSC_STAT_ADD (st, upstream_reads, 1);
+    if (r == 0)
+      FSC_STAT_ADD (st, upstream_read_bytes, len);
+  }
+  if (r == 0) {
+    if (buf) {
+      if (dst != (unsigned char *) buf + (start - offset))
+        copy_out (buf, offset, count, dst, start, end);
+      FSC_STAT_ADD (st, miss_bytes, overlap (start, end, offset, count));
+    }
+    else
+      FSC_STAT_ADD (st, prefetch_bytes, len);
+  }
+
+  if (f && r == 0) {
+    f->block = b;
+    f->nblocks = n;
+    memcpy (f->epochs, epochs, (GROUP_OF (b + n - 1) - GROUP_OF (b) + 1)
+            * sizeof *epochs);
+    fsc_fill_submit (o->cache, o, f);       /* takes a reference on O */
+  }
+  else {
+    fill_blocks (o, b, n, r == 0 ? dst : NULL, epochs);
+    if (f)
+      fsc_fill_free (o->cache, f);
+    else if (!direct)
+      free (dst);
+  }
   if (r == -1)
     errno = e;
   return r;
@@ -1547,9 +1585,19 @@ fsc_object_close (struct fsc_object *o)
   free_object (o);
 }
 
+void
+fsc_object_drain (struct fsc_object *o)
+{
+  SCOPED_LOCK (&o->lock);
+  while (o->pending_fills > 0)
+    pthread_cond_wait (&o->cond, &o->lock);
+}
+
 bool
 fsc_object_needs_fingerprint (struct fsc_object *o)
 {
+  /* Queued fills hold references; let them finish first. */
+  fsc_object_drain (o);
   SCOPED_LOCK (&o->cache->lock);
   return o->refs == 1 && o->written && o->state == FSC_OBJ_AVAILABLE &&
     o->sb.validate == FSC_VALIDATE_SAMPLE;
