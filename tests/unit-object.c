@@ -280,9 +280,33 @@ main (void)
   fsc_object_close (o);
   fsc_cache_close (c);
 
+  /* With the cache's threads running, misses fill in the background:
+   * parallel readers still fetch each byte once, and everything is
+   * cached once the fills are drained.
+   */
+  c = open_cache (NULL);
+  CHECK (fsc_cache_start (c) == 0);
+  o = open_obj (c, &info, "v3b", SIZE);
+  up_bytes = 0;
+  for (int i = 0; i < 8; ++i)
+    CHECK (pthread_create (&t[i], NULL, reader_thread, o) == 0);
+  for (int i = 0; i < 8; ++i)
+    pthread_join (t[i], NULL);
+  CHECK_EQ (up_bytes, SIZE);
+  fsc_object_drain (o);
+  CHECK_EQ (fsc_object_present_blocks (o), (SIZE + BS - 1) / BS);
+  fsc_object_close (o);
+  fsc_cache_close (c);
+  c = open_cache (NULL);
+  o = open_obj (c, &info, "v3b", SIZE);
+  CHECK_EQ (info.reason, FSC_OK);
+  CHECK_EQ (info.present_blocks, (SIZE + BS - 1) / BS);
+  fsc_object_close (o);
+  fsc_cache_close (c);
+
   /* The cache's own I/O fails: reads still return upstream's data. */
   c = open_cache ("read:data:1+:EIO");
-  o = open_obj (c, &info, "v3", SIZE);
+  o = open_obj (c, &info, "v3b", SIZE);
   CHECK_EQ (info.reason, FSC_OK);
   read_all (o);
   CHECK_EQ (fsc_object_state (o), FSC_OBJ_WITHDRAWN);
