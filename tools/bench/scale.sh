@@ -41,14 +41,14 @@ for b in random.sample(range(nblocks), int(sys.argv[2])):
     h.pread(65536, b * 65536)
 h.shutdown()
 PY
-fill=$(echo "$(date +%s.%N) - $start" | bc)
+fill=$(awk -v a="$(date +%s.%N)" -v b="$start" 'BEGIN { print a - b }')
 hwm_fill=$(awk '/VmHWM/ {print $2}' /proc/"$(cat "$work/px.pid")"/status)
 pid=$(cat "$work/px.pid"); kill "$pid"; wait_gone "$pid"
 
 start=$(date +%s.%N)
 proxy
 $PY -c 'import nbd, sys; h = nbd.NBD(); h.connect_unix(sys.argv[1]); h.pread(65536, 0); h.shutdown()' "$work/px.sock"
-ready=$(echo "$(date +%s.%N) - $start" | bc)
+ready=$(awk -v a="$(date +%s.%N)" -v b="$start" 'BEGIN { print a - b }')
 # Read the cached blocks again after the restart, then measure memory.
 $PY - "$work/px.sock" "$SCATTER" <<'PY'
 import nbd, random, sys
