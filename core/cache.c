@@ -41,7 +41,7 @@
 #include "internal.h"
 #include "utils.h"
 
-#define FILL_MAX_BYTES (64u << 20)      /* queued background fills */
+#define FILL_MAX_BYTES (16u << 20)      /* queued background fills */
 #define HDR_NAME "fscache.hdr"
 #define HDR_SIZE 512
 #define HDR_VERSION 1           /* saved on disk */
