@@ -315,5 +315,14 @@ main (int argc, char *argv[])
   char cmd[128];
   snprintf (cmd, sizeof cmd, "rm -rf %s", dir);
   CHECK (system (cmd) == 0);
+  for (int i = 0; i < FSC_FILE_KINDS; ++i)
+    free (base[i].p);
+  for (size_t j = 0; j < nev; ++j)
+    free (ev[j].data);
+  free (ev);
+  free (base_hdr);
+  free (base_up);
+  free (up_at);
+  free (all);
   return 0;
 }
