@@ -15,6 +15,8 @@
 #   stat_value STATSFILE NAME  a counter from an fscache-stats file
 #   make_random FILE BYTES     FILE filled with BYTES of random data
 #   fail MESSAGE               print "$0: FAIL: MESSAGE" and exit 1
+#   wait_until CMD [ARGS]      poll CMD every 50 ms until it succeeds;
+#                              1 after 20 s (waits for a state, not a time)
 #
 # $FILTER is the fscache filter to pass to --filter=, $TMP a private
 # temporary directory removed at exit, $UPSTREAM_PLUGIN_DIR unused.
@@ -157,4 +159,14 @@ fail ()
 {
   echo "$0: FAIL: $*" >&2
   exit 1
+}
+
+wait_until ()
+{
+  local i
+  for (( i=0; i<400; i++ )); do
+    if "$@"; then return 0; fi
+    sleep 0.05
+  done
+  return 1
 }

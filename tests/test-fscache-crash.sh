@@ -59,18 +59,6 @@ fio --name=mkimage --filename="$up" --size=$SIZE --bs=4k --rw=write \
     --verify=crc32c --do_verify=0 --ioengine=psync \
     --verify_state_save=0 >/dev/null
 
-
-# Wait (polling, bounded) until the command succeeds.
-wait_until ()
-{
-  local i
-  for (( i=0; i<400; i++ )); do
-    if "$@"; then return 0; fi
-    sleep 0.05
-  done
-  return 1
-}
-
 log_bytes_over ()        # LOG N: more than N bytes read upstream?
 {
   [ -f "$1" ] && [ "$(log_read_bytes "$1")" -gt "$2" ]

@@ -37,17 +37,6 @@ up2="$TMP/up2.img"
 make_random "$up" $SIZE
 make_random "$up2" $SIZE
 
-
-wait_until ()
-{
-  local i
-  for (( i=0; i<400; i++ )); do
-    if "$@"; then return 0; fi
-    sleep 0.05
-  done
-  return 1
-}
-
 # start_proxy NAME CACHE-DIR KEY UPSTREAM: socket $TMP/NAME.sock.
 start_proxy ()
 {
