@@ -294,7 +294,7 @@ fsc_cache_commit_all (struct fsc_cache *cache)
    */
   pthread_mutex_lock (&cache->lock);
   for (struct fsc_object *o = cache->objects; o; o = o->next) {
-    if (!fsc_object_has_dirty (o))
+    if (o->closing || !fsc_object_has_dirty (o))
       continue;
     if (n == cap) {
       size_t ncap = cap ? cap * 2 : 8;

@@ -83,6 +83,8 @@ struct fsc_object {
   struct fsc_object *next;      /* cache->objects; under cache->lock */
   unsigned refs;                /* under cache->lock */
   bool ready;                   /* lookup done; under cache->lock */
+  bool closing;                 /* last reference gone, closing; under
+                                 * cache->lock */
   unsigned char *key;
   size_t key_len;
   char name[FSC_NAME_MAX + 1];

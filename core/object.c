@@ -1541,9 +1541,19 @@ fsc_object_open (struct fsc_cache *c, const struct fsc_object_params *p,
 static struct fsc_object *
 find_locked (struct fsc_cache *c, const struct fsc_object_params *p)
 {
+ again:
   for (struct fsc_object *o = c->objects; o; o = o->next) {
-    if (o->key_len == p->key_len && memcmp (o->key, p->key, p->key_len) == 0
-        && o->block_size == p->block_size && o->size == p->size) {
+    if (o->key_len == p->key_len && memcmp (o->key, p->key, p->key_len) == 0) {
+      if (o->closing) {
+        /* Its last user is committing and closing it, and still holds
+         * the index lock: wait until it is gone, then look it up anew
+         * (else we would find the index locked and go uncached).
+         */
+        pthread_cond_wait (&c->ready_cond, &c->lock);
+        goto again;
+      }
+      if (o->block_size != p->block_size || o->size != p->size)
+        continue;
       o->refs++;
       while (!o->ready)
         pthread_cond_wait (&c->ready_cond, &c->lock);
@@ -1570,6 +1580,21 @@ fsc_object_close (struct fsc_object *o)
     pthread_mutex_unlock (&c->lock);
     return;
   }
+  /* Stay listed, marked closing, until the files are closed: an open
+   * of the same key meanwhile waits for us instead of finding the
+   * index locked.
+   */
+  o->closing = true;
+  pthread_mutex_unlock (&c->lock);
+
+  if (fsc_object_state (o) == FSC_OBJ_AVAILABLE &&
+      fsc_object_commit_internal (o) == 0)
+    write_sb (o, FSC_SB_CLEAN, 0, NULL);
+  if (o->dfd >= 0) { close (o->dfd); o->dfd = -1; }
+  if (o->sfd >= 0) { close (o->sfd); o->sfd = -1; }
+  if (o->ifd >= 0) { close (o->ifd); o->ifd = -1; }   /* drops the flock */
+
+  pthread_mutex_lock (&c->lock);
   if (o->listed) {
     for (struct fsc_object **pp = &c->objects; *pp; pp = &(*pp)->next)
       if (*pp == o) {
@@ -1577,11 +1602,8 @@ fsc_object_close (struct fsc_object *o)
         break;
       }
   }
+  pthread_cond_broadcast (&c->ready_cond);
   pthread_mutex_unlock (&c->lock);
-
-  if (fsc_object_state (o) == FSC_OBJ_AVAILABLE &&
-      fsc_object_commit_internal (o) == 0)
-    write_sb (o, FSC_SB_CLEAN, 0, NULL);
   free_object (o);
 }
 

@@ -88,6 +88,26 @@ path_of (char *out, size_t n, const char *suffix)
   snprintf (out, n, "%s/objects/%s/%s%s", dir, fan, name, suffix);
 }
 
+struct opener {
+  struct fsc_cache *c;
+  unsigned spin;
+  struct fsc_object *o;
+  struct fsc_open_info info;
+};
+static struct fsc_object *open_obj (struct fsc_cache *c,
+                                    struct fsc_open_info *info,
+                                    const char *gen, uint64_t size);
+
+static void *
+open_thread (void *arg)
+{
+  struct opener *op = arg;
+  for (volatile unsigned i = 0; i < op->spin; ++i)
+    ;
+  op->o = open_obj (op->c, &op->info, "v3b", SIZE);
+  return NULL;
+}
+
 static void *
 reader_thread (void *arg)
 {
@@ -301,6 +321,28 @@ main (void)
   o = open_obj (c, &info, "v3b", SIZE);
   CHECK_EQ (info.reason, FSC_OK);
   CHECK_EQ (info.present_blocks, (SIZE + BS - 1) / BS);
+  fsc_object_close (o);
+  fsc_cache_close (c);
+
+  /* An open racing with the close of the same object's last reference
+   * waits for the close instead of finding the index locked (which
+   * would make it uncached, and writes through it would then leave
+   * the closed index stale).
+   */
+  c = open_cache (NULL);
+  o = open_obj (c, &info, "v3b", SIZE);
+  for (int i = 0; i < 100; ++i) {
+    unsigned char b1[100];
+    struct opener op = { .c = c, .spin = (i * 7919) % 200000 };
+    CHECK (fsc_object_read (o, b1, sizeof b1, i * 1000, &up) == 0);
+    pthread_t opener;
+    CHECK (pthread_create (&opener, NULL, open_thread, &op) == 0);
+    fsc_object_close (o);
+    pthread_join (opener, NULL);
+    o = op.o;
+    CHECK (!op.info.busy);
+    CHECK_EQ (op.info.state, FSC_OBJ_AVAILABLE);
+  }
   fsc_object_close (o);
   fsc_cache_close (c);
 
