@@ -294,7 +294,10 @@ fsc_cache_commit_all (struct fsc_cache *cache)
    */
   pthread_mutex_lock (&cache->lock);
   for (struct fsc_object *o = cache->objects; o; o = o->next) {
-    if (o->closing || !fsc_object_has_dirty (o))
+    if (o->closing || !o->ready)
+      continue;
+    /* Another process wrote upstream past us: drop our copy. */
+    if (fsc_object_check_stale (o) || !fsc_object_has_dirty (o))
       continue;
     if (n == cap) {
       size_t ncap = cap ? cap * 2 : 8;

@@ -54,6 +54,7 @@ static const char *reason_names[FSC_REASONS] = {
   [FSC_REJ_FP_STALE] = "unclean-after-writes",
   [FSC_REJ_VALIDATE] = "validate-mode-changed",
   [FSC_REJ_IO] = "index-io-error",
+  [FSC_REJ_FOREIGN] = "written-by-another-process",
 };
 
 const char *

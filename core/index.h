@@ -67,6 +67,8 @@ enum fsc_reason {
   FSC_REJ_FP_STALE,         /* coherency: writes not closed cleanly */
   FSC_REJ_VALIDATE,         /* coherency: validate mode changed */
   FSC_REJ_IO,               /* could not read the index */
+  FSC_REJ_FOREIGN,          /* another process wrote upstream while
+                             * this object was locked by us */
   FSC_REASONS
 };
 

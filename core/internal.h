@@ -113,11 +113,18 @@ struct fsc_object {
   bool written;                 /* saw a write: fingerprint stale */
   int withdraw_err;             /* errno that withdrew it */
   unsigned pending_fills;       /* queued on the cache's fill thread */
+  bool busy;                    /* another process holds it: uncached */
+  bool marked;                  /* busy, and the stale mark is made */
   unsigned notices;             /* FSC_NOTICE_* not yet taken */
 };
 
 /* object.c: commit OBJ; 0 or -1 (object withdrawn). */
 extern int fsc_object_commit_internal (struct fsc_object *obj);
+
+/* object.c: if another process marked OBJ stale (it wrote upstream
+ * while we held the object), withdraw it.  Returns true if it did.
+ */
+extern bool fsc_object_check_stale (struct fsc_object *obj);
 
 /* object.c: true if OBJ has uncommitted changes.  Takes obj->lock. */
 extern bool fsc_object_has_dirty (struct fsc_object *obj);

@@ -35,6 +35,11 @@
  *     the epoch did not move, since the order in which overlapping
  *     writes land upstream is unknown.
  *
+ * An object held by another process is served uncached here; a write
+ * through it leaves a mark (NAME.stale) beside the object's files, and
+ * the holder withdraws its copy when it sees the mark: at open, at
+ * close and every commit interval.
+ *
  * Errors of the cache's own files withdraw the object (files unlinked
  * so that nothing stale survives, every request then goes upstream);
  * ENOSPC on a fill only stops fills for a while.  Upstream errors go
@@ -206,7 +211,46 @@ withdraw (struct fsc_object *o, int err)
     unlinkat (o->fandirfd, path, 0);
     snprintf (path, sizeof path, "%s.sums", o->name);
     unlinkat (o->fandirfd, path, 0);
+    snprintf (path, sizeof path, "%s.stale", o->name);
+    unlinkat (o->fandirfd, path, 0);
   }
+}
+
+/* Does the stale mark exist? */
+static bool
+stale_marked (struct fsc_object *o)
+{
+  char path[FSC_NAME_MAX + 8];
+  snprintf (path, sizeof path, "%s.stale", o->name);
+  return o->fandirfd >= 0 &&
+    faccessat (o->fandirfd, path, F_OK, AT_SYMLINK_NOFOLLOW) == 0;
+}
+
+/* We write upstream while another process holds this object: tell it
+ * its copy is stale.  Best effort (if we cannot, its fingerprint check
+ * at the next open is what is left).
+ */
+static void
+mark_stale (struct fsc_object *o)
+{
+  char path[FSC_NAME_MAX + 8];
+  snprintf (path, sizeof path, "%s.stale", o->name);
+  int fd = openat (o->fandirfd, path,
+                   O_WRONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (fd >= 0) {
+    fsync (fd);
+    close (fd);
+    fsync (o->fandirfd);
+  }
+}
+
+bool
+fsc_object_check_stale (struct fsc_object *o)
+{
+  if (fsc_object_state (o) != FSC_OBJ_AVAILABLE || !stale_marked (o))
+    return false;
+  withdraw (o, ESTALE);         /* also removes the mark */
+  return true;
 }
 
 /* Handle a failed write to the data file. */
@@ -948,7 +992,11 @@ fsc_object_write_begin (struct fsc_object *o, uint64_t offset,
 
   pthread_mutex_lock (&o->lock);
   if (o->state != FSC_OBJ_AVAILABLE) {
+    bool mark = o->busy && !o->marked;
+    o->marked = true;
     pthread_mutex_unlock (&o->lock);
+    if (mark)
+      mark_stale (o);
     return 0;
   }
   bool first_write = !o->written;
@@ -1373,6 +1421,7 @@ lookup (struct fsc_object *o, const struct fsc_object_params *p,
   if (flock (o->ifd, LOCK_EX | LOCK_NB) == -1) {
     if (errno == EWOULDBLOCK) {
       info->busy = true;
+      o->busy = true;
       FSC_STAT_ADD (st, objects_busy, 1);
     }
     return -1;
@@ -1399,6 +1448,8 @@ lookup (struct fsc_object *o, const struct fsc_object_params *p,
       reason = check_sb (o, &sb, p, dst.st_size, sst.st_size);
   }
 
+  if (reason == FSC_OK && stale_marked (o))
+    reason = FSC_REJ_FOREIGN;
   if (reason == FSC_OK) {
     o->sb = sb;
     o->sb_slot = slot;
@@ -1428,6 +1479,9 @@ lookup (struct fsc_object *o, const struct fsc_object_params *p,
     FSC_STAT_ADD (st, objects_created, 1);
     if (create_cold (o, p) == -1)
       return -1;
+    char path[FSC_NAME_MAX + 8];
+    snprintf (path, sizeof path, "%s.stale", o->name);
+    unlinkat (o->fandirfd, path, 0);
   }
   /* Room for both superblock slots, so that no later superblock write
    * (the clean mark at close, above all) can fail for want of space.
@@ -1522,7 +1576,13 @@ fsc_object_open (struct fsc_cache *c, const struct fsc_object_params *p,
     if (o->dfd >= 0) { close (o->dfd); o->dfd = -1; }
     if (o->sfd >= 0) { close (o->sfd); o->sfd = -1; }
     if (o->ifd >= 0) { close (o->ifd); o->ifd = -1; }
-    if (o->fandirfd >= 0) { close (o->fandirfd); o->fandirfd = -1; }
+    /* A busy object keeps its directory, to mark the holder's copy
+     * stale if it writes.
+     */
+    if (o->fandirfd >= 0 && !o->busy) {
+      close (o->fandirfd);
+      o->fandirfd = -1;
+    }
   }
   pthread_mutex_lock (&c->lock);
   o->ready = true;
@@ -1587,7 +1647,8 @@ fsc_object_close (struct fsc_object *o)
   o->closing = true;
   pthread_mutex_unlock (&c->lock);
 
-  if (fsc_object_state (o) == FSC_OBJ_AVAILABLE &&
+  if (!fsc_object_check_stale (o) &&
+      fsc_object_state (o) == FSC_OBJ_AVAILABLE &&
       fsc_object_commit_internal (o) == 0)
     write_sb (o, FSC_SB_CLEAN, 0, NULL);
   if (o->dfd >= 0) { close (o->dfd); o->dfd = -1; }
