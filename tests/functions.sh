@@ -59,7 +59,12 @@ requires ()
 }
 
 TMP="$(mktemp -d /tmp/fscache-test.XXXXXX)"
-cleanup_fn "rm -rf '$TMP'"
+# FSCACHE_TEST_KEEP=1 keeps $TMP (logs, caches) for a post-mortem.
+if [ "${FSCACHE_TEST_KEEP:-0}" = 1 ]; then
+  echo "$0: keeping $TMP"
+else
+  cleanup_fn "rm -rf '$TMP'"
+fi
 
 # Wait for a pid file to appear and its socket to accept connections.
 start_nbdkit ()

@@ -42,6 +42,7 @@ requires nbdkit --filter=log null --version
 requires nbdcopy --version
 requires fio --version
 requires sh -c 'fio --enghelp 2>&1 | grep -qw nbd'
+requires nbdinfo --version
 PY=python3                    # functions.sh: the one with libnbd
 requires "$PY" -c 'import nbd'
 requires test -f "$FILTER"
@@ -68,8 +69,12 @@ ROUNDS=("writethrough size" "writearound size" "writethrough size"
         "writearound size" "writethrough sample")
 
 make_random "$TMP/up.img" $SIZE
-start_nbdkit -P "$TMP/up.pid" -U "$TMP/up.sock" \
-  --filter=log file "$TMP/up.img" logfile="$TMP/up.log"
+start_upstream ()
+{
+  start_nbdkit -P "$TMP/up.pid" -U "$TMP/up.sock" \
+    --filter=log file "$TMP/up.img" logfile="$TMP/up.log" logappend=true
+}
+start_upstream
 uri="nbd+unix:///?socket=$TMP/px.sock"
 
 cat > "$TMP/writer.py" <<'EOF'
@@ -197,6 +202,17 @@ EOF
   kill9_nbdkit "$TMP/px.pid"
   wait $fiopid || true
   for p in "${wpids[@]}"; do wait "$p" || true; done
+  # nbdkit 1.32 serving the upstream has been seen to exit (no signal
+  # from this test, nothing in the kernel log) a few milliseconds after
+  # its clients vanish mid-request, in about one kill in ten.  The
+  # upstream is not what this test is about and its data is the file:
+  # start it again, and say so.
+  if ! kill -0 "$(cat "$TMP/up.pid")" 2>/dev/null ||
+     ! nbdinfo --size "nbd+unix:///?socket=$TMP/up.sock" >/dev/null 2>&1; then
+    echo "  note: the upstream nbdkit exited with the proxy; restarted"
+    kill -9 "$(cat "$TMP/up.pid")" 2>/dev/null || true
+    start_upstream
+  fi
   if [ $n -lt 1000 ]; then
     echo "$0: round $r: only $n writes reached upstream before the kill"
     exit 1
