@@ -313,7 +313,7 @@ fsc_cache_commit_all (struct fsc_cache *cache)
   pthread_mutex_unlock (&cache->lock);
 
   for (size_t i = 0; i < n; ++i) {
-    fsc_object_commit_internal (objs[i]);
+    fsc_object_commit (objs[i]);
     fsc_object_close (objs[i]);
   }
   free (objs);

@@ -118,9 +118,6 @@ struct fsc_object {
   unsigned notices;             /* FSC_NOTICE_* not yet taken */
 };
 
-/* object.c: commit OBJ; 0 or -1 (object withdrawn). */
-extern int fsc_object_commit_internal (struct fsc_object *obj);
-
 /* object.c: if another process marked OBJ stale (it wrote upstream
  * while we held the object), withdraw it.  Returns true if it did.
  */

@@ -182,10 +182,28 @@ mark_dirty (struct fsc_object *o, uint64_t gi, struct group *g)
   return 0;
 }
 
+/* The name of the object's file with SUFFIX (".idx", ".data", ".sums",
+ * ".stale") in its fan-out directory, in BUF.
+ */
+#define FILE_NAME_MAX (FSC_NAME_MAX + 8)
+static const char *
+file_name (const struct fsc_object *o, const char *suffix,
+           char buf[FILE_NAME_MAX])
+{
+  snprintf (buf, FILE_NAME_MAX, "%s%s", o->name, suffix);
+  return buf;
+}
+
+static void
+unlink_file (const struct fsc_object *o, const char *suffix)
+{
+  char buf[FILE_NAME_MAX];
+  unlinkat (o->fandirfd, file_name (o, suffix, buf), 0);
+}
+
 static void
 withdraw (struct fsc_object *o, int err)
 {
-  char path[FSC_NAME_MAX + 8];
 
   pthread_mutex_lock (&o->lock);
   if (o->state == FSC_OBJ_WITHDRAWN) {
@@ -205,14 +223,10 @@ withdraw (struct fsc_object *o, int err)
    * gone, and the next open will validate whatever is left.
    */
   if (o->fandirfd >= 0) {
-    snprintf (path, sizeof path, "%s.idx", o->name);
-    unlinkat (o->fandirfd, path, 0);
-    snprintf (path, sizeof path, "%s.data", o->name);
-    unlinkat (o->fandirfd, path, 0);
-    snprintf (path, sizeof path, "%s.sums", o->name);
-    unlinkat (o->fandirfd, path, 0);
-    snprintf (path, sizeof path, "%s.stale", o->name);
-    unlinkat (o->fandirfd, path, 0);
+    unlink_file (o, ".idx");
+    unlink_file (o, ".data");
+    unlink_file (o, ".sums");
+    unlink_file (o, ".stale");
   }
 }
 
@@ -220,10 +234,10 @@ withdraw (struct fsc_object *o, int err)
 static bool
 stale_marked (struct fsc_object *o)
 {
-  char path[FSC_NAME_MAX + 8];
-  snprintf (path, sizeof path, "%s.stale", o->name);
+  char buf[FILE_NAME_MAX];
   return o->fandirfd >= 0 &&
-    faccessat (o->fandirfd, path, F_OK, AT_SYMLINK_NOFOLLOW) == 0;
+    faccessat (o->fandirfd, file_name (o, ".stale", buf), F_OK,
+               AT_SYMLINK_NOFOLLOW) == 0;
 }
 
 /* We write upstream while another process holds this object: tell it
@@ -233,9 +247,8 @@ stale_marked (struct fsc_object *o)
 static void
 mark_stale (struct fsc_object *o)
 {
-  char path[FSC_NAME_MAX + 8];
-  snprintf (path, sizeof path, "%s.stale", o->name);
-  int fd = openat (o->fandirfd, path,
+  char buf[FILE_NAME_MAX];
+  int fd = openat (o->fandirfd, file_name (o, ".stale", buf),
                    O_WRONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
   if (fd >= 0) {
     fsync (fd);
@@ -331,14 +344,17 @@ write_sb (struct fsc_object *o, uint32_t set_flags, uint32_t clear_flags,
   return r;
 }
 
-/* Commit everything changed up to now.  Returns 0 or -1. */
-int
-fsc_object_commit_internal (struct fsc_object *o)
+/* Make every change up to TARGET durable: return at once if it is,
+ * wait for a commit in progress and look again (group commit: it may
+ * cover us), else commit everything changed so far.  Returns 0, or -1
+ * if the object is (or became) withdrawn.
+ */
+static int
+commit_upto (struct fsc_object *o, uint64_t target)
 {
   struct fsc_stats *st = &o->cache->stats;
 
   pthread_mutex_lock (&o->lock);
-  uint64_t target = o->change_seq;
   for (;;) {
     if (o->state != FSC_OBJ_AVAILABLE) {
       pthread_mutex_unlock (&o->lock);
@@ -427,7 +443,10 @@ fsc_object_commit_internal (struct fsc_object *o)
 int
 fsc_object_commit (struct fsc_object *o)
 {
-  return fsc_object_commit_internal (o);
+  pthread_mutex_lock (&o->lock);
+  uint64_t now = o->change_seq;
+  pthread_mutex_unlock (&o->lock);
+  return commit_upto (o, now);
 }
 
 bool
@@ -929,34 +948,6 @@ fsc_object_prefetch (struct fsc_object *o, uint64_t offset, uint64_t count,
  * Writes.
  */
 
-/* Wait until every change up to C is durable.  Returns 0 or -1. */
-static int
-wait_durable (struct fsc_object *o, uint64_t c)
-{
-  for (;;) {
-    pthread_mutex_lock (&o->lock);
-    bool done = o->durable_seq >= c;
-    bool dead = o->state != FSC_OBJ_AVAILABLE;
-    bool busy = o->committing;
-    if (!done && !dead && busy) {
-      /* Another thread's commit may or may not cover us: wait for it
-       * to end, then look again (group commit).
-       */
-      while (o->committing)
-        pthread_cond_wait (&o->cond, &o->lock);
-      pthread_mutex_unlock (&o->lock);
-      continue;
-    }
-    pthread_mutex_unlock (&o->lock);
-    if (done)
-      return 0;
-    if (dead)
-      return -1;
-    if (fsc_object_commit_internal (o) == -1)
-      return -1;
-  }
-}
-
 /* Read present block BLK into DST and verify it; false if unusable. */
 static bool
 read_block (struct fsc_object *o, uint64_t blk, unsigned char *dst,
@@ -1109,7 +1100,7 @@ fsc_object_write_begin (struct fsc_object *o, uint64_t offset,
   w->first_group = g0;
   w->ngroups = g1 - g0 + 1;
   if (need_sync)
-    wait_durable (o, c);  /* on failure the object is withdrawn */
+    commit_upto (o, c);   /* on failure the object is withdrawn */
   return 0;
 }
 
@@ -1278,11 +1269,10 @@ load_group (void *opaque, const struct fsc_grec *rec, int slot)
 static int
 open_file (struct fsc_object *o, const char *suffix)
 {
-  char path[FSC_NAME_MAX + 8];
+  char buf[FILE_NAME_MAX];
   struct stat st;
 
-  snprintf (path, sizeof path, "%s%s", o->name, suffix);
-  int fd = openat (o->fandirfd, path,
+  int fd = openat (o->fandirfd, file_name (o, suffix, buf),
                    O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
   if (fd == -1)
     return -1;
@@ -1479,9 +1469,7 @@ lookup (struct fsc_object *o, const struct fsc_object_params *p,
     FSC_STAT_ADD (st, objects_created, 1);
     if (create_cold (o, p) == -1)
       return -1;
-    char path[FSC_NAME_MAX + 8];
-    snprintf (path, sizeof path, "%s.stale", o->name);
-    unlinkat (o->fandirfd, path, 0);
+    unlink_file (o, ".stale");
   }
   /* Room for both superblock slots, so that no later superblock write
    * (the clean mark at close, above all) can fail for want of space.
@@ -1649,7 +1637,7 @@ fsc_object_close (struct fsc_object *o)
 
   if (!fsc_object_check_stale (o) &&
       fsc_object_state (o) == FSC_OBJ_AVAILABLE &&
-      fsc_object_commit_internal (o) == 0)
+      fsc_object_commit (o) == 0)
     write_sb (o, FSC_SB_CLEAN, 0, NULL);
   if (o->dfd >= 0) { close (o->dfd); o->dfd = -1; }
   if (o->sfd >= 0) { close (o->sfd); o->sfd = -1; }
@@ -1689,7 +1677,7 @@ fsc_object_needs_fingerprint (struct fsc_object *o)
 void
 fsc_object_set_fingerprint (struct fsc_object *o, uint64_t fp)
 {
-  if (fsc_object_commit_internal (o) == 0)
+  if (fsc_object_commit (o) == 0)
     write_sb (o, 0, FSC_SB_FP_STALE, &fp);
 }
 
