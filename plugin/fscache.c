@@ -616,38 +616,43 @@ fscache_pwrite (nbdkit_next *next, void *handle, const void *buf,
   return r;
 }
 
+/* Zero and trim: drop the blocks (durably), then the upstream op
+ * (next->zero or next->trim, which share a signature).
+ */
+typedef int upstream_range_op (nbdkit_next *next, uint32_t count,
+                               uint64_t offset, uint32_t flags, int *err);
+
 static int
-fscache_zero (nbdkit_next *next, void *handle, uint32_t count,
-              uint64_t offset, uint32_t flags, int *err)
+drop_then (nbdkit_next *next, struct handle *h, upstream_range_op *op,
+           const char *what, uint32_t count, uint64_t offset,
+           uint32_t flags, int *err)
 {
-  struct handle *h = handle;
   struct fsc_write w;
   if (fsc_object_write_begin (h->obj, offset, count, false, &w) == -1) {
     *err = errno;
-    nbdkit_error ("fscache: zero: %m");
+    nbdkit_error ("fscache: %s: %m", what);
     return -1;
   }
-  int r = next->zero (next, count, offset, flags, err);
+  int r = op (next, count, offset, flags, err);
   fsc_object_write_end (h->obj, &w, NULL, r == 0);
   log_notices (h);
   return r;
 }
 
 static int
+fscache_zero (nbdkit_next *next, void *handle, uint32_t count,
+              uint64_t offset, uint32_t flags, int *err)
+{
+  return drop_then (next, handle, next->zero, "zero", count, offset, flags,
+                    err);
+}
+
+static int
 fscache_trim (nbdkit_next *next, void *handle, uint32_t count,
               uint64_t offset, uint32_t flags, int *err)
 {
-  struct handle *h = handle;
-  struct fsc_write w;
-  if (fsc_object_write_begin (h->obj, offset, count, false, &w) == -1) {
-    *err = errno;
-    nbdkit_error ("fscache: trim: %m");
-    return -1;
-  }
-  int r = next->trim (next, count, offset, flags, err);
-  fsc_object_write_end (h->obj, &w, NULL, r == 0);
-  log_notices (h);
-  return r;
+  return drop_then (next, handle, next->trim, "trim", count, offset, flags,
+                    err);
 }
 
 static int
