@@ -30,6 +30,7 @@ struct fsc_readahead {
   uint64_t queued_end;                  /* readahead queued up to here */
   unsigned sequential;                  /* reads in a row */
   bool stop;
+  unsigned max_threads;
   unsigned nthreads;
   pthread_t threads[FSC_RA_THREADS];
 };
@@ -59,11 +60,16 @@ worker (void *arg)
 
 struct fsc_readahead *
 fsc_readahead_new (struct fsc_object *obj, uint64_t window,
-                   const struct fsc_upstream *up)
+                   unsigned max_threads, const struct fsc_upstream *up)
 {
+  if (max_threads < 1 || max_threads > FSC_RA_THREADS) {
+    errno = EINVAL;
+    return NULL;
+  }
   struct fsc_readahead *ra = calloc (1, sizeof *ra);
   if (ra == NULL)
     return NULL;
+  ra->max_threads = max_threads;
   ra->obj = obj;
   ra->up = *up;
   ra->window = window;
@@ -77,7 +83,7 @@ fsc_readahead_new (struct fsc_object *obj, uint64_t window,
 static void
 maybe_start_worker (struct fsc_readahead *ra)
 {
-  if (ra->nthreads < FSC_RA_THREADS && ra->len > 0 &&
+  if (ra->nthreads < ra->max_threads && ra->len > 0 &&
       pthread_create (&ra->threads[ra->nthreads], NULL, worker, ra) == 0)
     ra->nthreads++;
 }

@@ -4,7 +4,8 @@
  * each read (fsc_readahead_observe); after two reads in a row that
  * continue where the last one ended, the next WINDOW bytes are queued
  * in chunks and fetched into the cache by background threads (at most
- * FSC_RA_THREADS, started on first need) through fsc_object_prefetch.
+ * the caller's limit, itself at most FSC_RA_THREADS, started on first
+ * need) through fsc_object_prefetch.
  * Blocks already present, or being fetched by a demand miss, are
  * skipped there; a demand miss on a block being prefetched waits for
  * that fetch instead of repeating it.  A read elsewhere drops what is
@@ -27,10 +28,13 @@ struct fsc_readahead;
 
 /* A stream reading OBJ through UP (which must stay valid until
  * fsc_readahead_free).  WINDOW is how far ahead to read; 0 disables.
- * Returns NULL with errno on error.
+ * At most MAX_THREADS (1 .. FSC_RA_THREADS) prefetches run at once:
+ * an upstream that takes one request at a time gains nothing from
+ * more.  Returns NULL with errno on error.
  */
 extern struct fsc_readahead *fsc_readahead_new (struct fsc_object *obj,
                                                 uint64_t window,
+                                                unsigned max_threads,
                                                 const struct fsc_upstream *up);
 
 /* A client read of [OFFSET, OFFSET+COUNT) was served. */

@@ -5,9 +5,12 @@
  * parameters, derives each export's object key, computes the
  * coherency data (upstream size, generation, sampled fingerprint) and
  * turns NBD requests into calls of libfscache (core/fscache.h), which
- * does the caching.  Reads that miss reach the upstream through the
- * connection's own nbdkit_next, called by core/ with no lock held, so
- * misses of many requests and connections proceed in parallel.
+ * does the caching.  Every call to the upstream, from a client request
+ * or from a readahead thread, goes through upstream.c, which keeps the
+ * upstream's thread model: misses of many requests and connections
+ * proceed in parallel where the upstream allows it, one at a time per
+ * connection or per server where it does not, and hits never wait for
+ * the upstream at all.
  *
  * Identity of an object: the fscache-key parameter, or by default the
  * plugin parameters this filter sees, plus the client's export name.
@@ -32,6 +35,7 @@
 #include "fscache.h"
 #include "keyenc.h"
 #include "readahead.h"
+#include "upstream.h"
 #include "utils.h"
 
 enum mode { MODE_WRITETHROUGH, MODE_WRITEAROUND };
@@ -57,7 +61,8 @@ static struct fsc_cache *cache;
 struct handle {
   struct fsc_object *obj;
   struct fsc_readahead *ra;     /* NULL if fscache-readahead=0 */
-  struct fsc_upstream up;       /* this connection's upstream */
+  struct upstream upstream;     /* this connection's upstream, gated */
+  struct fsc_upstream up;       /* the same, for core/ */
   char *exportname;
 };
 
@@ -284,6 +289,16 @@ fscache_config_complete (nbdkit_next_config_complete *next,
   return next (nxdata);
 }
 
+/* The server's final thread model: how upstream calls must be gated. */
+static int
+fscache_get_ready (int thread_model)
+{
+  upstream_set_thread_model (thread_model);
+  nbdkit_debug ("fscache: upstream calls follow thread model %s",
+                upstream_thread_model_name ());
+  return 0;
+}
+
 static int
 fscache_after_fork (nbdkit_backend *nxdata)
 {
@@ -358,6 +373,9 @@ fscache_open (nbdkit_next_open *next, nbdkit_context *nxdata,
     free (h);
     return NULL;
   }
+  upstream_init (&h->upstream);
+  h->up.pread = upstream_fsc_pread;
+  h->up.opaque = &h->upstream;
   return h;
 }
 
@@ -369,20 +387,9 @@ fscache_close (void *handle)
   fsc_readahead_free (h->ra);
   if (h->obj)
     fsc_object_close (h->obj);
+  upstream_fini (&h->upstream);
   free (h->exportname);
   free (h);
-}
-
-static int
-up_pread (void *opaque, void *buf, uint32_t count, uint64_t offset)
-{
-  nbdkit_next *next = opaque;
-  int err = 0;
-  if (next->pread (next, buf, count, offset, 0, &err) == -1) {
-    errno = err ? err : EIO;
-    return -1;
-  }
-  return 0;
 }
 
 /* The fingerprint for fscache-validate=sample: XXH3 of SAMPLE_COUNT
@@ -390,7 +397,7 @@ up_pread (void *opaque, void *buf, uint32_t count, uint64_t offset)
  * At most SAMPLE_COUNT * SAMPLE_SIZE = 32 KiB read upstream.
  */
 static int
-fingerprint (nbdkit_next *next, const void *k, size_t klen, uint64_t size,
+fingerprint (struct upstream *up, const void *k, size_t klen, uint64_t size,
              uint64_t *fp)
 {
   unsigned char buf[SAMPLE_SIZE];
@@ -413,7 +420,7 @@ fingerprint (nbdkit_next *next, const void *k, size_t klen, uint64_t size,
     }
     uint32_t n = MIN ((uint64_t) SAMPLE_SIZE, size - off);
     int err = 0;
-    if (next->pread (next, buf, n, off, 0, &err) == -1) {
+    if (upstream_pread (up, buf, n, off, 0, &err) == -1) {
       errno = err ? err : EIO;
       goto out;
     }
@@ -451,7 +458,8 @@ start_readahead (struct handle *h)
 {
   if (readahead == 0 || fsc_object_state (h->obj) != FSC_OBJ_AVAILABLE)
     return 0;
-  h->ra = fsc_readahead_new (h->obj, readahead, &h->up);
+  h->ra = fsc_readahead_new (h->obj, readahead, upstream_max_background (),
+                            &h->up);
   if (h->ra == NULL) {
     nbdkit_error ("fscache: readahead: %m");
     return -1;
@@ -469,7 +477,8 @@ fscache_prepare (nbdkit_next *next, void *handle, int readonly)
     nbdkit_error ("malloc: %m");
     return -1;
   }
-  int64_t size = next->get_size (next);
+  upstream_bind (&h->upstream, next);
+  int64_t size = upstream_get_size (&h->upstream);
   if (size == -1)
     return -1;
 
@@ -477,16 +486,13 @@ fscache_prepare (nbdkit_next *next, void *handle, int readonly)
     .key = k, .key_len = klen, .block_size = block_size, .size = size,
     .verify = verify, .validate = validate, .generation = generation,
   };
-  h->up.pread = up_pread;
-  h->up.opaque = next;
-
   /* Another connection has the object open: it was validated then. */
   h->obj = fsc_object_get (cache, &p);
   if (h->obj)
     return start_readahead (h);
 
   if (validate == FSC_VALIDATE_SAMPLE &&
-      fingerprint (next, k, klen, size, &p.fingerprint) == -1) {
+      fingerprint (&h->upstream, k, klen, size, &p.fingerprint) == -1) {
     nbdkit_error ("fscache: reading the coherency sample upstream: %m");
     return -1;
   }
@@ -533,11 +539,12 @@ fscache_finalize (nbdkit_next *next, void *handle)
     size_t klen;
     uint64_t fp;
     CLEANUP_FREE char *k = object_key (h->exportname, &klen);
-    int64_t size = next->get_size (next);
+    int64_t size = upstream_get_size (&h->upstream);
     /* If we cannot fingerprint, the index stays marked stale and the
      * next open starts cold: safe.
      */
-    if (k && size >= 0 && fingerprint (next, k, klen, size, &fp) == 0)
+    if (k && size >= 0 &&
+        fingerprint (&h->upstream, k, klen, size, &fp) == 0)
       fsc_object_set_fingerprint (h->obj, fp);
   }
   log_notices (h);
@@ -610,20 +617,20 @@ fscache_pwrite (nbdkit_next *next, void *handle, const void *buf,
     nbdkit_error ("fscache: write: %m");
     return -1;
   }
-  int r = next->pwrite (next, buf, count, offset, flags, err);
+  int r = upstream_pwrite (&h->upstream, buf, count, offset, flags, err);
   fsc_object_write_end (h->obj, &w, buf, r == 0);
   log_notices (h);
   return r;
 }
 
 /* Zero and trim: drop the blocks (durably), then the upstream op
- * (next->zero or next->trim, which share a signature).
+ * (upstream_zero or upstream_trim, which share a signature).
  */
-typedef int upstream_range_op (nbdkit_next *next, uint32_t count,
+typedef int upstream_range_op (struct upstream *u, uint32_t count,
                                uint64_t offset, uint32_t flags, int *err);
 
 static int
-drop_then (nbdkit_next *next, struct handle *h, upstream_range_op *op,
+drop_then (struct handle *h, upstream_range_op *op,
            const char *what, uint32_t count, uint64_t offset,
            uint32_t flags, int *err)
 {
@@ -633,7 +640,7 @@ drop_then (nbdkit_next *next, struct handle *h, upstream_range_op *op,
     nbdkit_error ("fscache: %s: %m", what);
     return -1;
   }
-  int r = op (next, count, offset, flags, err);
+  int r = op (&h->upstream, count, offset, flags, err);
   fsc_object_write_end (h->obj, &w, NULL, r == 0);
   log_notices (h);
   return r;
@@ -643,28 +650,36 @@ static int
 fscache_zero (nbdkit_next *next, void *handle, uint32_t count,
               uint64_t offset, uint32_t flags, int *err)
 {
-  return drop_then (next, handle, next->zero, "zero", count, offset, flags,
-                    err);
+  return drop_then (handle, upstream_zero, "zero", count, offset, flags, err);
 }
 
 static int
 fscache_trim (nbdkit_next *next, void *handle, uint32_t count,
               uint64_t offset, uint32_t flags, int *err)
 {
-  return drop_then (next, handle, next->trim, "trim", count, offset, flags,
-                    err);
+  return drop_then (handle, upstream_trim, "trim", count, offset, flags, err);
 }
 
 static int
 fscache_flush (nbdkit_next *next, void *handle, uint32_t flags, int *err)
 {
   struct handle *h = handle;
-  if (next->flush (next, flags, err) == -1)
+  if (upstream_flush (&h->upstream, flags, err) == -1)
     return -1;
   /* A cache failure only withdraws the object: not the client's error. */
   fsc_object_commit (h->obj);
   log_notices (h);
   return 0;
+}
+
+/* Extents pass through, but gated like every other upstream call. */
+static int
+fscache_extents (nbdkit_next *next, void *handle, uint32_t count,
+                 uint64_t offset, uint32_t flags,
+                 struct nbdkit_extents *extents, int *err)
+{
+  struct handle *h = handle;
+  return upstream_extents (&h->upstream, count, offset, flags, extents, err);
 }
 
 static int
@@ -681,6 +696,7 @@ static struct nbdkit_filter filter = {
   .config_complete = fscache_config_complete,
   .config_help = fscache_config_help,
   .thread_model = fscache_thread_model,
+  .get_ready = fscache_get_ready,
   .after_fork = fscache_after_fork,
   .cleanup = fscache_cleanup,
   .open = fscache_open,
@@ -694,6 +710,7 @@ static struct nbdkit_filter filter = {
   .trim = fscache_trim,
   .flush = fscache_flush,
   .cache = fscache_cache,
+  .extents = fscache_extents,
 };
 
 NBDKIT_REGISTER_FILTER (filter)
