@@ -90,6 +90,9 @@ struct fsc_object_params {
   int validate;                 /* enum fsc_validate */
   const char *generation;       /* NULL or at most FSC_GEN_MAX bytes */
   uint64_t fingerprint;         /* with FSC_VALIDATE_SAMPLE */
+  bool offline;                 /* the upstream cannot be reached: SIZE
+                                 * comes from fsc_object_peek_size and
+                                 * FINGERPRINT is unknown */
 };
 
 struct fsc_open_info {
@@ -105,11 +108,28 @@ struct fsc_open_info {
 /* Look up or create the object for PARAMS.  Returns 0 and an object in
  * *OBJP (possibly WITHDRAWN, i.e. uncached, as INFO says), or -1 with
  * errno only for invalid parameters or no memory.
+ *
+ * With PARAMS->offline the recorded copy is taken as it is, without the
+ * fingerprint comparison (nothing upstream to sample), and nothing is
+ * ever created or discarded: a copy that fails any other check (key,
+ * block size, size, generation, validate mode, writes not closed
+ * cleanly, damage) makes the object WITHDRAWN with INFO->reason saying
+ * why and INFO->err ESTALE, and leaves the files as they were.
  */
 extern int fsc_object_open (struct fsc_cache *cache,
                             const struct fsc_object_params *params,
                             struct fsc_object **objp,
                             struct fsc_open_info *info);
+
+/* The upstream size recorded in the index of the object for KEY with
+ * BLOCK_SIZE, for opening it while the upstream is unreachable.  Reads
+ * the index without locking or changing anything.  Returns 0, or -1
+ * with errno ENOENT (no index, or none with a valid superblock for this
+ * key and block size) or the error of reading it.
+ */
+extern int fsc_object_peek_size (struct fsc_cache *cache, const void *key,
+                                 size_t key_len, uint32_t block_size,
+                                 uint64_t *size);
 
 /* If the object for PARAMS (key, block size and size) is already open
  * in this process, return a new reference to it, else NULL.  Lets a

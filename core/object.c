@@ -1323,7 +1323,10 @@ check_sb (const struct fsc_object *o, const struct fsc_sb *sb,
   if (p->validate == FSC_VALIDATE_SAMPLE) {
     if (sb->flags & FSC_SB_FP_STALE)
       return FSC_REJ_FP_STALE;
-    if (sb->fingerprint != p->fingerprint)
+    /* Offline there is no upstream to sample: the recorded copy is
+     * served as it was last validated (the caller's choice).
+     */
+    if (!p->offline && sb->fingerprint != p->fingerprint)
       return FSC_REJ_FINGERPRINT;
   }
   if (data_size != sb->size || sums_size != sums_offset (o, o->nblocks))
@@ -1440,6 +1443,14 @@ lookup (struct fsc_object *o, const struct fsc_object_params *p,
 
   if (reason == FSC_OK && stale_marked (o))
     reason = FSC_REJ_FOREIGN;
+  if (reason != FSC_OK && p->offline) {
+    /* Never create or discard without the upstream: keep the files
+     * for the day it is back, and serve nothing from them.
+     */
+    info->reason = reason;
+    errno = ESTALE;
+    return -1;
+  }
   if (reason == FSC_OK) {
     o->sb = sb;
     o->sb_slot = slot;
@@ -1485,6 +1496,45 @@ lookup (struct fsc_object *o, const struct fsc_object_params *p,
     return -1;
   }
   o->state = FSC_OBJ_AVAILABLE;
+  return 0;
+}
+
+int
+fsc_object_peek_size (struct fsc_cache *c, const void *key, size_t key_len,
+                      uint32_t block_size, uint64_t *size)
+{
+  char name[FSC_NAME_MAX + 1], fan[FSC_FAN_MAX + 1];
+  char file[FSC_NAME_MAX + 8];
+  struct fsc_sb sb;
+  int slot;
+  uint64_t lo, hi;
+
+  if (key_len == 0) {
+    errno = EINVAL;
+    return -1;
+  }
+  fsc_key_encode (key, key_len, name, fan);
+  snprintf (file, sizeof file, "%s.idx", name);
+  int dirfd = openat (c->objdirfd, fan,
+                      O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (dirfd == -1)
+    return -1;
+  int fd = openat (dirfd, file, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+  int e = errno;
+  close (dirfd);
+  if (fd == -1) {
+    errno = e;
+    return -1;
+  }
+  int reason = fsc_sb_load (&c->io, fd, &sb, &slot);
+  close (fd);
+  fsc_key_hash (key, key_len, &lo, &hi);
+  if (reason != FSC_OK || sb.key_hash_lo != lo || sb.key_hash_hi != hi ||
+      sb.key_len != key_len || sb.block_size != block_size) {
+    errno = ENOENT;
+    return -1;
+  }
+  *size = sb.size;
   return 0;
 }
 

@@ -52,6 +52,7 @@ static int validate = FSC_VALIDATE_SAMPLE;
 static bool verify = true;
 static char *stats_file;
 static uint64_t readahead = 4 * 1024 * 1024;
+static bool offline = false;    /* fscache-offline */
 
 static struct fsc_cache *cache;
 
@@ -60,6 +61,7 @@ static struct fsc_cache *cache;
 
 struct handle {
   struct fsc_object *obj;
+  uint64_t size;                /* the export's size, fixed at .prepare */
   struct fsc_readahead *ra;     /* NULL if fscache-readahead=0 */
   struct upstream upstream;     /* this connection's upstream, gated */
   struct fsc_upstream up;       /* the same, for core/ */
@@ -191,6 +193,15 @@ fscache_config (nbdkit_next_config *next, nbdkit_backend *nxdata,
       return -1;
     }
     readahead = r;
+    return 0;
+  }
+  if (strcmp (k, "fscache-offline") == 0) {
+    int r = nbdkit_parse_bool (value);
+    if (r == -1) {
+      nbdkit_error ("fscache-offline=%s: not a boolean", value);
+      return -1;
+    }
+    offline = r;
     return 0;
   }
   if (strcmp (k, "fscache-stats") == 0) {
@@ -355,27 +366,41 @@ fscache_cleanup (nbdkit_backend *nxdata)
   "fscache-validate=sample|size|none       Coherency check at open.\n" \
   "fscache-verify=BOOL        Verify checksums of hits (default true).\n" \
   "fscache-readahead=SIZE     Sequential readahead window (default 4M, 0 off).\n" \
+  "fscache-offline=BOOL       Serve the cached copy read-only when the\n" \
+  "                           upstream cannot be opened (default false).\n" \
   "fscache-stats=FILE         Write counters to FILE."
 
 /*----------------------------------------------------------------------
  * Connections.
  */
 
+/* The upstream context is ours, not nbdkit's (upstream.h says why):
+ * opened here, prepared in .prepare, finalized in .finalize, closed in
+ * .close, each through the connection's gate.  nbdkit therefore passes
+ * NEXT == NULL to every callback, which use h->upstream instead.
+ */
 static void *
 fscache_open (nbdkit_next_open *next, nbdkit_context *nxdata,
               int readonly, const char *exportname, int is_tls)
 {
-  if (next (nxdata, readonly, exportname) == -1)
-    return NULL;
   struct handle *h = calloc (1, sizeof *h);
   if (h == NULL || (h->exportname = strdup (exportname)) == NULL) {
     nbdkit_error ("calloc: %m");
     free (h);
     return NULL;
   }
-  upstream_init (&h->upstream);
   h->up.pread = upstream_fsc_pread;
   h->up.opaque = &h->upstream;
+  if (upstream_open (&h->upstream, nxdata, readonly, exportname) == -1 &&
+      !offline) {
+    nbdkit_error ("fscache: export \"%s\": cannot open the upstream "
+                  "(fscache-offline=true would serve what is cached)",
+                  exportname);
+    upstream_close (&h->upstream);
+    free (h->exportname);
+    free (h);
+    return NULL;
+  }
   return h;
 }
 
@@ -387,7 +412,7 @@ fscache_close (void *handle)
   fsc_readahead_free (h->ra);
   if (h->obj)
     fsc_object_close (h->obj);
-  upstream_fini (&h->upstream);
+  upstream_close (&h->upstream);
   free (h->exportname);
   free (h);
 }
@@ -456,7 +481,8 @@ static void log_notices (struct handle *h);
 static int
 start_readahead (struct handle *h)
 {
-  if (readahead == 0 || fsc_object_state (h->obj) != FSC_OBJ_AVAILABLE)
+  if (readahead == 0 || fsc_object_state (h->obj) != FSC_OBJ_AVAILABLE ||
+      !upstream_available (&h->upstream))
     return 0;
   h->ra = fsc_readahead_new (h->obj, readahead, upstream_max_background (),
                             &h->up);
@@ -464,6 +490,47 @@ start_readahead (struct handle *h)
     nbdkit_error ("fscache: readahead: %m");
     return -1;
   }
+  return 0;
+}
+
+/* The upstream could not be opened and fscache-offline is set: serve
+ * the recorded copy read-only, as it was last validated, if there is
+ * one that passes every check but the fingerprint.
+ */
+static int
+prepare_offline (struct handle *h, struct fsc_object_params *p)
+{
+  uint64_t size;
+  if (fsc_object_peek_size (cache, p->key, p->key_len, block_size,
+                            &size) == -1) {
+    nbdkit_error ("fscache: export \"%s\": upstream unavailable, and no "
+                  "cached copy to serve (%m)", h->exportname);
+    return -1;
+  }
+  p->size = size;
+  p->offline = true;
+  struct fsc_open_info info = { .shared = true };
+  h->obj = fsc_object_get (cache, p);
+  if (h->obj == NULL &&
+      fsc_object_open (cache, p, &h->obj, &info) == -1) {
+    nbdkit_error ("fscache: opening the cache object: %m");
+    return -1;
+  }
+  if (fsc_object_state (h->obj) != FSC_OBJ_AVAILABLE) {
+    nbdkit_error ("fscache: export \"%s\": upstream unavailable, and the "
+                  "cached copy cannot be served (%s)", h->exportname,
+                  info.busy ? "another process holds it" :
+                  info.reason != FSC_OK ? fsc_reason_name (info.reason) :
+                  "withdrawn");
+    fsc_object_close (h->obj);
+    h->obj = NULL;
+    return -1;
+  }
+  h->size = size;
+  nbdkit_error ("fscache: warning: export \"%s\": upstream unavailable; "
+                "serving the cached copy read-only, as last validated "
+                "(%" PRIu64 " blocks cached; reads of the rest fail with "
+                "EIO)", h->exportname, fsc_object_present_blocks (h->obj));
   return 0;
 }
 
@@ -477,15 +544,21 @@ fscache_prepare (nbdkit_next *next, void *handle, int readonly)
     nbdkit_error ("malloc: %m");
     return -1;
   }
-  upstream_bind (&h->upstream, next);
-  int64_t size = upstream_get_size (&h->upstream);
-  if (size == -1)
+  if (upstream_prepare (&h->upstream) == -1)
     return -1;
 
   struct fsc_object_params p = {
-    .key = k, .key_len = klen, .block_size = block_size, .size = size,
+    .key = k, .key_len = klen, .block_size = block_size,
     .verify = verify, .validate = validate, .generation = generation,
   };
+  if (!upstream_available (&h->upstream))
+    return prepare_offline (h, &p);
+
+  int64_t size = upstream_get_size (&h->upstream);
+  if (size == -1)
+    return -1;
+  h->size = p.size = size;
+
   /* Another connection has the object open: it was validated then. */
   h->obj = fsc_object_get (cache, &p);
   if (h->obj)
@@ -531,7 +604,7 @@ fscache_finalize (nbdkit_next *next, void *handle)
 {
   struct handle *h = handle;
   if (h->obj == NULL)
-    return 0;
+    return upstream_finalize (&h->upstream);
   /* Readahead threads use this connection's upstream: stop them first. */
   fsc_readahead_free (h->ra);
   h->ra = NULL;
@@ -551,7 +624,7 @@ fscache_finalize (nbdkit_next *next, void *handle)
   fsc_object_close (h->obj);
   h->obj = NULL;
   write_stats ();
-  return 0;
+  return upstream_finalize (&h->upstream);
 }
 
 /*----------------------------------------------------------------------
@@ -672,6 +745,70 @@ fscache_flush (nbdkit_next *next, void *handle, uint32_t flags, int *err)
   return 0;
 }
 
+/* The queries: the upstream's answers (gated), or the read-only answers
+ * of a connection without upstream (upstream.h).
+ */
+static int64_t
+fscache_get_size (nbdkit_next *next, void *handle)
+{
+  struct handle *h = handle;
+  return h->size;
+}
+
+static const char *
+fscache_export_description (nbdkit_next *next, void *handle)
+{
+  struct handle *h = handle;
+  return upstream_export_description (&h->upstream);
+}
+
+static int
+fscache_block_size (nbdkit_next *next, void *handle, uint32_t *minimum,
+                    uint32_t *preferred, uint32_t *maximum)
+{
+  struct handle *h = handle;
+  return upstream_block_size (&h->upstream, minimum, preferred, maximum);
+}
+
+#define QUERY(name)                                                     \
+  static int                                                            \
+  fscache_##name (nbdkit_next *next, void *handle)                      \
+  {                                                                     \
+    struct handle *h = handle;                                          \
+    return upstream_##name (&h->upstream);                              \
+  }
+QUERY (can_write)
+QUERY (can_flush)
+QUERY (is_rotational)
+QUERY (can_trim)
+QUERY (can_zero)
+QUERY (can_fast_zero)
+QUERY (can_extents)
+QUERY (can_fua)
+QUERY (can_multi_conn)
+
+static int
+fscache_preconnect (nbdkit_next_preconnect *next, nbdkit_backend *nxdata,
+                    int readonly)
+{
+  return upstream_preconnect (next, nxdata, readonly);
+}
+
+static int
+fscache_list_exports (nbdkit_next_list_exports *next, nbdkit_backend *nxdata,
+                      int readonly, int is_tls,
+                      struct nbdkit_exports *exports)
+{
+  return upstream_list_exports (next, nxdata, readonly, exports);
+}
+
+static const char *
+fscache_default_export (nbdkit_next_default_export *next,
+                        nbdkit_backend *nxdata, int readonly, int is_tls)
+{
+  return upstream_default_export (next, nxdata, readonly);
+}
+
 /* Extents pass through, but gated like every other upstream call. */
 static int
 fscache_extents (nbdkit_next *next, void *handle, uint32_t count,
@@ -699,10 +836,25 @@ static struct nbdkit_filter filter = {
   .get_ready = fscache_get_ready,
   .after_fork = fscache_after_fork,
   .cleanup = fscache_cleanup,
+  .preconnect = fscache_preconnect,
+  .list_exports = fscache_list_exports,
+  .default_export = fscache_default_export,
   .open = fscache_open,
   .close = fscache_close,
   .prepare = fscache_prepare,
   .finalize = fscache_finalize,
+  .get_size = fscache_get_size,
+  .export_description = fscache_export_description,
+  .block_size = fscache_block_size,
+  .can_write = fscache_can_write,
+  .can_flush = fscache_can_flush,
+  .is_rotational = fscache_is_rotational,
+  .can_trim = fscache_can_trim,
+  .can_zero = fscache_can_zero,
+  .can_fast_zero = fscache_can_fast_zero,
+  .can_extents = fscache_can_extents,
+  .can_fua = fscache_can_fua,
+  .can_multi_conn = fscache_can_multi_conn,
   .can_cache = fscache_can_cache,
   .pread = fscache_pread,
   .pwrite = fscache_pwrite,

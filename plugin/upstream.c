@@ -1,6 +1,7 @@
 /* nbdkit-fscache-filter: gated calls to the upstream.  See upstream.h
- * for the design: which gate each thread model needs, and why a gate
- * is held across one upstream call and nothing else.
+ * for the design: which gate each thread model needs, why a gate is
+ * held across one upstream call and nothing else, and what a
+ * connection without an upstream answers.
  */
 #include <config.h>
 
@@ -10,7 +11,9 @@
 #include "readahead.h"
 #include "upstream.h"
 
-/* Set once in .get_ready, before any connection; read-only after. */
+/* Set once in .get_ready, before any connection; read-only after.
+ * Until then, the most careful model.
+ */
 static int thread_model = NBDKIT_THREAD_MODEL_SERIALIZE_CONNECTIONS;
 
 /* The gate of serialize_all_requests and serialize_connections. */
@@ -43,32 +46,6 @@ upstream_max_background (void)
   return thread_model >= NBDKIT_THREAD_MODEL_PARALLEL ? FSC_RA_THREADS : 1;
 }
 
-void
-upstream_init (struct upstream *u)
-{
-  u->next = NULL;
-  pthread_mutex_init (&u->own, NULL);
-  if (thread_model >= NBDKIT_THREAD_MODEL_PARALLEL)
-    u->gate = NULL;
-  else if (thread_model == NBDKIT_THREAD_MODEL_SERIALIZE_REQUESTS)
-    u->gate = &u->own;
-  else
-    u->gate = &server_gate;
-}
-
-void
-upstream_fini (struct upstream *u)
-{
-  pthread_mutex_destroy (&u->own);
-  u->next = NULL;
-}
-
-void
-upstream_bind (struct upstream *u, nbdkit_next *next)
-{
-  u->next = next;
-}
-
 static inline void
 gate_release (pthread_mutex_t **gate)
 {
@@ -76,17 +53,99 @@ gate_release (pthread_mutex_t **gate)
     pthread_mutex_unlock (*gate);
 }
 
-/* Hold U's gate (if it has one) to the end of the enclosing scope. */
-#define GATED(u)                                                        \
+/* Hold GATE (if not NULL) to the end of the enclosing scope. */
+#define HOLD(gate)                                                      \
   pthread_mutex_t *gate_held_ __attribute__ ((cleanup (gate_release))) = \
-    (u)->gate;                                                          \
+    (gate);                                                             \
   if (gate_held_)                                                       \
     pthread_mutex_lock (gate_held_)
+
+/* U's gate, for calls on its context. */
+#define GATED(u) HOLD ((u)->gate)
+
+/* The server's gate, for server-wide calls under the models that
+ * need it.
+ */
+#define SERVER_GATED()                                                  \
+  HOLD (thread_model <= NBDKIT_THREAD_MODEL_SERIALIZE_ALL_REQUESTS ?    \
+        &server_gate : NULL)
+
+int
+upstream_open (struct upstream *u, nbdkit_context *context, int readonly,
+               const char *exportname)
+{
+  u->next = NULL;
+  u->prepared = false;
+  u->offline_said = false;
+  pthread_mutex_init (&u->own, NULL);
+  if (thread_model >= NBDKIT_THREAD_MODEL_PARALLEL)
+    u->gate = NULL;
+  else if (thread_model == NBDKIT_THREAD_MODEL_SERIALIZE_REQUESTS)
+    u->gate = &u->own;
+  else
+    u->gate = &server_gate;
+
+  GATED (u);
+  u->next = nbdkit_next_context_open (nbdkit_context_get_backend (context),
+                                      readonly, exportname, false);
+  return u->next ? 0 : -1;
+}
+
+int
+upstream_prepare (struct upstream *u)
+{
+  if (u->next == NULL)
+    return 0;
+  GATED (u);
+  if (u->next->prepare (u->next) == -1)
+    return -1;
+  u->prepared = true;
+  return 0;
+}
+
+int
+upstream_finalize (struct upstream *u)
+{
+  if (u->next == NULL || !u->prepared)
+    return 0;
+  GATED (u);
+  u->prepared = false;
+  return u->next->finalize (u->next);
+}
+
+void
+upstream_close (struct upstream *u)
+{
+  upstream_finalize (u);
+  if (u->next) {
+    GATED (u);
+    nbdkit_next_context_close (u->next);
+    u->next = NULL;
+  }
+  pthread_mutex_destroy (&u->own);
+}
+
+/* Without an upstream a data call fails with EIO, said once per
+ * connection (a client retrying would flood the log otherwise).
+ */
+static int
+no_upstream (struct upstream *u, int *err)
+{
+  if (!u->offline_said) {
+    u->offline_said = true;
+    nbdkit_error ("fscache: upstream unavailable: data that is not cached "
+                  "cannot be read, and nothing can be written (EIO)");
+  }
+  *err = EIO;
+  return -1;
+}
 
 int
 upstream_pread (struct upstream *u, void *buf, uint32_t count,
                 uint64_t offset, uint32_t flags, int *err)
 {
+  if (u->next == NULL)
+    return no_upstream (u, err);
   GATED (u);
   return u->next->pread (u->next, buf, count, offset, flags, err);
 }
@@ -95,6 +154,8 @@ int
 upstream_pwrite (struct upstream *u, const void *buf, uint32_t count,
                  uint64_t offset, uint32_t flags, int *err)
 {
+  if (u->next == NULL)
+    return no_upstream (u, err);
   GATED (u);
   return u->next->pwrite (u->next, buf, count, offset, flags, err);
 }
@@ -103,6 +164,8 @@ int
 upstream_zero (struct upstream *u, uint32_t count, uint64_t offset,
                uint32_t flags, int *err)
 {
+  if (u->next == NULL)
+    return no_upstream (u, err);
   GATED (u);
   return u->next->zero (u->next, count, offset, flags, err);
 }
@@ -111,6 +174,8 @@ int
 upstream_trim (struct upstream *u, uint32_t count, uint64_t offset,
                uint32_t flags, int *err)
 {
+  if (u->next == NULL)
+    return no_upstream (u, err);
   GATED (u);
   return u->next->trim (u->next, count, offset, flags, err);
 }
@@ -118,6 +183,8 @@ upstream_trim (struct upstream *u, uint32_t count, uint64_t offset,
 int
 upstream_flush (struct upstream *u, uint32_t flags, int *err)
 {
+  if (u->next == NULL)
+    return no_upstream (u, err);
   GATED (u);
   return u->next->flush (u->next, flags, err);
 }
@@ -126,6 +193,8 @@ int
 upstream_extents (struct upstream *u, uint32_t count, uint64_t offset,
                   uint32_t flags, struct nbdkit_extents *extents, int *err)
 {
+  if (u->next == NULL)
+    return no_upstream (u, err);
   GATED (u);
   return u->next->extents (u->next, count, offset, flags, extents, err);
 }
@@ -133,8 +202,77 @@ upstream_extents (struct upstream *u, uint32_t count, uint64_t offset,
 int64_t
 upstream_get_size (struct upstream *u)
 {
+  if (u->next == NULL) {
+    errno = ENOTCONN;
+    return -1;
+  }
   GATED (u);
   return u->next->get_size (u->next);
+}
+
+const char *
+upstream_export_description (struct upstream *u)
+{
+  if (u->next == NULL)
+    return NULL;
+  GATED (u);
+  return u->next->export_description (u->next);
+}
+
+int
+upstream_block_size (struct upstream *u, uint32_t *minimum,
+                     uint32_t *preferred, uint32_t *maximum)
+{
+  if (u->next == NULL) {
+    *minimum = *preferred = *maximum = 0;
+    return 0;
+  }
+  GATED (u);
+  return u->next->block_size (u->next, minimum, preferred, maximum);
+}
+
+/* The can_* queries: passed on gated, or the answer without upstream. */
+#define QUERY(name, offline)                                            \
+  int                                                                   \
+  upstream_##name (struct upstream *u)                                  \
+  {                                                                     \
+    if (u->next == NULL)                                                \
+      return (offline);                                                 \
+    GATED (u);                                                          \
+    return u->next->name (u->next);                                     \
+  }
+QUERY (can_write, 0)
+QUERY (can_flush, 0)
+QUERY (is_rotational, 0)
+QUERY (can_trim, 0)
+QUERY (can_zero, NBDKIT_ZERO_NONE)
+QUERY (can_fast_zero, 0)
+QUERY (can_extents, 0)
+QUERY (can_fua, NBDKIT_FUA_NONE)
+QUERY (can_multi_conn, 1)       /* read-only from one cache: consistent */
+
+int
+upstream_preconnect (nbdkit_next_preconnect *next, nbdkit_backend *nxdata,
+                     int readonly)
+{
+  SERVER_GATED ();
+  return next (nxdata, readonly);
+}
+
+int
+upstream_list_exports (nbdkit_next_list_exports *next, nbdkit_backend *nxdata,
+                       int readonly, struct nbdkit_exports *exports)
+{
+  SERVER_GATED ();
+  return next (nxdata, readonly, exports);
+}
+
+const char *
+upstream_default_export (nbdkit_next_default_export *next,
+                         nbdkit_backend *nxdata, int readonly)
+{
+  SERVER_GATED ();
+  return next (nxdata, readonly);
 }
 
 int

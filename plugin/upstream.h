@@ -1,36 +1,49 @@
-/* nbdkit-fscache-filter: every call the filter makes to its upstream
- * (the plugin and the filters below it) goes through here, so that no
- * call ever overlaps another one that the upstream's thread model
- * forbids.
+/* nbdkit-fscache-filter: the filter's only way to its upstream (the
+ * plugin and the filters below it).  Two jobs:
  *
- * nbdkit serialises only the requests it dispatches itself.  The
- * filter also calls upstream from its own threads (readahead) and from
- * client requests that arrive on other connections, so it must keep
- * the upstream's promise itself.  nbdkit 1.32 tells a filter the
- * server's final thread model in .get_ready (the most serial of all
- * layers' models, so it is never less strict than the plugin's):
+ * 1. No upstream call ever overlaps another one that the upstream's
+ *    thread model forbids.  nbdkit serialises only the requests it
+ *    dispatches itself; the filter also calls upstream from its own
+ *    threads (readahead) and while other connections' threads do, so
+ *    it must keep the upstream's promise itself.  nbdkit 1.32 tells a
+ *    filter the server's final thread model in .get_ready (the most
+ *    serial of all layers' models, never less strict than the
+ *    plugin's), and each model gets its gate:
  *
- *   parallel                no gate: any call at any time.
- *   serialize_requests      one gate per connection (its nbdkit_next):
- *                           one call at a time on that connection,
- *                           connections run in parallel.
- *   serialize_all_requests  one gate for the whole server.
- *   serialize_connections   the same (only one connection exists at a
- *                           time anyway).
+ *      parallel                no gate: any call at any time.
+ *      serialize_requests      one gate per connection: one call at a
+ *                              time on it, connections in parallel.
+ *      serialize_all_requests  one gate for the whole server.
+ *      serialize_connections   the same (one connection at a time
+ *                              exists anyway).
  *
- * A gate is a mutex held across exactly one upstream call and nothing
- * else, so it never nests, is never held while waiting for anything of
- * the cache (a fetch in flight, a commit), and a thread that holds it
- * only waits for the upstream.  Hits take no gate.
+ *    Every call goes through a gate: the plugin's open, prepare,
+ *    finalize and close, the size and can_* queries, every data call,
+ *    and (for the server-wide models) list_exports, default_export and
+ *    preconnect.  So that open and close can be gated too, the filter
+ *    manages the upstream context itself (nbdkit_next_context_open,
+ *    not the next_open of .open), which nbdkit 1.32 allows.
  *
- * Lifetime: an upstream is bound to one connection's nbdkit_next, from
- * .prepare to .finalize; background users (readahead) are stopped
- * before .finalize lets it go, so a closed connection is never used.
+ *    A gate is a mutex held across exactly one upstream call and
+ *    nothing else: it never nests, is never held while waiting for the
+ *    cache (a fetch in flight, a commit), and a thread holding it waits
+ *    only for the upstream.  Hits take no gate.
+ *
+ * 2. A connection may have no upstream at all: its open failed (an
+ *    outage) and fscache-offline lets it be served from the cache.
+ *    Then every query has a fixed read-only answer and every data call
+ *    fails with EIO.
+ *
+ * Lifetime: an upstream belongs to one connection, from .open to
+ * .close.  Background users (readahead) are stopped in .finalize,
+ * before the upstream is finalized, so a closed connection is never
+ * used.
  */
 #ifndef FSC_PLUGIN_UPSTREAM_H
 #define FSC_PLUGIN_UPSTREAM_H
 
 #include <pthread.h>
+#include <stdbool.h>
 #include <stdint.h>
 
 #ifndef NBDKIT_API_VERSION
@@ -39,8 +52,10 @@
 #include <nbdkit-filter.h>
 
 struct upstream {
-  nbdkit_next *next;
-  pthread_mutex_t *gate;        /* NULL (parallel), &own or the global */
+  nbdkit_next *next;            /* NULL: none (offline, or closed) */
+  bool prepared;                /* next->prepare done, not finalized */
+  bool offline_said;            /* the first offline miss was logged */
+  pthread_mutex_t *gate;        /* NULL (parallel), &own or the server's */
   pthread_mutex_t own;          /* this connection's gate */
 };
 
@@ -56,16 +71,31 @@ extern const char *upstream_thread_model_name (void);
  */
 extern unsigned upstream_max_background (void);
 
-/* Set U up for a new connection, choosing its gate (.open);
- * upstream_fini undoes it (.close).
+/* .open: set U up and open the upstream context for EXPORTNAME through
+ * CONTEXT's backend.  Returns 0, or -1 if the upstream's open failed
+ * (it logged why); U is usable (without upstream) either way and must
+ * be released with upstream_close.
  */
-extern void upstream_init (struct upstream *u);
-extern void upstream_fini (struct upstream *u);
+extern int upstream_open (struct upstream *u, nbdkit_context *context,
+                          int readonly, const char *exportname);
 
-/* The connection's nbdkit_next, valid from .prepare to .finalize. */
-extern void upstream_bind (struct upstream *u, nbdkit_next *next);
+/* .prepare and .finalize of the upstream context (no-ops without one). */
+extern int upstream_prepare (struct upstream *u);
+extern int upstream_finalize (struct upstream *u);
 
-/* The data calls, gated.  Same contracts as nbdkit_next's. */
+/* .close: finalize if needed, close the context, free U's gate. */
+extern void upstream_close (struct upstream *u);
+
+/* True if U has an upstream. */
+static inline bool
+upstream_available (const struct upstream *u)
+{
+  return u->next != NULL;
+}
+
+/* The data calls, gated.  Same contracts as nbdkit_next's; without an
+ * upstream they fail with EIO.
+ */
 extern int upstream_pread (struct upstream *u, void *buf, uint32_t count,
                            uint64_t offset, uint32_t flags, int *err);
 extern int upstream_pwrite (struct upstream *u, const void *buf,
@@ -79,7 +109,34 @@ extern int upstream_flush (struct upstream *u, uint32_t flags, int *err);
 extern int upstream_extents (struct upstream *u, uint32_t count,
                              uint64_t offset, uint32_t flags,
                              struct nbdkit_extents *extents, int *err);
+
+/* The queries, gated.  Without an upstream: get_size fails (-1,
+ * ENOTCONN), export_description is NULL, block_size has no
+ * constraints, and the can_* say read-only, nothing else supported.
+ */
 extern int64_t upstream_get_size (struct upstream *u);
+extern const char *upstream_export_description (struct upstream *u);
+extern int upstream_block_size (struct upstream *u, uint32_t *minimum,
+                                uint32_t *preferred, uint32_t *maximum);
+extern int upstream_can_write (struct upstream *u);
+extern int upstream_can_flush (struct upstream *u);
+extern int upstream_is_rotational (struct upstream *u);
+extern int upstream_can_trim (struct upstream *u);
+extern int upstream_can_zero (struct upstream *u);
+extern int upstream_can_fast_zero (struct upstream *u);
+extern int upstream_can_extents (struct upstream *u);
+extern int upstream_can_fua (struct upstream *u);
+extern int upstream_can_multi_conn (struct upstream *u);
+
+/* The server-wide callbacks, gated for the server-wide models. */
+extern int upstream_preconnect (nbdkit_next_preconnect *next,
+                                nbdkit_backend *nxdata, int readonly);
+extern int upstream_list_exports (nbdkit_next_list_exports *next,
+                                  nbdkit_backend *nxdata, int readonly,
+                                  struct nbdkit_exports *exports);
+extern const char *upstream_default_export (nbdkit_next_default_export *next,
+                                            nbdkit_backend *nxdata,
+                                            int readonly);
 
 /* For libfscache (struct fsc_upstream): OPAQUE is a struct upstream. */
 extern int upstream_fsc_pread (void *opaque, void *buf, uint32_t count,

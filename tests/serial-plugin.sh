@@ -53,9 +53,11 @@ case "$method" in
   thread_model)
     echo "$model" ;;
   open)
+    # A new connection has no lock of its own yet: only the server's.
+    [ "$model" = serialize_requests ] || lock all
     mktemp -d "$dir/conn-XXXXXX" ;;
   close)
-    ;;
+    lock "$(scope "$2")" ;;
   get_size)
     lock "$(scope "$2")"
     stat -L -c %s "$img" ;;

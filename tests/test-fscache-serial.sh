@@ -18,6 +18,7 @@ source "${top_srcdir:-$(dirname "$0")/..}/tests/functions.sh"
 
 requires nbdkit --version
 requires nbdcopy --version
+requires nbdinfo --version
 requires flock --version
 requires nbdkit sh --dump-plugin
 requires nbdkit --filter="$FILTER" null --dump-plugin
@@ -133,13 +134,16 @@ for model in serialize_requests serialize_all_requests; do
   uri="nbd+unix:///?socket=$TMP/px.sock"
   py="$PYTHON $TMP/client.py '$uri' '$TMP/upstream.img'"
 
-  # Reads: 4-connection copy, a sequential reader, a CACHE client and a
-  # second sequential reader, all at once; then a qemu-img compare.
+  # Reads: 4-connection copy, a sequential reader, a CACHE client, a
+  # second sequential reader and connections opening and closing (the
+  # plugin's open, get_size, can_* and close), all at once; then a
+  # qemu-img compare.
   if ! run_all \
       "nbdcopy --connections=4 '$uri' '$TMP/copy1.img'" \
       "$py seqread 1" \
       "$py cache 2" \
-      "$py seqread 3"; then
+      "$py seqread 3" \
+      "for i in \$(seq 12); do nbdinfo --size '$uri' >/dev/null || exit 1; done"; then
     check_overlaps "$model, reads"
     fail "$model: a client failed during the parallel reads"
   fi
