@@ -125,6 +125,37 @@ upstream_close (struct upstream *u)
   pthread_mutex_destroy (&u->own);
 }
 
+/* What the client hears of a failed upstream data call.  The request
+ * was valid (nbdkit checked it), so only errors that mean something
+ * about the data itself pass: no space, read-only, not permitted, not
+ * supported, no memory, shutting down.  Everything else, above all the
+ * EINVAL, ENOTCONN or EPIPE of a dead connection (which nbdkit would
+ * send as EINVAL, "your request was invalid"), is an I/O error.
+ */
+static int
+data_error (int *err)
+{
+  switch (*err) {
+  case EPERM: case EROFS: case ENOSPC: case EDQUOT: case EFBIG:
+  case ENOMEM: case ENOTSUP: case EOVERFLOW: case ESHUTDOWN:
+    break;
+  default:
+    *err = EIO;
+  }
+  return -1;
+}
+
+/* A data call on U's context, gated, with its error mapped. */
+#define DATA_CALL(u, err, call)                                         \
+  do {                                                                  \
+    if ((u)->next == NULL)                                              \
+      return no_upstream ((u), (err));                                  \
+    GATED (u);                                                          \
+    if ((call) == -1)                                                   \
+      return data_error (err);                                          \
+    return 0;                                                           \
+  } while (0)
+
 /* Without an upstream a data call fails with EIO, said once per
  * connection (a client retrying would flood the log otherwise).
  */
@@ -144,59 +175,41 @@ int
 upstream_pread (struct upstream *u, void *buf, uint32_t count,
                 uint64_t offset, uint32_t flags, int *err)
 {
-  if (u->next == NULL)
-    return no_upstream (u, err);
-  GATED (u);
-  return u->next->pread (u->next, buf, count, offset, flags, err);
+  DATA_CALL (u, err, u->next->pread (u->next, buf, count, offset, flags, err));
 }
 
 int
 upstream_pwrite (struct upstream *u, const void *buf, uint32_t count,
                  uint64_t offset, uint32_t flags, int *err)
 {
-  if (u->next == NULL)
-    return no_upstream (u, err);
-  GATED (u);
-  return u->next->pwrite (u->next, buf, count, offset, flags, err);
+  DATA_CALL (u, err, u->next->pwrite (u->next, buf, count, offset, flags, err));
 }
 
 int
 upstream_zero (struct upstream *u, uint32_t count, uint64_t offset,
                uint32_t flags, int *err)
 {
-  if (u->next == NULL)
-    return no_upstream (u, err);
-  GATED (u);
-  return u->next->zero (u->next, count, offset, flags, err);
+  DATA_CALL (u, err, u->next->zero (u->next, count, offset, flags, err));
 }
 
 int
 upstream_trim (struct upstream *u, uint32_t count, uint64_t offset,
                uint32_t flags, int *err)
 {
-  if (u->next == NULL)
-    return no_upstream (u, err);
-  GATED (u);
-  return u->next->trim (u->next, count, offset, flags, err);
+  DATA_CALL (u, err, u->next->trim (u->next, count, offset, flags, err));
 }
 
 int
 upstream_flush (struct upstream *u, uint32_t flags, int *err)
 {
-  if (u->next == NULL)
-    return no_upstream (u, err);
-  GATED (u);
-  return u->next->flush (u->next, flags, err);
+  DATA_CALL (u, err, u->next->flush (u->next, flags, err));
 }
 
 int
 upstream_extents (struct upstream *u, uint32_t count, uint64_t offset,
                   uint32_t flags, struct nbdkit_extents *extents, int *err)
 {
-  if (u->next == NULL)
-    return no_upstream (u, err);
-  GATED (u);
-  return u->next->extents (u->next, count, offset, flags, extents, err);
+  DATA_CALL (u, err, u->next->extents (u->next, count, offset, flags, extents, err));
 }
 
 int64_t
