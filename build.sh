@@ -15,6 +15,11 @@ packages=(
   build-essential autoconf automake libtool pkg-config
   nbdkit nbdkit-plugin-dev libnbd-dev libnbd-bin libev-dev uuid-dev
   libxxhash-dev fio qemu-utils python3-libnbd
+  # The real upstreams and clients of the integration tests.
+  nginx-light openssh-server openssh-client nbd-server socat
+  # The kernel nbd-client test: a guest kernel under qemu TCG.
+  qemu-system-x86 linux-image-amd64 busybox-static nbd-client cpio
+  e2fsprogs kmod
 )
 
 install_deps () {

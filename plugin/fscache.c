@@ -25,6 +25,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #define NBDKIT_API_VERSION 2
@@ -62,6 +63,8 @@ static struct fsc_cache *cache;
 struct handle {
   struct fsc_object *obj;
   uint64_t size;                /* the export's size, fixed at .prepare */
+  time_t err_said;              /* last upstream failure logged (atomic) */
+  unsigned err_unsaid;          /* failures since, not logged (atomic) */
   struct fsc_readahead *ra;     /* NULL if fscache-readahead=0 */
   struct upstream upstream;     /* this connection's upstream, gated */
   struct fsc_upstream up;       /* the same, for core/ */
@@ -646,6 +649,31 @@ log_notices (struct handle *h)
                   "not caching new blocks for a while", h->exportname);
 }
 
+/* Say that an upstream call failed: at most one line a second per
+ * connection, counting the rest (an outage would flood the log).
+ */
+static void
+log_upstream_error (struct handle *h, const char *what, uint64_t offset,
+                    uint32_t count, int err)
+{
+  time_t now = time (NULL);
+  time_t last = __atomic_load_n (&h->err_said, __ATOMIC_RELAXED);
+  if (now == last ||
+      !__atomic_compare_exchange_n (&h->err_said, &last, now, false,
+                                    __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+    __atomic_add_fetch (&h->err_unsaid, 1, __ATOMIC_RELAXED);
+    return;
+  }
+  unsigned unsaid = __atomic_exchange_n (&h->err_unsaid, 0, __ATOMIC_RELAXED);
+  char more[64] = "";
+  if (unsaid)
+    snprintf (more, sizeof more, " (and %u more since the last message)",
+              unsaid);
+  nbdkit_error ("fscache: export \"%s\": upstream %s at %" PRIu64 "+%" PRIu32
+                " failed: %s%s", h->exportname, what, offset, count,
+                strerror (err), more);
+}
+
 static int
 fscache_can_cache (nbdkit_next *next, void *handle)
 {
@@ -661,8 +689,10 @@ fscache_pread (nbdkit_next *next, void *handle, void *buf, uint32_t count,
   int r = fsc_object_read (h->obj, buf, count, offset, &h->up);
   *err = errno;
   log_notices (h);
-  if (r == -1)
+  if (r == -1) {
+    log_upstream_error (h, "read", offset, count, *err);
     return -1;
+  }
   fsc_readahead_observe (h->ra, offset, count);
   return 0;
 }
@@ -675,6 +705,8 @@ fscache_cache (nbdkit_next *next, void *handle, uint32_t count,
   int r = fsc_object_prefetch (h->obj, offset, count, &h->up);
   *err = errno;
   log_notices (h);
+  if (r == -1)
+    log_upstream_error (h, "read (cache)", offset, count, *err);
   return r;
 }
 
@@ -693,6 +725,8 @@ fscache_pwrite (nbdkit_next *next, void *handle, const void *buf,
   int r = upstream_pwrite (&h->upstream, buf, count, offset, flags, err);
   fsc_object_write_end (h->obj, &w, buf, r == 0);
   log_notices (h);
+  if (r == -1)
+    log_upstream_error (h, "write", offset, count, *err);
   return r;
 }
 
@@ -716,6 +750,8 @@ drop_then (struct handle *h, upstream_range_op *op,
   int r = op (&h->upstream, count, offset, flags, err);
   fsc_object_write_end (h->obj, &w, NULL, r == 0);
   log_notices (h);
+  if (r == -1)
+    log_upstream_error (h, what, offset, count, *err);
   return r;
 }
 
