@@ -15,6 +15,9 @@
 #  5. The upstream is back: a new connection is served, the data is
 #     identical to the image, and the cache is still warm: only the
 #     part never cached (plus the coherency sample) is read upstream.
+#  6. With nbdkit's retry filter after this one, a connection that was
+#     open during an outage recovers: a miss waits while the upstream
+#     is down and returns the image's bytes once it is back.
 #
 # Truth: the image file (cmp and per-read comparison in python), the
 # upstream's request log (nbdkit --filter=log), errno of failed reads.
@@ -220,4 +223,28 @@ echo "5: upstream back: $got bytes read upstream for a full read" \
   fail "after the outage $got bytes were read upstream: the warm half" \
        "($warm bytes) was not kept"
 stop_nbdkit "$TMP/px.pid"
+
+# ---- 6. the retry filter reconnects an open connection ---------------
+requires nbdkit --filter=retry null --dump-plugin
+start_nbdkit -P "$TMP/px.pid" -U "$TMP/px.sock" -v --log=stderr \
+  --filter="$FILTER" --filter=retry nbd socket="$TMP/up.sock" \
+  fscache-dir="$TMP/cache6" fscache-key=outage retries=20 retry-delay=1 \
+  retry-exponential=no 2>"$TMP/px-retry.err"
+session c3
+ask c3 read 0 65536          # a fresh cache: only this block is cached
+kill9_nbdkit "$TMP/up.pid"
+# A miss now waits in the retry filter (its log says so), and returns
+# the right bytes once the upstream is back.
+echo "read $((size - 65536)) 65536" >&"$c3_fd"
+retrying () { grep -q 'retry 1' "$TMP/px-retry.err"; }
+wait_until retrying || fail "retry: the retry filter never retried"
+# (Without the client's FIFO: an upstream holding it open would keep
+# the client from ever seeing the end of its commands.)
+start_upstream {c3_fd}>&-
+wait_until lines_at_least "$TMP/c3.out" 2 || fail "retry: no answer"
+[ "$(sed -n 2p "$TMP/c3.out")" = ok ] ||
+  fail "retry: the read after the outage: $(cat "$TMP/c3.out")"
+end_session c3
+stop_nbdkit "$TMP/px.pid"
+echo "6: retry filter: the open connection recovered, read identical"
 echo "$0: OK"
