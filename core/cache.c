@@ -197,7 +197,7 @@ fsc_cache_open (const struct fsc_cache_config *config,
 
   if (read_header (c) == -1) {
     bool damaged = errno == EBADMSG;
-    if (errno != ENOENT && !damaged)
+    if ((errno != ENOENT && !damaged) || config->existing)
       goto err_close;
     if (write_header (c, damaged) == -1) {
       /* Another process created it first: use theirs. */
@@ -206,7 +206,8 @@ fsc_cache_open (const struct fsc_cache_config *config,
     }
   }
 
-  if (mkdirat (c->dirfd, "objects", 0700) == -1 && errno != EEXIST)
+  if (!config->existing &&
+      mkdirat (c->dirfd, "objects", 0700) == -1 && errno != EEXIST)
     goto err_close;
   c->objdirfd = openat (c->dirfd, "objects",
                         O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);

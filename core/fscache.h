@@ -47,9 +47,14 @@ struct fsc_cache_config {
   bool create;                  /* create it (mode 0700) if missing */
   const char *faults;           /* fault spec for tests (io.h), or NULL */
   unsigned commit_interval_ms;  /* background commit period; 0: 2000 */
+  bool existing;                /* only open an existing cache: a missing
+                                 * or damaged header is an error (ENOENT,
+                                 * EBADMSG), nothing is created or
+                                 * rewritten (tools, the daemon) */
 };
 
-/* Open (and with CONFIG->create, create) a cache directory.  The
+/* Open (and with CONFIG->create, create) a cache directory.  With
+ * CONFIG->existing, only a directory that already is a valid cache.  The
  * directory itself may be reached through a symlink (the
  * administrator's choice); everything inside is opened without
  * following any.  Refuses a directory that is not a directory
