@@ -18,11 +18,14 @@
  * dirty groups, and commits each object with pending changes.  Reads
  * therefore never wait for an fsync.
  *
- * One fill thread per cache writes what misses fetched into the cache
- * files, so that a miss is answered as soon as the upstream answers.
- * At most FILL_MAX_BYTES wait; past that, misses fill inline.  Both
- * threads run only between fsc_cache_start and fsc_cache_close (unit
- * tests run without them: fills are then synchronous).
+ * The fill thread (fill.c) starts and stops with it.  Both run only
+ * between fsc_cache_start and fsc_cache_close (unit tests run without
+ * them: fills are then synchronous).
+ *
+ * The committer reaches objects through four calls only
+ * (fsc_object_check_stale, fsc_object_has_dirty, fsc_object_commit,
+ * fsc_object_close); objects reach the cache through fsc_scratch,
+ * fsc_cache_kick and the fill queue.
  */
 #include <config.h>
 
@@ -41,7 +44,6 @@
 #include "internal.h"
 #include "utils.h"
 
-#define FILL_MAX_BYTES (16u << 20)      /* queued background fills */
 #define HDR_NAME "fscache.hdr"
 #define HDR_SIZE 512
 #define HDR_VERSION 1           /* saved on disk */
@@ -344,87 +346,9 @@ committer (void *arg)
   }
 }
 
-struct fsc_fill *
-fsc_fill_new (struct fsc_cache *c, size_t len)
-{
-  pthread_mutex_lock (&c->fill_lock);
-  bool ok = c->filler_running && !c->fill_stopping &&
-    c->fill_bytes + len <= FILL_MAX_BYTES;
-  if (ok)
-    c->fill_bytes += len;
-  pthread_mutex_unlock (&c->fill_lock);
-  if (!ok)
-    return NULL;
-  struct fsc_fill *f = malloc (sizeof *f + len);
-  if (f == NULL) {
-    pthread_mutex_lock (&c->fill_lock);
-    c->fill_bytes -= len;
-    pthread_mutex_unlock (&c->fill_lock);
-    return NULL;
-  }
-  f->next = NULL;
-  f->obj = NULL;
-  f->len = len;
-  return f;
-}
 
-void
-fsc_fill_free (struct fsc_cache *c, struct fsc_fill *f)
-{
-  pthread_mutex_lock (&c->fill_lock);
-  c->fill_bytes -= f->len;
-  pthread_mutex_unlock (&c->fill_lock);
-  free (f);
-}
 
-void
-fsc_fill_submit (struct fsc_cache *c, struct fsc_object *obj,
-                 struct fsc_fill *f)
-{
-  pthread_mutex_lock (&c->lock);
-  obj->refs++;
-  pthread_mutex_unlock (&c->lock);
-  pthread_mutex_lock (&obj->lock);
-  obj->pending_fills++;
-  pthread_mutex_unlock (&obj->lock);
-  f->obj = obj;
-  pthread_mutex_lock (&c->fill_lock);
-  f->next = NULL;
-  *c->fill_tail = f;
-  c->fill_tail = &f->next;
-  pthread_cond_signal (&c->fill_cond);
-  pthread_mutex_unlock (&c->fill_lock);
-}
 
-static void *
-filler (void *arg)
-{
-  struct fsc_cache *c = arg;
-
-  for (;;) {
-    pthread_mutex_lock (&c->fill_lock);
-    while (c->fill_head == NULL && !c->fill_stopping)
-      pthread_cond_wait (&c->fill_cond, &c->fill_lock);
-    struct fsc_fill *f = c->fill_head;
-    if (f) {
-      c->fill_head = f->next;
-      if (c->fill_head == NULL)
-        c->fill_tail = &c->fill_head;
-    }
-    pthread_mutex_unlock (&c->fill_lock);
-    if (f == NULL)              /* stopping, and the queue is empty */
-      return NULL;
-
-    struct fsc_object *o = f->obj;
-    fsc_fill_run (f);
-    pthread_mutex_lock (&o->lock);
-    o->pending_fills--;
-    pthread_cond_broadcast (&o->cond);
-    pthread_mutex_unlock (&o->lock);
-    fsc_object_close (o);
-    fsc_fill_free (c, f);
-  }
-}
 
 int
 fsc_cache_start (struct fsc_cache *cache)
@@ -438,11 +362,7 @@ fsc_cache_start (struct fsc_cache *cache)
     return -1;
   }
   cache->committer_running = true;
-  /* Without a fill thread fills are synchronous: not an error. */
-  pthread_mutex_lock (&cache->fill_lock);
-  if (pthread_create (&cache->filler, NULL, filler, cache) == 0)
-    cache->filler_running = true;
-  pthread_mutex_unlock (&cache->fill_lock);
+  fsc_fill_start (cache);
   return 0;
 }
 
@@ -453,13 +373,7 @@ fsc_cache_close (struct fsc_cache *cache)
     return;
 
   /* Finish the queued fills first: they hold object references. */
-  pthread_mutex_lock (&cache->fill_lock);
-  cache->fill_stopping = true;
-  pthread_cond_broadcast (&cache->fill_cond);
-  bool filling = cache->filler_running;
-  pthread_mutex_unlock (&cache->fill_lock);
-  if (filling)
-    pthread_join (cache->filler, NULL);
+  fsc_fill_stop (cache);
 
   pthread_mutex_lock (&cache->lock);
   cache->stopping = true;

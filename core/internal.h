@@ -1,4 +1,4 @@
-/* libfscache: structures shared by cache.c and object.c only.
+/* libfscache: what the files of core/ share, and nobody else.
  *
  * Locking, in the order they may be taken:
  *   cache->lock   the object list and the committer's state
@@ -17,6 +17,7 @@
 #include "fscache.h"
 #include "io.h"
 #include "keyenc.h"
+#include "utils.h"
 
 /* A fill handed to the cache's fill thread: N claimed blocks from
  * BLOCK of OBJ (a reference is held), their bytes in DATA.
@@ -131,22 +132,158 @@ extern bool fsc_object_has_dirty (struct fsc_object *obj);
  */
 extern void *fsc_scratch (struct fsc_cache *cache, size_t size);
 
-/* cache.c: a fill job with room for LEN bytes, or NULL if fills are
+/* fill.c: a fill job with room for LEN bytes, or NULL if fills are
  * not done in the background now (no thread, queue full, no memory).
  */
 extern struct fsc_fill *fsc_fill_new (struct fsc_cache *cache, size_t len);
 
-/* cache.c: queue F for OBJ (taking a reference on OBJ). */
+/* fill.c: queue F for OBJ (taking a reference on OBJ). */
 extern void fsc_fill_submit (struct fsc_cache *cache, struct fsc_object *obj,
                              struct fsc_fill *f);
 
-/* cache.c: free a job that was not submitted. */
+/* fill.c: free a job that was not submitted. */
 extern void fsc_fill_free (struct fsc_cache *cache, struct fsc_fill *f);
 
-/* object.c: store and publish a queued fill (the fill thread). */
-extern void fsc_fill_run (struct fsc_fill *f);
+/* fill.c: start the fill thread (without it fills are synchronous), and
+ * stop it after finishing every queued job.
+ */
+extern int fsc_fill_start (struct fsc_cache *cache);
+extern void fsc_fill_stop (struct fsc_cache *cache);
 
 /* cache.c: ask the committer to run soon. */
 extern void fsc_cache_kick (struct fsc_cache *cache);
+
+
+/*----------------------------------------------------------------------
+ * Shared by the object files (object.c, retrieve.c, store.c, commit.c,
+ * sums.c).
+ */
+
+#define MAX_FETCH_BYTES (4u << 20)      /* one upstream read at most */
+#define MAX_RUN_BLOCKS 1024             /* 4 MiB of 4K blocks */
+#define MAX_RUN_GROUPS (MAX_RUN_BLOCKS / FSC_GROUP_BLOCKS + 2)
+_Static_assert (MAX_RUN_GROUPS <= FSC_FILL_MAX_GROUPS,
+                "a fill job must hold a whole run's epochs");
+#define DIRTY_KICK 256                  /* dirty groups that wake the
+                                         * committer early */
+#define NOFILL_SECONDS 10               /* pause after ENOSPC */
+#define SUB_SHIFT 12                    /* 4 KiB sub-blocks */
+#define SUB_SIZE (UINT64_C (1) << SUB_SHIFT)
+#define MAX_SUBS (FSC_MAX_BLOCK_SIZE >> SUB_SHIFT)
+
+#define GROUP_OF(b) ((b) / FSC_GROUP_BLOCKS)
+#define BIT_OF(b) (UINT64_C (1) << ((b) % FSC_GROUP_BLOCKS))
+#define IDX_OF(b) ((b) % FSC_GROUP_BLOCKS)
+
+/* Longest name of an object's file: NAME and a suffix. */
+#define FILE_NAME_MAX (FSC_NAME_MAX + 8)
+
+static inline uint64_t
+block_start (const struct fsc_object *o, uint64_t b)
+{
+  return b << o->bshift;
+}
+
+/* End (exclusive) of block B; the last block may be short. */
+static inline uint64_t
+block_end (const struct fsc_object *o, uint64_t b)
+{
+  return MIN ((b + 1) << o->bshift, o->size);
+}
+
+/* Sub-blocks per block, and the offset of block B's hashes in the
+ * sums file.
+ */
+static inline unsigned
+subs_per_block (const struct fsc_object *o)
+{
+  return o->block_size >> SUB_SHIFT;
+}
+
+static inline uint64_t
+sums_offset (const struct fsc_object *o, uint64_t b)
+{
+  return b * subs_per_block (o) * 8;
+}
+
+/* The group of block B, allocated if ALLOC.  Caller holds o->lock. */
+static inline struct group *
+group_of (struct fsc_object *o, uint64_t b, bool alloc)
+{
+  uint64_t gi = GROUP_OF (b);
+  struct group *g = o->groups[gi];
+  if (g == NULL && alloc) {
+    g = calloc (1, sizeof *g);
+    o->groups[gi] = g;
+  }
+  return g;
+}
+
+static inline bool
+present (struct fsc_object *o, uint64_t b)
+{
+  struct group *g = o->groups[GROUP_OF (b)];
+  return g && (g->present & BIT_OF (b));
+}
+
+/* sums.c: hash each 4 KiB sub-block of LEN bytes at P into OUT;
+ * returns how many (the last may be short).
+ */
+extern unsigned fsc_sub_hashes (const unsigned char *p, uint64_t len,
+                                uint64_t *out);
+
+/* sums.c: the index checksum of a block from its K sub-block hashes. */
+extern uint64_t fsc_sums_csum (const uint64_t *sums, unsigned k);
+
+/* sums.c: the index checksum of a whole block of LEN bytes at P. */
+extern uint64_t fsc_block_csum (const unsigned char *p, uint64_t len);
+
+/* commit.c: queue group GI for the next commit.  Caller holds
+ * o->lock.  Returns 0, or -1 (ENOMEM).
+ */
+extern int fsc_mark_dirty (struct fsc_object *o, uint64_t gi,
+                           struct group *g);
+
+/* commit.c: write o->sb, with SET_FLAGS set, CLEAR_FLAGS cleared and
+ * (if not NULL) *FINGERPRINT, into the other slot and sync.  Returns 0
+ * or -1 (object withdrawn).  Takes o->lock.
+ */
+extern int fsc_write_sb (struct fsc_object *o, uint32_t set_flags,
+                         uint32_t clear_flags, const uint64_t *fingerprint);
+
+/* commit.c: make every change up to TARGET (a change_seq) durable.
+ * Returns 0, or -1 if the object is (or became) withdrawn.  Takes
+ * o->lock.
+ */
+extern int fsc_commit_upto (struct fsc_object *o, uint64_t target);
+
+/* commit.c: make sure the index has room for the records of groups
+ * G0..G1, so that no commit fails for want of space.  Returns 0 or -1.
+ */
+extern int fsc_reserve_groups (struct fsc_object *o, uint64_t g0,
+                               uint64_t g1);
+
+/* object.c: the name of the object's file with SUFFIX (".idx",
+ * ".data", ".sums", ".stale") in its fan-out directory, in BUF.
+ */
+extern const char *fsc_file_name (const struct fsc_object *o,
+                                  const char *suffix,
+                                  char buf[FILE_NAME_MAX]);
+
+/* object.c: withdraw O (uncached from now on) because of ERR, and
+ * unlink its files.  Takes o->lock.
+ */
+extern void fsc_withdraw (struct fsc_object *o, int err);
+
+/* object.c: leave the stale mark for the process holding O. */
+extern void fsc_mark_stale (struct fsc_object *o);
+
+/* store.c: store N claimed blocks from B (their bytes at DATA, or NULL
+ * after a failed fetch: release only) and publish those nothing
+ * invalidated since EPOCHS (one per group from B's) were taken.
+ */
+extern void fsc_fill_blocks (struct fsc_object *o, uint64_t b, uint64_t n,
+                             const unsigned char *data,
+                             const uint64_t *epochs);
 
 #endif /* FSC_INTERNAL_H */

@@ -1,0 +1,420 @@
+/* libfscache: retrieval, the read path (the seed's read_or_alloc_page
+ * and friends, by blocks instead of pages).
+ *
+ * A read is cut into runs, decided under obj->lock and served without
+ * it:
+ *
+ *   hit       present blocks: one pread from the data file, verified
+ *             against the index checksum (whole blocks) or through the
+ *             block's sub-block hashes (a part of a block: only the
+ *             4 KiB pieces served are read and hashed);
+ *   miss      absent blocks, claimed (the group's fetching bits) and
+ *             read upstream in one request of at most 4 MiB, then
+ *             filled into the cache (store.c), in the background when
+ *             the fill thread has room (fill.c);
+ *   uncached  the object is withdrawn or fills are paused: read
+ *             upstream, store nothing.
+ *
+ * A miss on a block somebody else is fetching waits for that fetch
+ * instead of repeating it (dedup); a prefetch (NBD_CMD_CACHE,
+ * readahead) skips it.  A hit that fails its checksum drops the block
+ * and reads it again as a miss; a failed read of a cache file
+ * withdraws the object and the request goes upstream.  Only upstream
+ * errors reach the caller.
+ */
+#include <config.h>
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <uuid/uuid.h>
+#include <xxhash.h>
+
+#include "internal.h"
+#include "utils.h"
+
+enum run_kind { RUN_HIT, RUN_MISS, RUN_UNCACHED };
+
+/* What a fetch claiming blocks of G must find at publication time: the
+ * epoch now, or, if a write is in flight upstream (its data may or may
+ * not be what our read sees), a value no epoch ever equals.  Caller
+ * holds o->lock.
+ */
+#define EPOCH_NEVER UINT64_MAX
+static uint64_t
+claim_epoch (const struct group *g)
+{
+  return g->writers ? EPOCH_NEVER : g->epoch;
+}
+
+/* Copy the part of [start, end) that lies in the client's window. */
+static void
+copy_out (void *buf, uint64_t offset, uint32_t count,
+          const unsigned char *src, uint64_t start, uint64_t end)
+{
+  uint64_t lo = MAX (start, offset), hi = MIN (end, offset + count);
+  if (lo < hi)
+    memcpy ((unsigned char *) buf + (lo - offset), src + (lo - start),
+            hi - lo);
+}
+
+static uint64_t
+overlap (uint64_t start, uint64_t end, uint64_t offset, uint32_t count)
+{
+  uint64_t lo = MAX (start, offset), hi = MIN (end, offset + count);
+  return lo < hi ? hi - lo : 0;
+}
+
+/* Block BAD failed its checksum: drop it (if nobody changed it
+ * meanwhile) so that the caller refetches it from upstream.
+ */
+static void
+drop_bad (struct fsc_object *o, uint64_t bad, uint64_t csum)
+{
+  FSC_STAT_ADD (&o->cache->stats, verify_failures, 1);
+  pthread_mutex_lock (&o->lock);
+  struct group *g = group_of (o, bad, false);
+  if (g && (g->present & BIT_OF (bad)) && g->csum[IDX_OF (bad)] == csum) {
+    g->present &= ~BIT_OF (bad);
+    if (fsc_mark_dirty (o, GROUP_OF (bad), g) == -1) {
+      pthread_mutex_unlock (&o->lock);
+      fsc_withdraw (o, ENOMEM);
+      return;
+    }
+  }
+  pthread_mutex_unlock (&o->lock);
+}
+
+/* A failed read of a cache file. */
+static void
+read_failed (struct fsc_object *o, ssize_t r)
+{
+  FSC_STAT_ADD (&o->cache->stats, read_errors, 1);
+  fsc_withdraw (o, r == -1 ? errno : EIO);
+}
+
+/* Serve the part [LO, HI) of present block BLK, which does not cover
+ * all of it, into BUF (the client's window starts at OFFSET).  Returns
+ * true if served.
+ */
+static bool
+hit_partial (struct fsc_object *o, uint64_t blk, void *buf, uint64_t offset,
+             uint64_t lo, uint64_t hi, uint64_t csum)
+{
+  struct fsc_io *io = &o->cache->io;
+  unsigned char *out = (unsigned char *) buf + (lo - offset);
+  const uint64_t bs = block_start (o, blk), be = block_end (o, blk);
+  ssize_t r;
+
+  if (!o->verify) {
+    r = fsc_io_pread (io, FSC_FILE_DATA, o->dfd, out, hi - lo, lo);
+    if (r != (ssize_t) (hi - lo)) {
+      read_failed (o, r);
+      return false;
+    }
+    return true;
+  }
+
+  /* The block's sub-block hashes, checked against the index. */
+  const unsigned kb = DIV_ROUND_UP (be - bs, SUB_SIZE);
+  unsigned char le[8 * MAX_SUBS];
+  uint64_t sums[MAX_SUBS];
+  r = fsc_io_pread (io, FSC_FILE_SUMS, o->sfd, le, 8 * kb,
+                    sums_offset (o, blk));
+  if (r == -1) {
+    read_failed (o, r);
+    return false;
+  }
+  memset (le + r, 0, 8 * kb - r);       /* short: fails the check */
+  for (unsigned i = 0; i < kb; ++i)
+    sums[i] = get_le64 (le + 8 * i);
+  if (fsc_sums_csum (sums, kb) != csum) {
+    drop_bad (o, blk, csum);
+    return false;
+  }
+
+  /* Only the sub-blocks we serve. */
+  const uint64_t s0 = (lo - bs) >> SUB_SHIFT, s1 = (hi - 1 - bs) >> SUB_SHIFT;
+  const uint64_t ds = bs + (s0 << SUB_SHIFT);
+  const uint64_t de = MIN (bs + ((s1 + 1) << SUB_SHIFT), be);
+  unsigned char *tmp = fsc_scratch (o->cache, de - ds);
+  if (tmp == NULL) {
+    /* No memory for a bounce buffer: serve this object uncached
+     * rather than spin on the same block.
+     */
+    fsc_withdraw (o, ENOMEM);
+    return false;
+  }
+  r = fsc_io_pread (io, FSC_FILE_DATA, o->dfd, tmp, de - ds, ds);
+  if (r != (ssize_t) (de - ds)) {
+    read_failed (o, r);
+    return false;
+  }
+  for (uint64_t i = s0; i <= s1; ++i) {
+    uint64_t so = (i - s0) << SUB_SHIFT;
+    if (XXH3_64bits (tmp + so, MIN (SUB_SIZE, de - ds - so)) != sums[i]) {
+      drop_bad (o, blk, csum);
+      return false;
+    }
+  }
+  memcpy (out, tmp + (lo - ds), hi - lo);
+  return true;
+}
+
+/* Serve N present blocks from B.  Returns how many were served; fewer
+ * than N means block B+return failed its checksum or could not be read
+ * and is no longer present (or the object was withdrawn).
+ */
+static uint64_t
+hit_run (struct fsc_object *o, uint64_t b, uint64_t n, void *buf,
+         uint64_t offset, uint32_t count, const uint64_t *csums)
+{
+  struct fsc_stats *st = &o->cache->stats;
+  const uint64_t wend = offset + count;
+  const uint64_t start = block_start (o, b), end = block_end (o, b + n - 1);
+
+  if (start >= offset && end <= wend) {
+    /* Whole blocks: one read straight into the client's buffer. */
+    unsigned char *dst = (unsigned char *) buf + (start - offset);
+    ssize_t r = fsc_io_pread (&o->cache->io, FSC_FILE_DATA, o->dfd, dst,
+                              end - start, start);
+    if (r != (ssize_t) (end - start)) {
+      read_failed (o, r);
+      return 0;
+    }
+    uint64_t good = n;
+    for (uint64_t i = 0; o->verify && i < n; ++i) {
+      uint64_t bs = block_start (o, b + i), be = block_end (o, b + i);
+      if (fsc_block_csum (dst + (bs - start), be - bs) != csums[i]) {
+        drop_bad (o, b + i, csums[i]);
+        good = i;
+        break;
+      }
+    }
+    FSC_STAT_ADD (st, hit_bytes,
+                  (good == n ? end : block_start (o, b + good)) - start);
+    return good;
+  }
+
+  /* The window starts or ends inside the run: block by block. */
+  for (uint64_t i = 0; i < n; ++i) {
+    uint64_t bs = block_start (o, b + i), be = block_end (o, b + i);
+    uint64_t lo = MAX (bs, offset), hi = MIN (be, wend);
+    if (lo == bs && hi == be) {
+      if (hit_run (o, b + i, 1, buf, offset, count, &csums[i]) == 0)
+        return i;
+      continue;
+    }
+    if (!hit_partial (o, b + i, buf, offset, lo, hi, csums[i]))
+      return i;
+    FSC_STAT_ADD (st, hit_bytes, hi - lo);
+  }
+  return n;
+}
+
+/* Fetch N claimed blocks from B upstream, give the client its part,
+ * and fill the cache: in the background when the cache's fill thread
+ * runs and has room, so that the reply does not wait for local writes
+ * (others missing on these blocks wait for the fill as for a fetch);
+ * else here.  EPOCHS holds the claim epoch of each group from B's.
+ * Returns 0 or -1 (upstream error).
+ */
+static int
+fetch_run (struct fsc_object *o, uint64_t b, uint64_t n, void *buf,
+           uint64_t offset, uint32_t count, const struct fsc_upstream *up,
+           const uint64_t *epochs)
+{
+  struct fsc_stats *st = &o->cache->stats;
+  uint64_t start = block_start (o, b), end = block_end (o, b + n - 1);
+  uint64_t len = end - start;
+  bool direct = buf && start >= offset && end <= offset + count;
+  /* The fill job owns its buffer: read straight into the client's
+   * buffer only when the fill will not need it afterwards.
+   */
+  struct fsc_fill *f = fsc_fill_new (o->cache, len);
+  unsigned char *dst = f ? f->data
+    : direct ? (unsigned char *) buf + (start - offset) : malloc (len);
+  int r = -1, e = ENOMEM;
+
+  if (dst != NULL) {
+    r = up->pread (up->opaque, dst, len, start);
+    e = errno;
+    FSC_STAT_ADD (st, upstream_reads, 1);
+    if (r == 0)
+      FSC_STAT_ADD (st, upstream_read_bytes, len);
+  }
+  if (r == 0) {
+    if (buf) {
+      if (dst != (unsigned char *) buf + (start - offset))
+        copy_out (buf, offset, count, dst, start, end);
+      FSC_STAT_ADD (st, miss_bytes, overlap (start, end, offset, count));
+    }
+    else
+      FSC_STAT_ADD (st, prefetch_bytes, len);
+  }
+
+  if (f && r == 0) {
+    f->block = b;
+    f->nblocks = n;
+    memcpy (f->epochs, epochs, (GROUP_OF (b + n - 1) - GROUP_OF (b) + 1)
+            * sizeof *epochs);
+    fsc_fill_submit (o->cache, o, f);       /* takes a reference on O */
+  }
+  else {
+    fsc_fill_blocks (o, b, n, r == 0 ? dst : NULL, epochs);
+    if (f)
+      fsc_fill_free (o->cache, f);
+    else if (!direct)
+      free (dst);
+  }
+  if (r == -1)
+    errno = e;
+  return r;
+}
+
+/* The read path shared by reads (BUF != NULL) and prefetch. */
+static int
+do_read (struct fsc_object *o, void *buf, uint32_t count, uint64_t offset,
+         const struct fsc_upstream *up)
+{
+  struct fsc_stats *st = &o->cache->stats;
+  uint64_t end;
+
+  if (count == 0)
+    return 0;
+  if (ADD_OVERFLOW (offset, (uint64_t) count, &end) || end > o->size) {
+    errno = EINVAL;
+    return -1;
+  }
+
+  const uint64_t last = (end - 1) >> o->bshift;
+  const uint64_t max_run =
+    MAX (1, MIN ((uint64_t) MAX_RUN_BLOCKS, MAX_FETCH_BYTES >> o->bshift));
+  const uint64_t max_hit = MIN (max_run, (uint64_t) FSC_GROUP_BLOCKS);
+  uint64_t b = offset >> o->bshift;
+
+  while (b <= last) {
+    uint64_t csums[FSC_GROUP_BLOCKS];
+    uint64_t epochs[MAX_RUN_GROUPS];
+    enum run_kind kind;
+    uint64_t n = 1;
+
+    pthread_mutex_lock (&o->lock);
+    if (o->state != FSC_OBJ_AVAILABLE) {
+      kind = RUN_UNCACHED;
+      n = last - b + 1;
+    }
+    else if (present (o, b)) {
+      kind = RUN_HIT;
+      csums[0] = o->groups[GROUP_OF (b)]->csum[IDX_OF (b)];
+      while (b + n <= last && n < max_hit && present (o, b + n)) {
+        csums[n] = o->groups[GROUP_OF (b + n)]->csum[IDX_OF (b + n)];
+        n++;
+      }
+    }
+    else {
+      struct group *g = group_of (o, b, true);
+      if (g && (g->fetching & BIT_OF (b)) && buf == NULL) {
+        /* Prefetch: somebody is already fetching it. */
+        pthread_mutex_unlock (&o->lock);
+        b++;
+        continue;
+      }
+      if (g && (g->fetching & BIT_OF (b))) {
+        /* Somebody is fetching it: wait for that, then look again. */
+        FSC_STAT_ADD (st, dedup_waits, 1);
+        while (o->state == FSC_OBJ_AVAILABLE && (g->fetching & BIT_OF (b)))
+          pthread_cond_wait (&o->cond, &o->lock);
+        pthread_mutex_unlock (&o->lock);
+        continue;
+      }
+      if (g == NULL || time (NULL) < o->nofill_until) {
+        kind = RUN_UNCACHED;
+        while (b + n <= last && n < max_run && !present (o, b + n))
+          n++;
+      }
+      else {
+        kind = RUN_MISS;
+        const uint64_t g0 = GROUP_OF (b);
+        g->fetching |= BIT_OF (b);
+        epochs[0] = claim_epoch (g);
+        while (b + n <= last && n < max_run) {
+          uint64_t nb = b + n;
+          struct group *ng = group_of (o, nb, true);
+          if (ng == NULL || (ng->present & BIT_OF (nb)) ||
+              (ng->fetching & BIT_OF (nb)))
+            break;
+          ng->fetching |= BIT_OF (nb);
+          epochs[GROUP_OF (nb) - g0] = claim_epoch (ng);
+          n++;
+        }
+      }
+    }
+    pthread_mutex_unlock (&o->lock);
+
+    switch (kind) {
+    case RUN_HIT:
+      if (buf)
+        b += hit_run (o, b, n, buf, offset, count, csums);
+      else
+        b += n;
+      break;
+
+    case RUN_MISS:
+      if (fetch_run (o, b, n, buf, offset, count, up, epochs) == -1)
+        return -1;
+      b += n;
+      break;
+
+    case RUN_UNCACHED:
+      if (buf) {
+        uint64_t lo = MAX (block_start (o, b), offset);
+        uint64_t hi = MIN (block_end (o, b + n - 1), end);
+        int r = up->pread (up->opaque, (unsigned char *) buf + (lo - offset),
+                           hi - lo, lo);
+        FSC_STAT_ADD (st, upstream_reads, 1);
+        if (r == -1)
+          return -1;
+        FSC_STAT_ADD (st, upstream_read_bytes, hi - lo);
+        FSC_STAT_ADD (st, miss_bytes, hi - lo);
+      }
+      b += n;
+      break;
+    }
+  }
+  return 0;
+}
+
+int
+fsc_object_read (struct fsc_object *o, void *buf, uint32_t count,
+                 uint64_t offset, const struct fsc_upstream *up)
+{
+  FSC_STAT_ADD (&o->cache->stats, read_requests, 1);
+  return do_read (o, buf, count, offset, up);
+}
+
+int
+fsc_object_prefetch (struct fsc_object *o, uint64_t offset, uint64_t count,
+                     const struct fsc_upstream *up)
+{
+  if (offset > o->size) {
+    errno = EINVAL;
+    return -1;
+  }
+  count = MIN (count, o->size - offset);
+  while (count > 0) {
+    uint32_t n = MIN (count, (uint64_t) MAX_FETCH_BYTES);
+    if (do_read (o, NULL, n, offset, up) == -1)
+      return -1;
+    offset += n;
+    count -= n;
+  }
+  return 0;
+}

@@ -1,0 +1,425 @@
+/* libfscache: storage and invalidation.
+ *
+ * Storage writes blocks into the data and sums files and publishes them
+ * in the bitmaps: fills of what misses fetched (fsc_fill_blocks, from
+ * retrieve.c or the fill thread) and writethrough stores of what
+ * clients write (fsc_object_write_end).  Invalidation drops the blocks
+ * a write, trim or zero touches before it goes upstream
+ * (fsc_object_write_begin).
+ *
+ * Rules 2 and 3 of crash safety and coherency (rule 1 is in commit.c):
+ *  2. A block is dropped on disk before its upstream content changes:
+ *     fsc_object_write_begin clears the bits, and when disk_max says a
+ *     record on disk may still name the block it waits for a commit
+ *     that started after the change (group commit: concurrent writers
+ *     share one).
+ *  3. Each group has an epoch, bumped by every invalidation, and a count
+ *     of writes in flight upstream.  A fetch captures the epoch when it
+ *     claims blocks and only marks them present if it is unchanged and
+ *     no write was in flight when it claimed: its upstream read might
+ *     have seen the data before that write.  A writethrough store is
+ *     made only by a write that overlapped no other write, and only if
+ *     the epoch did not move, since the order in which overlapping
+ *     writes land upstream is unknown.
+ *
+ * A failed write of a cache file withdraws the object, except ENOSPC
+ * and EDQUOT, which only pause fills for NOFILL_SECONDS.
+ */
+#include <config.h>
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <uuid/uuid.h>
+#include <xxhash.h>
+
+#include "internal.h"
+#include "utils.h"
+
+/* Handle a failed write to the data file. */
+static void
+fill_failed (struct fsc_object *o, int err)
+{
+  FSC_STAT_ADD (&o->cache->stats, fill_errors, 1);
+  if (err == ENOSPC || err == EDQUOT) {
+    FSC_STAT_ADD (&o->cache->stats, nofill_events, 1);
+    pthread_mutex_lock (&o->lock);
+    if (time (NULL) >= o->nofill_until)
+      o->notices |= FSC_NOTICE_NOFILL;
+    o->nofill_until = time (NULL) + NOFILL_SECONDS;
+    pthread_mutex_unlock (&o->lock);
+  }
+  else
+    fsc_withdraw (o, err);
+}
+
+/* Write NB blocks from BLK (their bytes at SRC) and their sub-block
+ * hashes into the cache files, and compute their index checksums into
+ * CSUMS.  Returns 0 or -1 with errno.
+ */
+static int
+store_blocks (struct fsc_object *o, uint64_t blk, uint64_t nb,
+              const unsigned char *src, uint64_t *csums)
+{
+  const unsigned k = subs_per_block (o);
+  const uint64_t s = block_start (o, blk), e = block_end (o, blk + nb - 1);
+  uint64_t sums[MAX_SUBS];
+  CLEANUP_FREE unsigned char *le = calloc (nb * k, 8);
+
+  if (le == NULL)
+    return -1;
+  for (uint64_t i = 0; i < nb; ++i) {
+    uint64_t bs = block_start (o, blk + i), be = block_end (o, blk + i);
+    unsigned kb = fsc_sub_hashes (src + (bs - s), be - bs, sums);
+    for (unsigned j = 0; j < kb; ++j)
+      put_le64 (le + 8 * (i * k + j), sums[j]);
+    csums[i] = fsc_sums_csum (sums, kb);
+  }
+  if (fsc_io_pwrite (&o->cache->io, FSC_FILE_DATA, o->dfd, src, e - s, s)
+      == -1 ||
+      fsc_io_pwrite (&o->cache->io, FSC_FILE_SUMS, o->sfd, le, nb * k * 8,
+                     sums_offset (o, blk)) == -1)
+    return -1;
+  FSC_STAT_ADD (&o->cache->stats, fill_bytes, e - s);
+  return 0;
+}
+
+/* Store N claimed blocks from B (their bytes at DATA) in the cache and
+ * publish them if nothing invalidated them since they were claimed
+ * (EPOCHS, one per group from B's); release the claims either way.
+ */
+void
+fsc_fill_blocks (struct fsc_object *o, uint64_t b, uint64_t n,
+             const unsigned char *data, const uint64_t *epochs)
+{
+  const uint64_t g0 = GROUP_OF (b), g1 = GROUP_OF (b + n - 1);
+  uint64_t csums[MAX_RUN_BLOCKS];
+  bool fill_ok = false;
+
+  if (data != NULL) {
+    if (fsc_reserve_groups (o, g0, g1) == -1 ||
+        store_blocks (o, b, n, data, csums) == -1)
+      fill_failed (o, errno);
+    else
+      fill_ok = true;
+  }
+
+  bool kick = false;
+  pthread_mutex_lock (&o->lock);
+  for (uint64_t i = 0; i < n; ++i) {
+    uint64_t blk = b + i;
+    struct group *g = group_of (o, blk, false);
+    g->fetching &= ~BIT_OF (blk);
+    if (fill_ok && o->state == FSC_OBJ_AVAILABLE &&
+        g->epoch == epochs[GROUP_OF (blk) - g0]) {
+      g->present |= BIT_OF (blk);
+      g->csum[IDX_OF (blk)] = csums[i];
+      o->data_dirty = true;
+      if (fsc_mark_dirty (o, GROUP_OF (blk), g) == -1)
+        fill_ok = false;
+    }
+  }
+  kick = o->ndirty >= DIRTY_KICK;
+  pthread_cond_broadcast (&o->cond);
+  pthread_mutex_unlock (&o->lock);
+  if (kick)
+    fsc_cache_kick (o->cache);
+}
+
+/* Read present block BLK into DST and verify it; false if unusable. */
+static bool
+read_block (struct fsc_object *o, uint64_t blk, unsigned char *dst,
+            uint64_t csum)
+{
+  uint64_t s = block_start (o, blk), len = block_end (o, blk) - s;
+  ssize_t r = fsc_io_pread (&o->cache->io, FSC_FILE_DATA, o->dfd, dst, len,
+                            s);
+  if (r != (ssize_t) len)
+    return false;
+  return fsc_block_csum (dst, len) == csum;
+}
+
+int
+fsc_object_write_begin (struct fsc_object *o, uint64_t offset,
+                        uint64_t count, bool keep, struct fsc_write *w)
+{
+  struct fsc_stats *st = &o->cache->stats;
+
+  memset (w, 0, sizeof *w);
+  w->offset = offset;
+  w->count = count;
+  if (count == 0 || offset >= o->size)
+    return 0;
+  count = MIN (count, o->size - offset);
+
+  const uint64_t b0 = offset >> o->bshift;
+  const uint64_t b1 = (offset + count - 1) >> o->bshift;
+  const uint64_t g0 = GROUP_OF (b0), g1 = GROUP_OF (b1);
+  const bool head_partial = block_start (o, b0) < offset ||
+    (b0 == b1 && block_end (o, b1) > offset + count);
+  const bool tail_partial = b1 != b0 && block_end (o, b1) > offset + count;
+
+  pthread_mutex_lock (&o->lock);
+  if (o->state != FSC_OBJ_AVAILABLE) {
+    bool mark = o->busy && !o->marked;
+    o->marked = true;
+    pthread_mutex_unlock (&o->lock);
+    if (mark)
+      fsc_mark_stale (o);
+    return 0;
+  }
+  bool first_write = !o->written;
+  o->written = true;
+  bool fp_stale = first_write && o->sb.validate == FSC_VALIDATE_SAMPLE &&
+    !(o->sb.flags & FSC_SB_FP_STALE);
+
+  /* Partial end blocks that are present: keep their old bytes so the
+   * new block can be stored whole afterwards (read-modify-write).
+   */
+  uint64_t hcsum = 0, tcsum = 0;
+  uint32_t hepoch = 0, tepoch = 0;
+  bool want_head = false, want_tail = false;
+  if (keep && head_partial && present (o, b0)) {
+    want_head = true;
+    hcsum = o->groups[GROUP_OF (b0)]->csum[IDX_OF (b0)];
+    hepoch = o->groups[GROUP_OF (b0)]->epoch;
+  }
+  if (keep && tail_partial && present (o, b1)) {
+    want_tail = true;
+    tcsum = o->groups[GROUP_OF (b1)]->csum[IDX_OF (b1)];
+    tepoch = o->groups[GROUP_OF (b1)]->epoch;
+  }
+  pthread_mutex_unlock (&o->lock);
+
+  if (fp_stale)
+    fsc_write_sb (o, FSC_SB_FP_STALE, 0, NULL);
+
+  if (keep) {
+    w->epochs = malloc ((g1 - g0 + 1) * sizeof *w->epochs);
+    if (w->epochs == NULL)
+      keep = false;
+  }
+  if (keep && want_head) {
+    w->head = malloc (o->block_size);
+    if (w->head && !read_block (o, b0, w->head, hcsum)) {
+      free (w->head);
+      w->head = NULL;
+    }
+  }
+  if (keep && want_tail) {
+    w->tail = malloc (o->block_size);
+    if (w->tail && !read_block (o, b1, w->tail, tcsum)) {
+      free (w->tail);
+      w->tail = NULL;
+    }
+  }
+
+  /* Invalidate: clear the bits, bump the epochs, and note whether a
+   * record on disk may still name any of the blocks.
+   */
+  bool need_sync = false;
+  pthread_mutex_lock (&o->lock);
+  if (w->head && o->groups[GROUP_OF (b0)]->epoch != hepoch) {
+    free (w->head);
+    w->head = NULL;
+  }
+  if (w->tail && o->groups[GROUP_OF (b1)]->epoch != tepoch) {
+    free (w->tail);
+    w->tail = NULL;
+  }
+  /* Every group must exist to count the write in flight: without the
+   * count a fill could store what upstream held before this write.
+   */
+  for (uint64_t gi = g0; gi <= g1; ++gi)
+    if (o->groups[gi] == NULL &&
+        (o->groups[gi] = calloc (1, sizeof (struct group))) == NULL) {
+      pthread_mutex_unlock (&o->lock);
+      free (w->head);
+      free (w->tail);
+      free (w->epochs);
+      w->head = w->tail = NULL;
+      w->epochs = NULL;
+      fsc_withdraw (o, ENOMEM);
+      return 0;
+    }
+  if (o->state != FSC_OBJ_AVAILABLE)
+    keep = false;
+  for (uint64_t gi = g0; gi <= g1; ++gi) {
+    uint64_t lo = gi == g0 ? IDX_OF (b0) : 0;
+    uint64_t hi = gi == g1 ? IDX_OF (b1) : FSC_GROUP_BLOCKS - 1;
+    uint64_t mask = (hi - lo == 63) ? ~UINT64_C (0)
+      : ((UINT64_C (1) << (hi - lo + 1)) - 1) << lo;
+    struct group *g = o->groups[gi];
+    if (g->writers > 0)
+      keep = false;             /* overlapping writes: order unknown */
+    g->writers++;
+    g->epoch++;
+    if (w->epochs)
+      w->epochs[gi - g0] = g->epoch;
+    uint64_t dropped = g->present & mask;
+    if (dropped) {
+      g->present &= ~mask;
+      FSC_STAT_ADD (st, invalidated_blocks, __builtin_popcountll (dropped));
+    }
+    if (g->disk_max & mask) {
+      need_sync = true;
+      if (fsc_mark_dirty (o, gi, g) == -1) {
+        pthread_mutex_unlock (&o->lock);
+        fsc_withdraw (o, ENOMEM);
+        pthread_mutex_lock (&o->lock);
+      }
+    }
+  }
+  uint64_t c = o->change_seq;
+  pthread_mutex_unlock (&o->lock);
+
+  w->keep = keep;
+  w->counted = true;
+  w->first_group = g0;
+  w->ngroups = g1 - g0 + 1;
+  if (need_sync)
+    fsc_commit_upto (o, c);   /* on failure the object is withdrawn */
+  return 0;
+}
+
+void
+fsc_object_write_end (struct fsc_object *o, struct fsc_write *w,
+                      const void *buf, bool upstream_ok)
+{
+  struct fsc_stats *st = &o->cache->stats;
+  uint8_t *claimed = NULL;
+
+  if (w->counted) {
+    pthread_mutex_lock (&o->lock);
+    for (uint64_t gi = w->first_group; gi < w->first_group + w->ngroups; ++gi)
+      o->groups[gi]->writers--;
+    pthread_mutex_unlock (&o->lock);
+    w->counted = false;
+  }
+  if (!w->keep || !upstream_ok || buf == NULL || w->count == 0 ||
+      w->offset >= o->size)
+    goto out;
+
+  const uint64_t offset = w->offset;
+  const uint64_t count = MIN (w->count, o->size - offset);
+  const uint64_t wend = offset + count;
+  const uint64_t b0 = offset >> o->bshift;
+  const uint64_t b1 = (wend - 1) >> o->bshift;
+  const uint64_t nb = b1 - b0 + 1;
+
+  /* Build whole partial blocks from the old bytes and the new ones. */
+  if (w->head) {
+    uint64_t s = block_start (o, b0);
+    uint64_t e = MIN (block_end (o, b0), wend);
+    memcpy ((unsigned char *) w->head + (offset - s), buf, e - offset);
+  }
+  if (w->tail) {
+    uint64_t s = block_start (o, b1);
+    memcpy (w->tail, (const unsigned char *) buf + (s - offset), wend - s);
+  }
+
+  claimed = calloc (nb, 1);
+  if (claimed == NULL)
+    goto out;
+
+  /* Claim the blocks nobody touched since our invalidation. */
+  pthread_mutex_lock (&o->lock);
+  if (o->state != FSC_OBJ_AVAILABLE || time (NULL) < o->nofill_until) {
+    pthread_mutex_unlock (&o->lock);
+    goto out;
+  }
+  for (uint64_t i = 0; i < nb; ++i) {
+    uint64_t blk = b0 + i;
+    bool whole = block_start (o, blk) >= offset && block_end (o, blk) <= wend;
+    const void *data = whole ? (const void *) 1
+      : blk == b0 && w->head ? w->head
+      : blk == b1 && w->tail ? w->tail : NULL;
+    struct group *g = o->groups[GROUP_OF (blk)];
+    if (data == NULL || g == NULL ||
+        g->epoch != w->epochs[GROUP_OF (blk) - w->first_group] ||
+        (g->present | g->fetching) & BIT_OF (blk))
+      continue;
+    g->fetching |= BIT_OF (blk);
+    claimed[i] = 1;
+  }
+  pthread_mutex_unlock (&o->lock);
+
+  if (fsc_reserve_groups (o, GROUP_OF (b0), GROUP_OF (b1)) == -1) {
+    fill_failed (o, errno);
+    memset (claimed, 2, nb);    /* release without storing */
+  }
+
+  /* Write the claimed blocks, whole runs at a time. */
+  for (uint64_t i = 0; i < nb; ) {
+    if (claimed[i] != 1) {
+      i++;
+      continue;
+    }
+    uint64_t blk = b0 + i;
+    const unsigned char *src;
+    uint64_t j = i + 1;
+    if (blk == b0 && w->head)
+      src = w->head;
+    else if (blk == b1 && w->tail)
+      src = w->tail;
+    else {
+      src = (const unsigned char *) buf + (block_start (o, blk) - offset);
+      while (j < nb && claimed[j] == 1 && !(b0 + j == b1 && w->tail))
+        j++;
+    }
+    uint64_t *csums = malloc ((j - i) * sizeof *csums);
+    if (csums == NULL || store_blocks (o, blk, j - i, src, csums) == -1) {
+      fill_failed (o, errno);
+      free (csums);
+      for (; i < nb; ++i)
+        if (claimed[i] == 1)
+          claimed[i] = 2;
+      break;
+    }
+    for (uint64_t k = i; k < j; ++k) {
+      uint64_t bk = b0 + k;
+      uint64_t csum = csums[k - i];
+      pthread_mutex_lock (&o->lock);
+      struct group *g = o->groups[GROUP_OF (bk)];
+      g->fetching &= ~BIT_OF (bk);
+      if (o->state == FSC_OBJ_AVAILABLE &&
+          g->epoch == w->epochs[GROUP_OF (bk) - w->first_group]) {
+        g->present |= BIT_OF (bk);
+        g->csum[IDX_OF (bk)] = csum;
+        o->data_dirty = true;
+        fsc_mark_dirty (o, GROUP_OF (bk), g);
+        FSC_STAT_ADD (st, stored_blocks, 1);
+      }
+      pthread_cond_broadcast (&o->cond);
+      pthread_mutex_unlock (&o->lock);
+      claimed[k] = 0;
+    }
+    free (csums);
+    i = j;
+  }
+
+  /* Release whatever is still claimed (errors). */
+  pthread_mutex_lock (&o->lock);
+  for (uint64_t i = 0; i < nb; ++i)
+    if (claimed[i]) {
+      struct group *g = o->groups[GROUP_OF (b0 + i)];
+      g->fetching &= ~BIT_OF (b0 + i);
+    }
+  pthread_cond_broadcast (&o->cond);
+  pthread_mutex_unlock (&o->lock);
+
+ out:
+  free (claimed);
+  free (w->epochs);
+  free (w->head);
+  free (w->tail);
+  w->epochs = NULL;
+  w->head = w->tail = NULL;
+}
