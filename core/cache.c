@@ -22,9 +22,9 @@
  * between fsc_cache_start and fsc_cache_close (unit tests run without
  * them: fills are then synchronous).
  *
- * The committer reaches objects through four calls only
+ * The committer reaches objects through five calls only
  * (fsc_object_check_stale, fsc_object_has_dirty, fsc_object_commit,
- * fsc_object_close); objects reach the cache through fsc_scratch,
+ * fsc_object_check_budget, fsc_object_close); objects reach the cache through fsc_scratch,
  * fsc_cache_kick and the fill queue.
  */
 #include <config.h>
@@ -188,6 +188,8 @@ fsc_cache_open (const struct fsc_cache_config *config,
     return -1;
   c->dirfd = c->objdirfd = -1;
   c->commit_interval_ms = config->commit_interval_ms ?: 2000;
+  c->min_free_pct = config->min_free_pct;
+  c->min_free_files_pct = config->min_free_files_pct;
   if (fsc_io_init (&c->io, config->faults) == -1)
     goto err_free;
 
@@ -286,21 +288,24 @@ fsc_cache_kick (struct fsc_cache *cache)
   pthread_cond_signal (&cache->cond);
 }
 
-void
-fsc_cache_commit_all (struct fsc_cache *cache)
+/* The committer's round over the open objects: commit each with
+ * changes and, with BUDGETS, let each take up its quota and shrink to
+ * its budget (evict.c).  References are taken under cache->lock, the
+ * work is done without it.
+ */
+static void
+each_object (struct fsc_cache *cache, bool budgets)
 {
   struct fsc_object **objs = NULL;
   size_t n = 0, cap = 0;
 
-  /* Take a reference on each dirty object, then commit with no cache
-   * lock held.
-   */
   pthread_mutex_lock (&cache->lock);
   for (struct fsc_object *o = cache->objects; o; o = o->next) {
     if (o->closing || !o->ready)
       continue;
     /* Another process wrote upstream past us: drop our copy. */
-    if (fsc_object_check_stale (o) || !fsc_object_has_dirty (o))
+    if (fsc_object_check_stale (o) ||
+        (!budgets && !fsc_object_has_dirty (o)))
       continue;
     if (n == cap) {
       size_t ncap = cap ? cap * 2 : 8;
@@ -316,10 +321,19 @@ fsc_cache_commit_all (struct fsc_cache *cache)
   pthread_mutex_unlock (&cache->lock);
 
   for (size_t i = 0; i < n; ++i) {
-    fsc_object_commit (objs[i]);
+    if (budgets)
+      fsc_object_check_budget (objs[i]);
+    if (fsc_object_has_dirty (objs[i]))
+      fsc_object_commit (objs[i]);
     fsc_object_close (objs[i]);
   }
   free (objs);
+}
+
+void
+fsc_cache_commit_all (struct fsc_cache *cache)
+{
+  each_object (cache, false);
 }
 
 static void *
@@ -342,7 +356,7 @@ committer (void *arg)
     pthread_mutex_unlock (&c->lock);
     if (stop)
       return NULL;
-    fsc_cache_commit_all (c);
+    each_object (c, true);
   }
 }
 

@@ -47,6 +47,9 @@ struct fsc_cache_config {
   bool create;                  /* create it (mode 0700) if missing */
   const char *faults;           /* fault spec for tests (io.h), or NULL */
   unsigned commit_interval_ms;  /* background commit period; 0: 2000 */
+  unsigned min_free_pct;        /* store nothing below this % of free
+                                 * blocks (fscache-min-free); 0: none */
+  unsigned min_free_files_pct;  /* the same for inodes */
   bool existing;                /* only open an existing cache: a missing
                                  * or damaged header is an error (ENOENT,
                                  * EBADMSG), nothing is created or
@@ -95,6 +98,8 @@ struct fsc_object_params {
   int validate;                 /* enum fsc_validate */
   const char *generation;       /* NULL or at most FSC_GEN_MAX bytes */
   uint64_t fingerprint;         /* with FSC_VALIDATE_SAMPLE */
+  uint64_t max_size;            /* cap on the object's allocated bytes
+                                 * (fscache-max-size); 0: none */
   bool offline;                 /* the upstream cannot be reached: SIZE
                                  * comes from fsc_object_peek_size and
                                  * FINGERPRINT is unknown */
@@ -158,13 +163,18 @@ struct fsc_upstream {
   void *opaque;
 };
 
+/* Flags of fsc_object_read. */
+#define FSC_READ_SEQUENTIAL 1u  /* continues a sequential stream: its
+                                 * hits do not count as references for
+                                 * eviction (scan resistance) */
+
 /* Read [OFFSET, OFFSET+COUNT) into BUF: hits from the cache (verified),
  * misses from upstream in whole blocks, which then fill the cache.
  * Returns 0, or -1 with errno only if the upstream failed.
  */
 extern int fsc_object_read (struct fsc_object *obj, void *buf,
                             uint32_t count, uint64_t offset,
-                            const struct fsc_upstream *up);
+                            const struct fsc_upstream *up, unsigned flags);
 
 /* Make [OFFSET, OFFSET+COUNT) present without copying it anywhere
  * (NBD_CMD_CACHE, readahead).  Blocks already present or being
@@ -220,6 +230,7 @@ extern void fsc_object_set_fingerprint (struct fsc_object *obj, uint64_t fp);
 /* Events the caller should log once (fsc_object_take_notices). */
 #define FSC_NOTICE_WITHDRAWN 1u /* cache I/O failed: now uncached */
 #define FSC_NOTICE_NOFILL    2u /* cache full: fills paused */
+#define FSC_NOTICE_BADQUOTA  4u /* NAME.quota is malformed: ignored */
 
 /* Return the notices raised since the last call (and clear them), and
  * in *ERR the errno behind a withdrawal.

@@ -28,6 +28,7 @@ struct fsc_fill {
   struct fsc_object *obj;
   uint64_t block, nblocks;
   size_t len;
+  unsigned flags;               /* FSC_FILL_* */
   uint64_t epochs[FSC_FILL_MAX_GROUPS];
   unsigned char data[];
 };
@@ -60,6 +61,14 @@ struct fsc_cache {
   pthread_t filler;
   bool filler_running;
   bool fill_stopping;
+
+  /* The free space floor (evict.c), checked at most every
+   * SPACE_CHECK_MS: atomics, no lock.
+   */
+  unsigned min_free_pct;        /* of blocks; 0: none */
+  unsigned min_free_files_pct;  /* of inodes; 0: none */
+  uint64_t space_checked_ms;    /* monotonic ms of the last check */
+  bool space_low;               /* below a floor, or the stop mark */
 };
 
 /* In-memory state of FSC_GROUP_BLOCKS consecutive blocks.  Allocated
@@ -70,12 +79,20 @@ struct group {
   uint64_t disk_max;            /* may be present in a durable or
                                  * in-flight record */
   uint64_t fetching;            /* claimed by a fetch or store */
+  uint64_t referenced;          /* hit since the clock hand passed */
+  uint64_t probation;           /* new, not yet hit again (evict.c) */
+  uint64_t ghost;               /* evicted from probation lately */
+  uint64_t unread;              /* prefetched, not read yet: its first
+                                 * hit is its first use, not a reuse */
+  uint64_t evicted;             /* evicted, space not yet punched */
   uint32_t epoch;               /* bumped by every invalidation */
   uint32_t writers;             /* writes in flight upstream */
+  uint32_t readers;             /* hits in flight (atomic decrement) */
   uint8_t slot;                 /* slot of the newest record on disk */
   bool has_record;
   bool dirty;                   /* on obj->dirty */
   bool reserved;                /* index space allocated */
+  bool on_punch;                /* on obj->punch */
   uint64_t csum[FSC_GROUP_BLOCKS];
 };
 
@@ -117,6 +134,25 @@ struct fsc_object {
   bool busy;                    /* another process holds it: uncached */
   bool marked;                  /* busy, and the stale mark is made */
   unsigned notices;             /* FSC_NOTICE_* not yet taken */
+
+  /* Size cap (evict.c), under lock unless said otherwise. */
+  uint64_t max_size;            /* fscache-max-size; 0: none */
+  uint64_t quota;               /* from NAME.quota; 0: none */
+  uint64_t pending_alloc;       /* bytes being written by fills */
+  uint64_t hand;                /* main clock hand: a group index */
+  uint64_t nprobation;          /* present blocks on probation */
+  uint64_t *pq;                 /* probation FIFO of block numbers (a
+                                 * ring; entries may be stale) */
+  size_t pq_head, pq_len, pq_cap;
+  uint64_t *gq;                 /* ghost FIFO: blocks evicted from
+                                 * probation, at most a budget's worth */
+  size_t gq_head, gq_len, gq_cap;
+  uint64_t *punch;              /* groups with evicted blocks to punch */
+  size_t npunch, punch_cap;
+  bool evicting;                /* an eviction is under way */
+  bool quota_bad_said;          /* a bad quota record was noticed */
+  struct timespec quota_mtime;  /* of the quota record last read */
+  uint64_t quota_ino;
 };
 
 /* object.c: if another process marked OBJ stale (it wrote upstream
@@ -278,12 +314,67 @@ extern void fsc_withdraw (struct fsc_object *o, int err);
 /* object.c: leave the stale mark for the process holding O. */
 extern void fsc_mark_stale (struct fsc_object *o);
 
+/* evict.c: before writing LEN bytes of new blocks into O's files,
+ * make sure they fit in its budget (the smaller of fscache-max-size
+ * and its quota), evicting blocks if needed (their removal is durable
+ * before this returns), and that the cache's filesystem is above its
+ * free space floor.  With SCAN (a prefetch's or a sequential stream's
+ * blocks), no referenced block is evicted for them.  Returns 0 (LEN
+ * bytes reserved: call fsc_room_done after writing), or -1 with errno
+ * EAGAIN (do not store: nothing could be evicted, or space is low) or
+ * another error (withdraw).
+ */
+extern int fsc_make_room (struct fsc_object *o, uint64_t len, bool scan);
+extern void fsc_room_done (struct fsc_object *o, uint64_t len);
+
+/* evict.c: drop blocks that were invalidated and punch their space
+ * when O has a budget (called with the groups' bits already cleared).
+ * Caller holds o->lock.
+ */
+extern void fsc_note_dropped (struct fsc_object *o, uint64_t gi,
+                              uint64_t bits);
+
+/* evict.c: block B became present after a fill: on probation until
+ * hit again.  Holds o->lock.
+ */
+extern void fsc_note_filled (struct fsc_object *o, uint64_t b,
+                             bool prefetched);
+
+/* evict.c: BITS of G stop being present (evicted, invalidated, bad).
+ * Holds o->lock.
+ */
+static inline void
+fsc_note_gone (struct fsc_object *o, struct group *g, uint64_t bits)
+{
+  o->nprobation -= __builtin_popcountll (bits & g->probation);
+  g->probation &= ~bits;
+  g->unread &= ~bits;
+}
+
+/* evict.c: the committer's look at O: take up a changed quota record
+ * and shrink O to its budget.
+ */
+extern void fsc_object_check_budget (struct fsc_object *o);
+
+/* evict.c: O's budget in bytes (the smaller of fscache-max-size and
+ * its quota), UINT64_MAX for none.  Reads under o->lock, or racily for
+ * a hint.
+ */
+extern uint64_t fsc_budget_of (const struct fsc_object *o);
+
+/* evict.c: O's allocated bytes (its three files, as du counts them). */
+extern uint64_t fsc_object_allocated (struct fsc_object *o);
+
 /* store.c: store N claimed blocks from B (their bytes at DATA, or NULL
  * after a failed fetch: release only) and publish those nothing
  * invalidated since EPOCHS (one per group from B's) were taken.
  */
+#define FSC_FILL_PREFETCHED 1u  /* nobody read these blocks yet */
+#define FSC_FILL_SCAN       2u  /* a prefetch or a sequential stream's:
+                                 * may not take a referenced block's
+                                 * place (evict.c) */
 extern void fsc_fill_blocks (struct fsc_object *o, uint64_t b, uint64_t n,
                              const unsigned char *data,
-                             const uint64_t *epochs);
+                             const uint64_t *epochs, unsigned flags);
 
 #endif /* FSC_INTERNAL_H */

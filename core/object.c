@@ -268,6 +268,9 @@ free_object (struct fsc_object *o)
       free (o->groups[i]);
   free (o->groups);
   free (o->dirty);
+  free (o->punch);
+  free (o->pq);
+  free (o->gq);
   free (o->key);
   if (o->dfd >= 0) close (o->dfd);
   if (o->sfd >= 0) close (o->sfd);
@@ -460,6 +463,8 @@ fsc_object_open (struct fsc_cache *c, const struct fsc_object_params *p,
   o->nblocks = DIV_ROUND_UP (p->size, (uint64_t) p->block_size);
   o->ngroups = DIV_ROUND_UP (o->nblocks, (uint64_t) FSC_GROUP_BLOCKS);
   o->state = FSC_OBJ_LOOKING_UP;
+  o->max_size = p->max_size;
+  o->quota = UINT64_MAX;
   pthread_mutex_init (&o->lock, NULL);
   pthread_cond_init (&o->cond, NULL);
   o->key = malloc (p->key_len);

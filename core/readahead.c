@@ -109,14 +109,18 @@ fsc_readahead_observe (struct fsc_readahead *ra, uint64_t offset,
   if (ra->sequential < 2)
     return;
 
-  uint64_t target = MIN (size, ra->last_end + ra->window);
+  /* Never further ahead than an eighth of a capped object's budget:
+   * more would evict what was prefetched before it is read.
+   */
+  uint64_t window = MIN (ra->window, fsc_budget_of (ra->obj) / 8);
+  uint64_t target = MIN (size, ra->last_end + window);
   if (ra->queued_end < ra->last_end)
     ra->queued_end = ra->last_end;
   /* Top up only when less than half the window is left, so that the
    * queue gets whole chunks (one upstream read each), not a sliver per
    * client read.
    */
-  if (ra->queued_end - ra->last_end >= ra->window / 2 &&
+  if (ra->queued_end - ra->last_end >= window / 2 &&
       ra->queued_end < size)
     return;
   bool added = false;

@@ -83,6 +83,7 @@ drop_bad (struct fsc_object *o, uint64_t bad, uint64_t csum)
   struct group *g = group_of (o, bad, false);
   if (g && (g->present & BIT_OF (bad)) && g->csum[IDX_OF (bad)] == csum) {
     g->present &= ~BIT_OF (bad);
+    fsc_note_gone (o, g, BIT_OF (bad));
     if (fsc_mark_dirty (o, GROUP_OF (bad), g) == -1) {
       pthread_mutex_unlock (&o->lock);
       fsc_withdraw (o, ENOMEM);
@@ -229,8 +230,11 @@ hit_run (struct fsc_object *o, uint64_t b, uint64_t n, void *buf,
 static int
 fetch_run (struct fsc_object *o, uint64_t b, uint64_t n, void *buf,
            uint64_t offset, uint32_t count, const struct fsc_upstream *up,
-           const uint64_t *epochs)
+           const uint64_t *epochs, unsigned rflags)
 {
+  const unsigned fflags = buf == NULL
+    ? FSC_FILL_PREFETCHED | FSC_FILL_SCAN
+    : (rflags & FSC_READ_SEQUENTIAL) ? FSC_FILL_SCAN : 0;
   struct fsc_stats *st = &o->cache->stats;
   uint64_t start = block_start (o, b), end = block_end (o, b + n - 1);
   uint64_t len = end - start;
@@ -263,12 +267,13 @@ fetch_run (struct fsc_object *o, uint64_t b, uint64_t n, void *buf,
   if (f && r == 0) {
     f->block = b;
     f->nblocks = n;
+    f->flags = fflags;
     memcpy (f->epochs, epochs, (GROUP_OF (b + n - 1) - GROUP_OF (b) + 1)
             * sizeof *epochs);
     fsc_fill_submit (o->cache, o, f);       /* takes a reference on O */
   }
   else {
-    fsc_fill_blocks (o, b, n, r == 0 ? dst : NULL, epochs);
+    fsc_fill_blocks (o, b, n, r == 0 ? dst : NULL, epochs, fflags);
     if (f)
       fsc_fill_free (o->cache, f);
     else if (!direct)
@@ -282,7 +287,7 @@ fetch_run (struct fsc_object *o, uint64_t b, uint64_t n, void *buf,
 /* The read path shared by reads (BUF != NULL) and prefetch. */
 static int
 do_read (struct fsc_object *o, void *buf, uint32_t count, uint64_t offset,
-         const struct fsc_upstream *up)
+         const struct fsc_upstream *up, unsigned flags)
 {
   struct fsc_stats *st = &o->cache->stats;
   uint64_t end;
@@ -317,6 +322,24 @@ do_read (struct fsc_object *o, void *buf, uint32_t count, uint64_t offset,
       while (b + n <= last && n < max_hit && present (o, b + n)) {
         csums[n] = o->groups[GROUP_OF (b + n)]->csum[IDX_OF (b + n)];
         n++;
+      }
+      /* The run spans at most two groups (n <= FSC_GROUP_BLOCKS):
+       * count the hit in flight in each, so that eviction does not
+       * punch what it reads (evict.c), and mark the blocks referenced
+       * unless a sequential stream reads them.
+       */
+      for (uint64_t gi = GROUP_OF (b); gi <= GROUP_OF (b + n - 1); ++gi) {
+        struct group *hg = o->groups[gi];
+        hg->readers++;
+        if (buf && !(flags & FSC_READ_SEQUENTIAL)) {
+          uint64_t lo = MAX (b, gi * FSC_GROUP_BLOCKS) - gi * FSC_GROUP_BLOCKS;
+          uint64_t hi = MIN (b + n, (gi + 1) * FSC_GROUP_BLOCKS)
+            - gi * FSC_GROUP_BLOCKS;
+          uint64_t run = hi - lo == 64 ? ~UINT64_C (0)
+            : ((UINT64_C (1) << (hi - lo)) - 1) << lo;
+          hg->referenced |= run & ~hg->unread;
+          hg->unread &= ~run;
+        }
       }
     }
     else {
@@ -360,15 +383,19 @@ do_read (struct fsc_object *o, void *buf, uint32_t count, uint64_t offset,
     pthread_mutex_unlock (&o->lock);
 
     switch (kind) {
-    case RUN_HIT:
+    case RUN_HIT: {
+      uint64_t g0 = GROUP_OF (b), g1 = GROUP_OF (b + n - 1);
       if (buf)
         b += hit_run (o, b, n, buf, offset, count, csums);
       else
         b += n;
+      for (uint64_t gi = g0; gi <= g1; ++gi)
+        __atomic_sub_fetch (&o->groups[gi]->readers, 1, __ATOMIC_RELEASE);
       break;
+    }
 
     case RUN_MISS:
-      if (fetch_run (o, b, n, buf, offset, count, up, epochs) == -1)
+      if (fetch_run (o, b, n, buf, offset, count, up, epochs, flags) == -1)
         return -1;
       b += n;
       break;
@@ -394,10 +421,11 @@ do_read (struct fsc_object *o, void *buf, uint32_t count, uint64_t offset,
 
 int
 fsc_object_read (struct fsc_object *o, void *buf, uint32_t count,
-                 uint64_t offset, const struct fsc_upstream *up)
+                 uint64_t offset, const struct fsc_upstream *up,
+                 unsigned flags)
 {
   FSC_STAT_ADD (&o->cache->stats, read_requests, 1);
-  return do_read (o, buf, count, offset, up);
+  return do_read (o, buf, count, offset, up, flags);
 }
 
 int
@@ -411,7 +439,7 @@ fsc_object_prefetch (struct fsc_object *o, uint64_t offset, uint64_t count,
   count = MIN (count, o->size - offset);
   while (count > 0) {
     uint32_t n = MIN (count, (uint64_t) MAX_FETCH_BYTES);
-    if (do_read (o, NULL, n, offset, up) == -1)
+    if (do_read (o, NULL, n, offset, up, 0) == -1)
       return -1;
     offset += n;
     count -= n;

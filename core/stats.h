@@ -33,7 +33,16 @@
   X (objects_busy)        /* held by another process: uncached */         \
   X (unclean_opens)       /* previous user crashed */                     \
   X (invalidated_blocks)  /* present blocks dropped by writes */          \
-  X (stored_blocks)       /* blocks stored by writethrough */
+  X (stored_blocks)       /* blocks stored by writethrough */         \
+  X (evicted_blocks)      /* blocks evicted to keep a size cap */         \
+  X (evicted_bytes)       /* their bytes (space punched out) */          \
+  X (evicted_main)        /* of those, from the main set (not probation) */\
+  X (promoted_blocks)     /* probation blocks hit again: into main */     \
+  X (eviction_rounds)     /* evictions (each one commit) */               \
+  X (cap_skips)           /* fills not stored: nothing to evict */        \
+  X (lowspace_skips)      /* fills not stored: free space floor */        \
+  X (lowspace_ms)         /* time spent below the free space floor */     \
+  X (quota_changes)       /* quota records taken up or dropped */
 
 struct fsc_stats {
 #define FSC_STATS_DECL(name) uint64_t name;

@@ -43,10 +43,15 @@
 #include "internal.h"
 #include "utils.h"
 
-/* Handle a failed write to the data file. */
+/* Handle a failed write to the data file.  EAGAIN is no failure:
+ * fsc_make_room said not to store (over budget with nothing to evict,
+ * or space low), so the blocks are simply not cached.
+ */
 static void
 fill_failed (struct fsc_object *o, int err)
 {
+  if (err == EAGAIN)
+    return;
   FSC_STAT_ADD (&o->cache->stats, fill_errors, 1);
   if (err == ENOSPC || err == EDQUOT) {
     FSC_STAT_ADD (&o->cache->stats, nofill_events, 1);
@@ -62,11 +67,11 @@ fill_failed (struct fsc_object *o, int err)
 
 /* Write NB blocks from BLK (their bytes at SRC) and their sub-block
  * hashes into the cache files, and compute their index checksums into
- * CSUMS.  Returns 0 or -1 with errno.
+ * CSUMS.  SCAN: see fsc_make_room.  Returns 0 or -1 with errno.
  */
 static int
 store_blocks (struct fsc_object *o, uint64_t blk, uint64_t nb,
-              const unsigned char *src, uint64_t *csums)
+              const unsigned char *src, uint64_t *csums, bool scan)
 {
   const unsigned k = subs_per_block (o);
   const uint64_t s = block_start (o, blk), e = block_end (o, blk + nb - 1);
@@ -75,6 +80,12 @@ store_blocks (struct fsc_object *o, uint64_t blk, uint64_t nb,
 
   if (le == NULL)
     return -1;
+  /* Room within the object's budget and above the free space floor:
+   * the data, and the sums' pages at worst.
+   */
+  const uint64_t room = (e - s) + ROUND_UP (nb * k * 8, 4096) + 4096;
+  if (fsc_make_room (o, room, scan) == -1)
+    return -1;
   for (uint64_t i = 0; i < nb; ++i) {
     uint64_t bs = block_start (o, blk + i), be = block_end (o, blk + i);
     unsigned kb = fsc_sub_hashes (src + (bs - s), be - bs, sums);
@@ -82,11 +93,18 @@ store_blocks (struct fsc_object *o, uint64_t blk, uint64_t nb,
       put_le64 (le + 8 * (i * k + j), sums[j]);
     csums[i] = fsc_sums_csum (sums, kb);
   }
+  int r = 0;
   if (fsc_io_pwrite (&o->cache->io, FSC_FILE_DATA, o->dfd, src, e - s, s)
       == -1 ||
       fsc_io_pwrite (&o->cache->io, FSC_FILE_SUMS, o->sfd, le, nb * k * 8,
                      sums_offset (o, blk)) == -1)
+    r = -1;
+  int err = errno;
+  fsc_room_done (o, room);
+  if (r == -1) {
+    errno = err;
     return -1;
+  }
   FSC_STAT_ADD (&o->cache->stats, fill_bytes, e - s);
   return 0;
 }
@@ -97,7 +115,8 @@ store_blocks (struct fsc_object *o, uint64_t blk, uint64_t nb,
  */
 void
 fsc_fill_blocks (struct fsc_object *o, uint64_t b, uint64_t n,
-             const unsigned char *data, const uint64_t *epochs)
+                 const unsigned char *data, const uint64_t *epochs,
+                 unsigned flags)
 {
   const uint64_t g0 = GROUP_OF (b), g1 = GROUP_OF (b + n - 1);
   uint64_t csums[MAX_RUN_BLOCKS];
@@ -105,7 +124,7 @@ fsc_fill_blocks (struct fsc_object *o, uint64_t b, uint64_t n,
 
   if (data != NULL) {
     if (fsc_reserve_groups (o, g0, g1) == -1 ||
-        store_blocks (o, b, n, data, csums) == -1)
+        store_blocks (o, b, n, data, csums, flags & FSC_FILL_SCAN) == -1)
       fill_failed (o, errno);
     else
       fill_ok = true;
@@ -120,6 +139,7 @@ fsc_fill_blocks (struct fsc_object *o, uint64_t b, uint64_t n,
     if (fill_ok && o->state == FSC_OBJ_AVAILABLE &&
         g->epoch == epochs[GROUP_OF (blk) - g0]) {
       g->present |= BIT_OF (blk);
+      fsc_note_filled (o, blk, flags & FSC_FILL_PREFETCHED);
       g->csum[IDX_OF (blk)] = csums[i];
       o->data_dirty = true;
       if (fsc_mark_dirty (o, GROUP_OF (blk), g) == -1)
@@ -266,7 +286,9 @@ fsc_object_write_begin (struct fsc_object *o, uint64_t offset,
     uint64_t dropped = g->present & mask;
     if (dropped) {
       g->present &= ~mask;
+      fsc_note_gone (o, g, dropped);
       FSC_STAT_ADD (st, invalidated_blocks, __builtin_popcountll (dropped));
+      fsc_note_dropped (o, gi, dropped);      /* punch later, if capped */
     }
     if (g->disk_max & mask) {
       need_sync = true;
@@ -375,7 +397,8 @@ fsc_object_write_end (struct fsc_object *o, struct fsc_write *w,
         j++;
     }
     uint64_t *csums = malloc ((j - i) * sizeof *csums);
-    if (csums == NULL || store_blocks (o, blk, j - i, src, csums) == -1) {
+    if (csums == NULL ||
+        store_blocks (o, blk, j - i, src, csums, false) == -1) {
       fill_failed (o, errno);
       free (csums);
       for (; i < nb; ++i)
@@ -392,6 +415,7 @@ fsc_object_write_end (struct fsc_object *o, struct fsc_write *w,
       if (o->state == FSC_OBJ_AVAILABLE &&
           g->epoch == w->epochs[GROUP_OF (bk) - w->first_group]) {
         g->present |= BIT_OF (bk);
+        fsc_note_filled (o, bk, false);
         g->csum[IDX_OF (bk)] = csum;
         o->data_dirty = true;
         fsc_mark_dirty (o, GROUP_OF (bk), g);

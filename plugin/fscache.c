@@ -54,6 +54,9 @@ static bool verify = true;
 static char *stats_file;
 static uint64_t readahead = 4 * 1024 * 1024;
 static bool offline = false;    /* fscache-offline */
+static uint64_t max_size;       /* fscache-max-size, 0: none */
+static unsigned min_free = 1;   /* fscache-min-free, % of blocks */
+static unsigned min_free_inodes = 1; /* fscache-min-free-inodes */
 
 static struct fsc_cache *cache;
 
@@ -64,6 +67,7 @@ struct handle {
   struct fsc_object *obj;
   uint64_t size;                /* the export's size, fixed at .prepare */
   time_t err_said;              /* last upstream failure logged (atomic) */
+  uint64_t last_end;            /* end of the last read (atomic) */
   unsigned err_unsaid;          /* failures since, not logged (atomic) */
   struct fsc_readahead *ra;     /* NULL if fscache-readahead=0 */
   struct upstream upstream;     /* this connection's upstream, gated */
@@ -198,6 +202,36 @@ fscache_config (nbdkit_next_config *next, nbdkit_backend *nxdata,
     readahead = r;
     return 0;
   }
+  if (strcmp (k, "fscache-max-size") == 0) {
+    int64_t r = nbdkit_parse_size (value);
+    if (r == -1) {
+      nbdkit_error ("fscache-max-size=%s: not a size", value);
+      return -1;
+    }
+    if (r != 0 && r < 1024 * 1024) {
+      nbdkit_error ("fscache-max-size=%s: at least 1M (or 0 for no cap)",
+                    value);
+      return -1;
+    }
+    max_size = r;
+    return 0;
+  }
+  if (strcmp (k, "fscache-min-free") == 0 ||
+      strcmp (k, "fscache-min-free-inodes") == 0) {
+    unsigned pct;
+    int n = -1;
+    if (sscanf (value, "%u%%%n", &pct, &n) != 1 || n != (int) strlen (value)
+        || pct >= 100) {
+      nbdkit_error ("%s=%s: must be a percentage from 0%% to 99%%, "
+                    "like 1%%", k, value);
+      return -1;
+    }
+    if (k[16] == '\0')
+      min_free = pct;
+    else
+      min_free_inodes = pct;
+    return 0;
+  }
   if (strcmp (k, "fscache-offline") == 0) {
     int r = nbdkit_parse_bool (value);
     if (r == -1) {
@@ -277,6 +311,8 @@ fscache_config_complete (nbdkit_next_config_complete *next,
   struct fsc_cache_config cfg = {
     .dir = dir,
     .create = true,
+    .min_free_pct = min_free,
+    .min_free_files_pct = min_free_inodes,
     .faults = getenv ("NBD_FSCACHE_FAULTS"),
   };
   if (fsc_cache_open (&cfg, &cache) == -1) {
@@ -369,6 +405,9 @@ fscache_cleanup (nbdkit_backend *nxdata)
   "fscache-validate=sample|size|none       Coherency check at open.\n" \
   "fscache-verify=BOOL        Verify checksums of hits (default true).\n" \
   "fscache-readahead=SIZE     Sequential readahead window (default 4M, 0 off).\n" \
+  "fscache-max-size=SIZE      Cap on each export's cached bytes (default none).\n" \
+  "fscache-min-free=N%        Cache nothing below N% free space (default 1%).\n" \
+  "fscache-min-free-inodes=N% The same for free inodes (default 1%).\n" \
   "fscache-offline=BOOL       Serve the cached copy read-only when the\n" \
   "                           upstream cannot be opened (default false).\n" \
   "fscache-stats=FILE         Write counters to FILE."
@@ -553,6 +592,7 @@ fscache_prepare (nbdkit_next *next, void *handle, int readonly)
   struct fsc_object_params p = {
     .key = k, .key_len = klen, .block_size = block_size,
     .verify = verify, .validate = validate, .generation = generation,
+    .max_size = max_size,
   };
   if (!upstream_available (&h->upstream))
     return prepare_offline (h, &p);
@@ -644,6 +684,9 @@ log_notices (struct handle *h)
     nbdkit_error ("fscache: warning: export \"%s\": cache I/O error (%s); "
                   "cache withdrawn, serving from upstream", h->exportname,
                   strerror (err));
+  if (n & FSC_NOTICE_BADQUOTA)
+    nbdkit_error ("fscache: warning: export \"%s\": its quota record "
+                  "(.quota) is malformed; ignored", h->exportname);
   if (n & FSC_NOTICE_NOFILL)
     nbdkit_error ("fscache: warning: export \"%s\": cache directory full; "
                   "not caching new blocks for a while", h->exportname);
@@ -686,7 +729,13 @@ fscache_pread (nbdkit_next *next, void *handle, void *buf, uint32_t count,
                uint64_t offset, uint32_t flags, int *err)
 {
   struct handle *h = handle;
-  int r = fsc_object_read (h->obj, buf, count, offset, &h->up);
+  /* A read that starts where this connection's last one ended is part
+   * of a stream: its hits do not protect blocks from eviction.
+   */
+  uint64_t prev = __atomic_exchange_n (&h->last_end, offset + count,
+                                       __ATOMIC_RELAXED);
+  unsigned rflags = prev == offset && offset != 0 ? FSC_READ_SEQUENTIAL : 0;
+  int r = fsc_object_read (h->obj, buf, count, offset, &h->up, rflags);
   *err = errno;
   log_notices (h);
   if (r == -1) {

@@ -419,7 +419,7 @@ read_all (struct fsc_object *o, uint64_t s, const char *what)
     }
     if (n > SIZE - off)
       n = SIZE - off;
-    if (fsc_object_read (o, readbuf + off, n, off, &up) == -1) {
+    if (fsc_object_read (o, readbuf + off, n, off, &up, 0) == -1) {
       fprintf (stderr, "fuzz-index: %s: fsc_object_read (%" PRIu64
                ", %" PRIu64 "): %s\n", what, n, off, strerror (errno));
       abort ();
@@ -1026,7 +1026,7 @@ save (const char *dir, const char *name, const unsigned char *p, size_t n)
 static void
 read_range (struct fsc_object *o, uint64_t off, uint64_t n)
 {
-  if (fsc_object_read (o, readbuf + off, n, off, &up) == -1 ||
+  if (fsc_object_read (o, readbuf + off, n, off, &up, 0) == -1 ||
       memcmp (readbuf + off, upstream + off, n) != 0) {
     fprintf (stderr, "fuzz-index: --make-corpus: bad read\n");
     exit (1);

@@ -74,7 +74,7 @@ read_all (struct fsc_object *o)
     uint32_t n = 1 + (off * 7919) % 70000;
     if (n > SIZE - off)
       n = SIZE - off;
-    CHECK (fsc_object_read (o, buf + off, n, off, &up) == 0);
+    CHECK (fsc_object_read (o, buf + off, n, off, &up, 0) == 0);
     off += n;
   }
   CHECK (memcmp (buf, upstream, SIZE) == 0);
@@ -205,14 +205,14 @@ main (void)
     struct fsc_write wa, wb;
     unsigned char nb[BS], got[BS];
     uint64_t off = 40 * BS;
-    CHECK (fsc_object_read (o, got, BS, off, &up) == 0);       /* cached */
+    CHECK (fsc_object_read (o, got, BS, off, &up, 0) == 0);       /* cached */
     memset (nb, 0xa1, BS);
     CHECK (fsc_object_write_begin (o, off, BS, true, &wa) == 0);
-    CHECK (fsc_object_read (o, got, BS, off, &up) == 0);       /* old data */
+    CHECK (fsc_object_read (o, got, BS, off, &up, 0) == 0);       /* old data */
     CHECK (!fsc_object_block_present (o, 40));
     memcpy (upstream + off, nb, BS);
     fsc_object_write_end (o, &wa, nb, true);
-    CHECK (fsc_object_read (o, got, BS, off, &up) == 0);
+    CHECK (fsc_object_read (o, got, BS, off, &up, 0) == 0);
     CHECK (memcmp (got, nb, BS) == 0);
 
     /* Overlapping writes: B ends first but A lands upstream last:
@@ -229,7 +229,7 @@ main (void)
     memcpy (upstream + off, na, BS);
     fsc_object_write_end (o, &wa, na, true);
     CHECK (!fsc_object_block_present (o, 40));
-    CHECK (fsc_object_read (o, got, BS, off, &up) == 0);
+    CHECK (fsc_object_read (o, got, BS, off, &up, 0) == 0);
     CHECK (memcmp (got, na, BS) == 0);
   }
 
@@ -334,7 +334,7 @@ main (void)
   for (int i = 0; i < 100; ++i) {
     unsigned char b1[100];
     struct opener op = { .c = c, .spin = (i * 7919) % 200000 };
-    CHECK (fsc_object_read (o, b1, sizeof b1, i * 1000, &up) == 0);
+    CHECK (fsc_object_read (o, b1, sizeof b1, i * 1000, &up, 0) == 0);
     pthread_t opener;
     CHECK (pthread_create (&opener, NULL, open_thread, &op) == 0);
     fsc_object_close (o);
@@ -381,12 +381,12 @@ main (void)
   o = open_obj (c, &info, "v6", SIZE);
   up_fail = 1;
   unsigned char b1[100];
-  CHECK (fsc_object_read (o, b1, sizeof b1, 0, &up) == -1 && errno == EIO);
+  CHECK (fsc_object_read (o, b1, sizeof b1, 0, &up, 0) == -1 && errno == EIO);
   up_fail = 0;
-  CHECK (fsc_object_read (o, b1, sizeof b1, 0, &up) == 0);
+  CHECK (fsc_object_read (o, b1, sizeof b1, 0, &up, 0) == 0);
   CHECK (memcmp (b1, upstream, sizeof b1) == 0);
   /* Out of range. */
-  CHECK (fsc_object_read (o, b1, 2, SIZE - 1, &up) == -1 && errno == EINVAL);
+  CHECK (fsc_object_read (o, b1, 2, SIZE - 1, &up, 0) == -1 && errno == EINVAL);
   fsc_object_close (o);
   fsc_cache_close (c);
 
@@ -420,11 +420,11 @@ main (void)
     CHECK_EQ (info.reason, FSC_OK);
     up_bytes = 0;
     /* A read of sub-block 1 of that block is served from the cache. */
-    CHECK (fsc_object_read (o, got, 4096, 2 * 65536 + 4096, &up) == 0);
+    CHECK (fsc_object_read (o, got, 4096, 2 * 65536 + 4096, &up, 0) == 0);
     CHECK (memcmp (got, upstream + 2 * 65536 + 4096, 4096) == 0);
     CHECK_EQ (up_bytes, 0);
     /* A read touching sub-block 3 detects the damage and refetches. */
-    CHECK (fsc_object_read (o, got, 100, 2 * 65536 + 3 * 4096, &up) == 0);
+    CHECK (fsc_object_read (o, got, 100, 2 * 65536 + 3 * 4096, &up, 0) == 0);
     CHECK (memcmp (got, upstream + 2 * 65536 + 3 * 4096, 100) == 0);
     CHECK_EQ (up_bytes, 65536);
     fsc_cache_stats (c, &st);
@@ -440,12 +440,12 @@ main (void)
     c = open_cache (NULL);
     CHECK (fsc_object_open (c, &p64, &o, &info) == 0);
     up_bytes = 0;
-    CHECK (fsc_object_read (o, got, 8192, 4 * 65536 + 100, &up) == 0);
+    CHECK (fsc_object_read (o, got, 8192, 4 * 65536 + 100, &up, 0) == 0);
     CHECK (memcmp (got, upstream + 4 * 65536 + 100, 8192) == 0);
     CHECK_EQ (up_bytes, 65536);
     /* The last, short block (12345 bytes past the last full 64K). */
     up_bytes = 0;
-    CHECK (fsc_object_read (o, got, 5000, SIZE - 5000, &up) == 0);
+    CHECK (fsc_object_read (o, got, 5000, SIZE - 5000, &up, 0) == 0);
     CHECK (memcmp (got, upstream + SIZE - 5000, 5000) == 0);
     CHECK_EQ (up_bytes, 0);
     fsc_object_close (o);

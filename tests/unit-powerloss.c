@@ -206,7 +206,7 @@ main (int argc, char *argv[])
     if (what < 10) {                    /* read: fills */
       uint32_t n = 1 + rand () % sizeof got;
       uint64_t off = rand () % (SIZE - n);
-      CHECK (fsc_object_read (o, got, n, off, &up) == 0);
+      CHECK (fsc_object_read (o, got, n, off, &up, 0) == 0);
       CHECK (memcmp (got, upstream + off, n) == 0);
     }
     else if (what < 17) {               /* write, maybe failing */
@@ -289,7 +289,7 @@ main (int argc, char *argv[])
     struct fsc_upstream up2 = { .pread = up_pread, .opaque = up_at };
     for (uint64_t off = 0; off < SIZE; off += 65536) {
       uint32_t n = SIZE - off < 65536 ? SIZE - off : 65536;
-      CHECK (fsc_object_read (o, all + off, n, off, &up2) == 0);
+      CHECK (fsc_object_read (o, all + off, n, off, &up2, 0) == 0);
     }
     for (uint64_t i = 0; i < SIZE; ++i)
       if (all[i] != up_at[i]) {

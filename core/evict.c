@@ -1,0 +1,618 @@
+/* libfscache: bounded space, inside one object (the seed's culling,
+ * at block granularity), and the cache's free space floor.
+ *
+ * Budget.  An object may hold at most budget = min (fscache-max-size,
+ * its quota) allocated bytes in its three files, as du counts them
+ * (st_blocks, so holes, the index and the sums count as they really
+ * are).  The quota is NAME.quota, written by nbd-fscached to shrink
+ * objects in use (docs/format.md); the committer takes it up every
+ * commit interval (fsc_object_check_budget) and shrinks the object.
+ * Every write of new blocks first reserves its bytes (fsc_make_room):
+ * if they do not fit, blocks are evicted until the object is a little
+ * under budget (EVICT_SLACK), so evictions come in batches of one
+ * commit each.  Fills in flight are counted (pending_alloc), so that
+ * concurrent fills cannot all pass the check at once.
+ *
+ * Policy: S3-FIFO (SOSP '23) on bitmaps.  Each block has a reference
+ * bit (group.referenced), set by hits under the lock the hit path
+ * takes anyway (retrieve.c): no extra lock, no disk write.  Hits of
+ * reads that continue a sequential stream (FSC_READ_SEQUENTIAL, the
+ * caller's hint) set no bit, and neither does the first hit of a block
+ * a prefetch brought (group.unread: that is its first use, not a
+ * reuse).  A block filled goes on probation, a FIFO
+ * of block numbers (obj->pq).  Victims come from probation first,
+ * oldest first: blocks hit since they arrived are promoted to the main
+ * set, the others evicted and, if they were ever read, remembered as
+ * ghosts (obj->gq, a
+ * budget's worth); a ghost filled again skips probation, since it was
+ * reused, only later than probation lasted.  So a scan, whose blocks
+ * nobody hits again, only churns probation, and the hot set in the
+ * main set is left alone.  Only when probation has no victims left do
+ * they come from the main set, by CLOCK: a referenced block loses its
+ * bit and stays (a second chance).  (S3-FIFO keeps probation at 10%
+ * of the cache; here evictions come in batches as large as a fill, up
+ * to 4 MiB, which would often exceed that share of a small cap, so
+ * probation has no fixed share: ghosts give a block evicted too soon
+ * its way into the main set.)  Hands move group
+ * by group, with bit operations on 64 blocks at a time.  Recency lives
+ * only in memory, as dm-cache's hints: a restart forgets it (every
+ * block loaded is main and unreferenced), which may cost hits, never
+ * data.
+ *
+ * Rule 4 of crash safety (rules 1-3 are in commit.c and store.c): an
+ * eviction is durable before its space is reused.
+ *  a. Under the lock, victims lose their present bit (no hit can start
+ *     on them any more) and gain the evicted bit; their group is
+ *     queued for the commit.
+ *  b. A commit (commit.c) makes that durable: no record names them.
+ *  c. Their space is punched (FALLOC_FL_PUNCH_HOLE, data and sums):
+ *     each evicted block that is not present or claimed again, in a
+ *     group with no hit in flight (group.readers), is claimed for the
+ *     punch and released after it.
+ *  Only then does fsc_make_room return and the new data get written.
+ *  Blocks dropped by writes (store.c) are punched the same way.
+ *
+ * The floor.  Below fscache-min-free (blocks) or its inode twin, or
+ * while DIR/fscache.stop exists, no new blocks are stored: misses are
+ * served from upstream and hits keep working.  fstatvfs runs at most
+ * every SPACE_CHECK_MS per cache, not once per request.
+ */
+#include <config.h>
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <xxhash.h>
+
+#include "internal.h"
+#include "utils.h"
+
+#define SPACE_CHECK_MS 500
+#define QUOTA_SIZE 32
+#define QUOTA_VERSION 1                 /* saved on disk */
+static const unsigned char quota_magic[8] = "NBDFSCQT";
+
+static uint64_t
+now_ms (void)
+{
+  struct timespec ts;
+  clock_gettime (CLOCK_MONOTONIC, &ts);
+  return (uint64_t) ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Below the free space floor, or stopped by the daemon?  Looks at most
+ * every SPACE_CHECK_MS; between looks, the last answer.
+ */
+static bool
+space_low (struct fsc_cache *c)
+{
+  uint64_t now = now_ms ();
+  uint64_t last = __atomic_load_n (&c->space_checked_ms, __ATOMIC_RELAXED);
+  if (now - last < SPACE_CHECK_MS ||
+      !__atomic_compare_exchange_n (&c->space_checked_ms, &last, now, false,
+                                    __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+    return __atomic_load_n (&c->space_low, __ATOMIC_RELAXED);
+
+  bool low = faccessat (c->dirfd, "fscache.stop", F_OK,
+                        AT_SYMLINK_NOFOLLOW) == 0;
+  struct statvfs sv;
+  if (!low && (c->min_free_pct || c->min_free_files_pct) &&
+      fstatvfs (c->dirfd, &sv) == 0) {
+    /* free * 100 < total * pct, without overflow for any real size. */
+    if (c->min_free_pct && sv.f_blocks &&
+        (unsigned __int128) sv.f_bavail * 100 <
+        (unsigned __int128) sv.f_blocks * c->min_free_pct)
+      low = true;
+    if (c->min_free_files_pct && sv.f_files &&
+        (unsigned __int128) sv.f_favail * 100 <
+        (unsigned __int128) sv.f_files * c->min_free_files_pct)
+      low = true;
+  }
+  bool was = __atomic_exchange_n (&c->space_low, low, __ATOMIC_RELAXED);
+  if (low && was && last)
+    FSC_STAT_ADD (&c->stats, lowspace_ms, now - last);
+  return low;
+}
+
+uint64_t
+fsc_object_allocated (struct fsc_object *o)
+{
+  uint64_t total = 0;
+  int fds[3] = { o->dfd, o->sfd, o->ifd };
+  for (int i = 0; i < 3; ++i) {
+    struct stat st;
+    if (fds[i] >= 0 && fstat (fds[i], &st) == 0)
+      total += (uint64_t) st.st_blocks * 512;
+  }
+  return total;
+}
+
+/* The object's budget in bytes, UINT64_MAX for none.  Holds o->lock. */
+uint64_t
+fsc_budget_of (const struct fsc_object *o)
+{
+  uint64_t b = o->max_size ? o->max_size : UINT64_MAX;
+  return MIN (b, o->quota);
+}
+
+/* How far under budget an eviction goes: a batch, so that evictions
+ * (each a commit) are rare.
+ */
+static uint64_t
+slack_of (const struct fsc_object *o, uint64_t budget)
+{
+  return MAX (budget / 16, 4 * (uint64_t) o->block_size);
+}
+
+/* Queue group GI for punching.  Holds o->lock.  Returns 0 or -1. */
+static int
+queue_punch (struct fsc_object *o, uint64_t gi)
+{
+  struct group *g = o->groups[gi];
+  if (g->on_punch)
+    return 0;
+  if (o->npunch == o->punch_cap) {
+    size_t ncap = o->punch_cap ? o->punch_cap * 2 : 16;
+    uint64_t *p = realloc (o->punch, ncap * sizeof *p);
+    if (p == NULL)
+      return -1;
+    o->punch = p;
+    o->punch_cap = ncap;
+  }
+  o->punch[o->npunch++] = gi;
+  g->on_punch = true;
+  return 0;
+}
+
+/* Append B to the ring Q (head, length, capacity), growing it up to
+ * MAX entries; when full at MAX, the oldest entry is dropped and
+ * returned in *DROPPED (else UINT64_MAX).  Returns 0, or -1 (no
+ * memory: not appended).
+ */
+static int
+ring_push (uint64_t **q, size_t *head, size_t *len, size_t *cap,
+           size_t max, uint64_t b, uint64_t *dropped)
+{
+  *dropped = UINT64_MAX;
+  if (*len == *cap && *cap < max) {
+    size_t ncap = MIN (MAX (*cap * 2, (size_t) 64), max);
+    uint64_t *p = malloc (ncap * sizeof *p);
+    if (p == NULL)
+      return -1;
+    for (size_t i = 0; i < *len; ++i)
+      p[i] = (*q)[(*head + i) % *cap];
+    free (*q);
+    *q = p;
+    *head = 0;
+    *cap = ncap;
+  }
+  if (*len == *cap) {
+    if (*cap == 0)
+      return -1;
+    *dropped = (*q)[*head];
+    *head = (*head + 1) % *cap;
+    (*len)--;
+  }
+  (*q)[(*head + (*len)++) % *cap] = b;
+  return 0;
+}
+
+/* Blocks a budget holds, at least 1: the bound of both rings. */
+static size_t
+budget_blocks (const struct fsc_object *o, uint64_t budget)
+{
+  return MAX (budget / o->block_size, (uint64_t) 1);
+}
+
+void
+fsc_note_filled (struct fsc_object *o, uint64_t b, bool prefetched)
+{
+  struct group *g = o->groups[GROUP_OF (b)];
+  uint64_t bit = BIT_OF (b);
+  uint64_t budget = fsc_budget_of (o), dropped;
+  if (prefetched)
+    g->unread |= bit;
+  else
+    g->unread &= ~bit;
+  g->referenced &= ~bit;
+  if (budget == UINT64_MAX || (g->probation & bit))
+    return;
+  if (g->ghost & bit) {
+    /* Evicted from probation lately and wanted again: its reuse
+     * distance is longer than probation, not a scan: main at once.
+     */
+    g->ghost &= ~bit;
+    return;
+  }
+  /* Into the probation FIFO (without memory it stays a main block).
+   * Stale entries make it longer than probation; 4 budgets bound it.
+   */
+  if (ring_push (&o->pq, &o->pq_head, &o->pq_len, &o->pq_cap,
+                 4 * budget_blocks (o, budget), b, &dropped) == -1)
+    return;
+  g->probation |= bit;
+  o->nprobation++;
+  if (dropped != UINT64_MAX) {
+    /* The oldest entry fell off: its block, if still on probation,
+     * becomes a main block.
+     */
+    struct group *dg = o->groups[GROUP_OF (dropped)];
+    uint64_t dbit = BIT_OF (dropped);
+    if (dropped != b && dg && (dg->probation & dbit)) {
+      dg->probation &= ~dbit;           /* probation implies present */
+      o->nprobation--;
+    }
+  }
+}
+
+/* Remember B, just evicted from probation, as a ghost. */
+static void
+note_ghost (struct fsc_object *o, uint64_t b, uint64_t budget)
+{
+  uint64_t dropped;
+  if (ring_push (&o->gq, &o->gq_head, &o->gq_len, &o->gq_cap,
+                 budget_blocks (o, budget), b, &dropped) == -1)
+    return;
+  o->groups[GROUP_OF (b)]->ghost |= BIT_OF (b);
+  if (dropped != UINT64_MAX && dropped != b && o->groups[GROUP_OF (dropped)])
+    o->groups[GROUP_OF (dropped)]->ghost &= ~BIT_OF (dropped);
+}
+
+void
+fsc_note_dropped (struct fsc_object *o, uint64_t gi, uint64_t bits)
+{
+  if (fsc_budget_of (o) == UINT64_MAX || bits == 0)
+    return;
+  o->groups[gi]->evicted |= bits;
+  queue_punch (o, gi);          /* no memory: the space stays, harmless */
+}
+
+/* Evict TAKEN (present, unclaimed) blocks of group GI.  Holds o->lock.
+ * Returns their bytes, or 0 if there was no memory to record it.
+ */
+static uint64_t
+evict_bits (struct fsc_object *o, uint64_t gi, uint64_t taken)
+{
+  struct group *g = o->groups[gi];
+  uint64_t bytes = 0;
+  for (uint64_t t = taken; t; t &= t - 1) {
+    uint64_t b = gi * FSC_GROUP_BLOCKS + __builtin_ctzll (t);
+    bytes += block_end (o, b) - block_start (o, b);
+  }
+  g->present &= ~taken;
+  g->evicted |= taken;
+  if (fsc_mark_dirty (o, gi, g) == -1 || queue_punch (o, gi) == -1) {
+    g->present |= taken;        /* cannot record it: put them back */
+    g->evicted &= ~taken;
+    return 0;
+  }
+  fsc_note_gone (o, g, taken);
+  FSC_STAT_ADD (&o->cache->stats, evicted_blocks, __builtin_popcountll (taken));
+  FSC_STAT_ADD (&o->cache->stats, evicted_bytes, bytes);
+  return bytes;
+}
+
+/* The lowest bits of VICTIMS (blocks of group GI) worth at least WANT
+ * bytes, or all of them.
+ */
+static uint64_t
+take_upto (struct fsc_object *o, uint64_t gi, uint64_t victims,
+           uint64_t want)
+{
+  uint64_t taken = 0, bytes = 0;
+  while (victims && bytes < want) {
+    uint64_t bit = victims & -victims;
+    victims &= victims - 1;
+    uint64_t b = gi * FSC_GROUP_BLOCKS + __builtin_ctzll (bit);
+    taken |= bit;
+    bytes += block_end (o, b) - block_start (o, b);
+  }
+  return taken;
+}
+
+/* Evict WANT bytes, S3-FIFO style (see the top of this file): from
+ * probation first, then, up to NEED bytes (WANT without the batch's
+ * slack), from the main blocks by CLOCK.  Holds o->lock.  Returns the
+ * bytes evicted.
+ */
+static uint64_t
+sweep (struct fsc_object *o, uint64_t want, uint64_t need, uint64_t budget,
+       bool scan)
+{
+  uint64_t freed = 0;
+
+  /* Probation first, oldest first. */
+  {
+    for (size_t n = o->pq_len; freed < want && n > 0 && o->pq_len > 0; --n) {
+      uint64_t b = o->pq[o->pq_head];
+      o->pq_head = (o->pq_head + 1) % o->pq_cap;
+      o->pq_len--;
+      uint64_t gi = GROUP_OF (b), bit = BIT_OF (b);
+      struct group *g = o->groups[gi];
+      if (g == NULL || !(g->present & g->probation & bit))
+        continue;                       /* stale: gone or promoted */
+      if ((g->referenced & bit) || (g->fetching & bit)) {
+        /* Hit again since it came (or busy): promoted to main. */
+        g->probation &= ~bit;
+        g->referenced &= ~bit;
+        o->nprobation--;
+        FSC_STAT_ADD (&o->cache->stats, promoted_blocks, 1);
+        continue;
+      }
+      /* A prefetched block nobody read was never used: no ghost, so
+       * that its demand read later does not count as a reuse.
+       */
+      bool used = !(g->unread & bit);
+      uint64_t got = evict_bits (o, gi, bit);
+      if (got && used)
+        note_ghost (o, b, budget);
+      freed += got;
+    }
+  }
+
+  /* Then the main blocks, by CLOCK (two revolutions clear every bit),
+   * but only what the write needs, without the batch's slack: the hot
+   * set pays as little as it can.
+   */
+  for (uint64_t visited = 0;
+       freed < need && visited <= 2 * o->ngroups; ++visited) {
+    uint64_t gi = o->hand % o->ngroups;
+    o->hand = gi + 1;
+    struct group *g = o->groups[gi];
+    if (g == NULL)
+      continue;
+    uint64_t cand = g->present & ~g->fetching;
+    uint64_t victims = cand & ~g->referenced;
+    /* A scan's blocks take only unreferenced places: they do not use
+     * up the second chance of the hot set's blocks.
+     */
+    if (!scan)
+      g->referenced &= ~cand;
+    if (victims) {
+      uint64_t taken = take_upto (o, gi, victims, need - freed);
+      uint64_t got = evict_bits (o, gi, taken);
+      if (got)
+        FSC_STAT_ADD (&o->cache->stats, evicted_main,
+                      __builtin_popcountll (taken));
+      freed += got;
+    }
+  }
+  return freed;
+}
+
+/* Punch the space of the evicted blocks of the queued groups (step c).
+ * Groups with a hit in flight stay queued for the next time.  Returns
+ * 0, or -1 with errno if punching failed.
+ */
+static int
+punch_queued (struct fsc_object *o)
+{
+  pthread_mutex_lock (&o->lock);
+  size_t n = o->npunch;
+  uint64_t *gis = o->punch;
+  o->punch = NULL;
+  o->npunch = o->punch_cap = 0;
+  pthread_mutex_unlock (&o->lock);
+
+  int r = 0, e = 0;
+  for (size_t i = 0; i < n; ++i) {
+    uint64_t gi = gis[i];
+    pthread_mutex_lock (&o->lock);
+    struct group *g = o->groups[gi];
+    g->on_punch = false;
+    g->evicted &= ~g->present;          /* refilled since: keep */
+    uint64_t todo = g->evicted & ~g->fetching;
+    if (r == -1 || __atomic_load_n (&g->readers, __ATOMIC_ACQUIRE) != 0) {
+      if (g->evicted)
+        queue_punch (o, gi);
+      pthread_mutex_unlock (&o->lock);
+      continue;
+    }
+    g->fetching |= todo;                /* claimed: no fill meanwhile */
+    g->evicted &= ~todo;
+    pthread_mutex_unlock (&o->lock);
+
+    while (todo && r == 0) {
+      /* One run of consecutive blocks at a time. */
+      unsigned i0 = __builtin_ctzll (todo);
+      unsigned i1 = i0;
+      while (i1 + 1 < FSC_GROUP_BLOCKS && (todo >> (i1 + 1)) & 1)
+        i1++;
+      uint64_t b0 = gi * FSC_GROUP_BLOCKS + i0;
+      uint64_t b1 = gi * FSC_GROUP_BLOCKS + i1;
+      uint64_t s = block_start (o, b0), len = block_end (o, b1) - s;
+      uint64_t ss = sums_offset (o, b0);
+      uint64_t slen = sums_offset (o, b1 + 1) - ss;
+      if (fallocate (o->dfd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+                     s, len) == -1 ||
+          fallocate (o->sfd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+                     ss, slen) == -1) {
+        r = -1;
+        e = errno;
+      }
+      uint64_t run = (i1 - i0 == 63) ? ~UINT64_C (0)
+        : ((UINT64_C (1) << (i1 - i0 + 1)) - 1) << i0;
+      todo &= ~run;
+      pthread_mutex_lock (&o->lock);
+      g->fetching &= ~run;
+      if (r == -1)
+        g->evicted |= run & ~g->present;
+      pthread_cond_broadcast (&o->cond);
+      pthread_mutex_unlock (&o->lock);
+    }
+    if (todo) {                         /* after a failure: release */
+      pthread_mutex_lock (&o->lock);
+      g->fetching &= ~todo;
+      g->evicted |= todo & ~g->present;
+      pthread_cond_broadcast (&o->cond);
+      pthread_mutex_unlock (&o->lock);
+    }
+  }
+  free (gis);
+  if (r == -1)
+    errno = e;
+  return r;
+}
+
+/* Make LEN more bytes fit in the budget, evicting (down to a slack
+ * under it) if they do not, and reserve them (o->pending_alloc) in the
+ * same critical section as the check, so that two writers cannot both
+ * pass it: one evictor or checker at a time (o->evicting).  Returns 0
+ * (reserved), or -1 with errno (EAGAIN: could not get under budget;
+ * else the object was withdrawn or punching failed).
+ */
+static int
+shrink (struct fsc_object *o, uint64_t len, bool scan)
+{
+  struct fsc_stats *st = &o->cache->stats;
+
+  pthread_mutex_lock (&o->lock);
+  for (int round = 0; ; ++round) {
+    while (o->evicting)
+      pthread_cond_wait (&o->cond, &o->lock);
+    uint64_t budget = fsc_budget_of (o);
+    uint64_t pend = o->pending_alloc;
+    if (budget == UINT64_MAX || o->state != FSC_OBJ_AVAILABLE) {
+      o->pending_alloc += len;
+      pthread_mutex_unlock (&o->lock);
+      return 0;
+    }
+    o->evicting = true;
+    pthread_mutex_unlock (&o->lock);
+
+    uint64_t used = fsc_object_allocated (o) + pend;
+    int r = 0;
+    bool fits = used + len <= budget;
+    if (!fits && round < 3 && len <= budget) {
+      uint64_t slack = slack_of (o, budget);
+      uint64_t need = used + len - budget;
+      uint64_t want = need + MIN (slack, budget - len);
+      pthread_mutex_lock (&o->lock);
+      uint64_t got = sweep (o, want, need, budget, scan);
+      uint64_t target = o->change_seq;
+      pthread_mutex_unlock (&o->lock);
+      if (got > 0) {
+        FSC_STAT_ADD (st, eviction_rounds, 1);
+        r = fsc_commit_upto (o, target);        /* step b */
+      }
+      if (r == 0)
+        r = punch_queued (o);                   /* step c */
+    }
+    int e = errno;
+
+    pthread_mutex_lock (&o->lock);
+    o->evicting = false;
+    pthread_cond_broadcast (&o->cond);
+    if (r == -1) {
+      pthread_mutex_unlock (&o->lock);
+      errno = e;
+      return -1;
+    }
+    if (fits) {
+      o->pending_alloc += len;
+      pthread_mutex_unlock (&o->lock);
+      return 0;
+    }
+    if (round >= 3 || len > budget) {
+      pthread_mutex_unlock (&o->lock);
+      errno = EAGAIN;
+      return -1;
+    }
+  }
+}
+
+int
+fsc_make_room (struct fsc_object *o, uint64_t len, bool scan)
+{
+  struct fsc_cache *c = o->cache;
+  if (space_low (c)) {
+    FSC_STAT_ADD (&c->stats, lowspace_skips, 1);
+    errno = EAGAIN;
+    return -1;
+  }
+  if (shrink (o, len, scan) == -1) {
+    if (errno == EAGAIN)
+      FSC_STAT_ADD (&c->stats, cap_skips, 1);
+    else if (errno == EOPNOTSUPP) {
+      /* The filesystem cannot punch holes: a cap cannot be kept here,
+       * so store nothing more (never grow past it).
+       */
+      FSC_STAT_ADD (&c->stats, cap_skips, 1);
+      errno = EAGAIN;
+    }
+    return -1;
+  }
+  return 0;
+}
+
+void
+fsc_room_done (struct fsc_object *o, uint64_t len)
+{
+  SCOPED_LOCK (&o->lock);
+  o->pending_alloc -= MIN (len, o->pending_alloc);
+}
+
+/* Read NAME.quota if it changed since the last look; set o->quota
+ * (UINT64_MAX: none).  A malformed record counts as none.
+ */
+static void
+read_quota (struct fsc_object *o)
+{
+  char name[FILE_NAME_MAX];
+  struct stat st;
+  uint64_t q = UINT64_MAX;
+
+  fsc_file_name (o, ".quota", name);
+  if (fstatat (o->fandirfd, name, &st, AT_SYMLINK_NOFOLLOW) == 0) {
+    pthread_mutex_lock (&o->lock);
+    bool same = st.st_ino == o->quota_ino &&
+      st.st_mtim.tv_sec == o->quota_mtime.tv_sec &&
+      st.st_mtim.tv_nsec == o->quota_mtime.tv_nsec;
+    pthread_mutex_unlock (&o->lock);
+    if (same)
+      return;
+    unsigned char buf[QUOTA_SIZE + 1];
+    int fd = openat (o->fandirfd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    ssize_t n = fd >= 0 ? pread (fd, buf, sizeof buf, 0) : -1;
+    if (fd >= 0)
+      close (fd);
+    if (n == QUOTA_SIZE && memcmp (buf, quota_magic, 8) == 0 &&
+        get_le32 (buf + 8) == QUOTA_VERSION && get_le32 (buf + 12) == 0 &&
+        get_le64 (buf + 24) == XXH3_64bits (buf, 24))
+      q = get_le64 (buf + 16);
+    else {
+      pthread_mutex_lock (&o->lock);
+      if (!o->quota_bad_said)
+        o->notices |= FSC_NOTICE_BADQUOTA;
+      o->quota_bad_said = true;
+      pthread_mutex_unlock (&o->lock);
+    }
+  }
+  else
+    memset (&st, 0, sizeof st);
+
+  pthread_mutex_lock (&o->lock);
+  o->quota_ino = st.st_ino;
+  o->quota_mtime = st.st_mtim;
+  if (o->quota != q)
+    FSC_STAT_ADD (&o->cache->stats, quota_changes, 1);
+  o->quota = q;
+  pthread_mutex_unlock (&o->lock);
+}
+
+void
+fsc_object_check_budget (struct fsc_object *o)
+{
+  if (fsc_object_state (o) != FSC_OBJ_AVAILABLE || o->fandirfd < 0)
+    return;
+  read_quota (o);
+  /* Shrinking to the budget also punches what writes dropped. */
+  if (shrink (o, 0, false) == 0)
+    punch_queued (o);
+}

@@ -1,0 +1,213 @@
+#!/usr/bin/env bash
+# nbd-fscache: fscache-max-size holds, at every moment, and resists
+# scans.
+#
+#  1. fscache-max-size=8M in front of a 64 MiB upstream: full
+#     sequential reads twice and full random reads twice.  Every read
+#     is identical to the image, and the object's allocated size (du of
+#     its files, sampled every 20 ms throughout) never exceeds 8 MiB
+#     plus one 64 KiB block.
+#  2. Scan resistance: a hot 4 MiB region is read at random while a
+#     sequential scan of the whole export runs beside it.  The hot
+#     reads keep hitting: the upstream reads of the hot region during
+#     the scan stay under 1 MiB (a FIFO would fetch the region again
+#     on every pass of the 8 MiB cache, about 8 times).
+#  3. The cap after a restart with a smaller cap: the object shrinks to
+#     it within a commit interval, without any read.
+#
+# Truth: the image (cmp and per-read comparison), du of the object's
+# files, the upstream's request log (log filter, offsets of reads).
+
+source "${top_srcdir:-$(dirname "$0")/..}/tests/functions.sh"
+
+requires nbdkit --version
+requires nbdcopy --version
+requires du --version
+requires nbdkit nbd --dump-plugin
+requires nbdkit --filter=log null --dump-plugin
+requires nbdkit --filter=delay null --dump-plugin
+requires nbdkit --filter="$FILTER" null --dump-plugin
+requires python3 -c 'import nbd'
+
+PYTHON=python3
+[ -x /usr/bin/python3 ] && PYTHON=/usr/bin/python3
+size=$((64 * 1024 * 1024))
+cap=$((8 * 1024 * 1024))
+block=65536
+hot=$((4 * 1024 * 1024))
+img="$TMP/upstream.img"
+log="$TMP/up.log"
+make_random "$img" "$size"
+start_nbdkit -P "$TMP/up.pid" -U "$TMP/up.sock" \
+  --filter=log --filter=delay file "$img" logfile="$log" delay-read=1ms
+uri="nbd+unix:///?socket=$TMP/px.sock"
+
+start_proxy ()
+{
+  start_nbdkit -P "$TMP/px.pid" -U "$TMP/px.sock" -v --log=stderr \
+    --filter="$FILTER" nbd socket="$TMP/up.sock" fscache-dir="$TMP/cache" \
+    fscache-key=capped fscache-stats="$TMP/px.stats" "$@" 2>>"$TMP/px.err"
+}
+
+# The object's allocated bytes (its .idx, .data and .sums).
+object_du ()
+{
+  local files
+  files=$(find "$TMP/cache/objects" -type f \( -name '*.idx' -o \
+          -name '*.data' -o -name '*.sums' \))
+  [ -n "$files" ] || { echo 0; return; }
+  # shellcheck disable=SC2086
+  du -B1 -c $files | awk 'END { print $1 }'
+}
+
+# Sample du in the background until told to stop (a file appears).
+start_sampler ()
+{
+  rm -f "$TMP/stop-sampler" "$TMP/du.samples"
+  (
+    while [ ! -e "$TMP/stop-sampler" ]; do
+      object_du >> "$TMP/du.samples"
+      sleep 0.02
+    done
+  ) &
+  sampler=$!
+}
+stop_sampler ()
+{
+  touch "$TMP/stop-sampler"
+  wait "$sampler"
+}
+
+# reader.py MODE: "random" reads every 64 KiB block once in a random
+# order; "hot SECONDS" reads 4 KiB at random in [0, hot) until the file
+# $TMP/scan-done exists (or SECONDS pass).  Every read is compared with
+# the image.
+cat > "$TMP/reader.py" <<'EOF'
+import os, random, sys, time
+import nbd
+uri, img, mode = sys.argv[1], sys.argv[2], sys.argv[3]
+h = nbd.NBD()
+h.connect_uri(uri)
+size = h.get_size()
+data = open(img, "rb").read(size if mode == "random" else int(sys.argv[4]))
+rnd = random.Random(7)
+n = 0
+if mode == "random":
+    blocks = list(range(0, size, 65536))
+    rnd.shuffle(blocks)
+    for off in blocks:
+        k = min(65536, size - off)
+        if h.pread(k, off) != data[off:off + k]:
+            sys.exit("random: wrong data at %d" % off)
+        n += 1
+elif mode == "hot":
+    hot, done, limit = int(sys.argv[4]), sys.argv[5], time.time() + 60
+    open(done + ".ready", "w").close()
+    while not os.path.exists(done) and time.time() < limit:
+        off = rnd.randrange(0, hot // 4096) * 4096
+        if h.pread(4096, off) != data[off:off + 4096]:
+            sys.exit("hot: wrong data at %d" % off)
+        n += 1
+print(n)
+EOF
+
+# Upstream bytes read at offsets below LIMIT, from the log.
+log_bytes_below ()
+{
+  awk -v lim="$1" 'function hex(s,   i, c, v) {
+         v = 0; s = tolower (substr (s, 3))
+         for (i = 1; i <= length (s); i++) {
+           c = index ("0123456789abcdef", substr (s, i, 1)) - 1
+           v = v * 16 + c
+         }
+         return v
+       }
+       / Read id=/ && !/\.\.\.Read/ {
+         off = -1; cnt = 0
+         for (i = 1; i <= NF; i++) {
+           if ($i ~ /^offset=/) { sub ("offset=", "", $i); off = hex($i) }
+           if ($i ~ /^count=/) { sub ("count=", "", $i); cnt = hex($i) }
+         }
+         if (off >= 0 && off < lim) s += cnt
+       } END { printf "%d\n", s }' "$log"
+}
+
+# ---- 1. the bound, sequential and random -----------------------------
+start_proxy fscache-max-size=8M
+start_sampler
+for pass in 1 2; do
+  nbdcopy "$uri" "$TMP/seq.img"
+  cmp "$img" "$TMP/seq.img" || fail "sequential pass $pass differs"
+done
+for pass in 1 2; do
+  $PYTHON "$TMP/reader.py" "$uri" "$img" random > /dev/null ||
+    fail "random pass $pass: wrong data"
+done
+stop_sampler
+max=$(sort -n "$TMP/du.samples" | tail -1)
+nsamples=$(wc -l < "$TMP/du.samples")
+echo "1: $nsamples du samples, largest $max bytes (cap $cap, +1 block $block)"
+[ "$nsamples" -ge 10 ] || fail "only $nsamples du samples"
+[ "$max" -le $((cap + block)) ] ||
+  fail "the object grew to $max bytes, over the cap $cap plus one block"
+[ "$max" -ge $((cap / 2)) ] ||
+  fail "the object never held half its cap ($max bytes): nothing cached?"
+
+# ---- 2. scan resistance ------------------------------------------------
+# Warm the hot region: three passes of scattered 4 KiB reads (no two in
+# a row adjacent), so its blocks are cached and referenced.
+rm -f "$TMP/scan-done"
+$PYTHON - "$uri" "$img" "$hot" <<'EOF'
+import sys, nbd
+uri, img, hot = sys.argv[1], sys.argv[2], int(sys.argv[3])
+data = open(img, "rb").read()
+h = nbd.NBD(); h.connect_uri(uri)
+for rep in range(3):
+    for i in range(hot // 4096):
+        o = (i * 37) % (hot // 4096) * 4096
+        if h.pread(4096, o) != data[o:o + 4096]:
+            sys.exit("warm-up: wrong data")
+EOF
+b0=$(log_bytes_below "$hot")
+$PYTHON "$TMP/reader.py" "$uri" "$img" hot "$hot" "$TMP/scan-done" \
+  > "$TMP/hot.count" &
+hotpid=$!
+hot_ready () { [ -e "$TMP/scan-done.ready" ]; }
+wait_until hot_ready || fail "the hot reader did not start"
+nbdcopy "$uri" "$TMP/scan.img"
+touch "$TMP/scan-done"
+wait "$hotpid" || fail "scan resistance: the hot reader saw wrong data"
+cmp "$img" "$TMP/scan.img" || fail "scan resistance: the scan's copy differs"
+b1=$(log_bytes_below "$hot")
+# The scan itself reads the hot region once if it is not cached: count
+# only what exceeds that.
+got=$((b1 - b0))
+echo "2: hot reader did $(cat "$TMP/hot.count") reads during the scan;" \
+     "$got bytes of the hot region read upstream meanwhile"
+[ "$got" -le $((1024 * 1024)) ] ||
+  fail "scan resistance: $got bytes of the hot 4 MiB region were read" \
+       "upstream during the scan (the scan flushed the hot set)"
+stop_nbdkit "$TMP/px.pid"
+
+# ---- 3. a smaller cap after a restart: shrinks without reads ----------
+start_proxy fscache-max-size=2M
+before=$(object_du)
+# A client holds the object open, reading nothing, until told to go.
+$PYTHON -c '
+import os, sys, time, nbd
+h = nbd.NBD(); h.connect_uri(sys.argv[1])
+while not os.path.exists(sys.argv[2]):
+    time.sleep(0.05)
+' "$uri" "$TMP/release" &
+holder=$!
+shrunk () { [ "$(object_du)" -le $((2 * 1024 * 1024 + block)) ]; }
+wait_until shrunk || fail "the object did not shrink to the new cap 2M:" \
+                          "$(object_du) bytes"
+touch "$TMP/release"
+wait "$holder"
+nbdcopy "$uri" "$TMP/after.img"
+cmp "$img" "$TMP/after.img" || fail "after shrinking the data differs"
+stop_nbdkit "$TMP/px.pid"
+echo "3: restarted with a 2M cap: shrunk from $before to $(object_du) bytes"
+grep -E '^(evicted|eviction|cap_)' "$TMP/px.stats"
+echo "$0: OK"
