@@ -14,6 +14,9 @@
 #     on every pass of the 8 MiB cache, about 8 times).
 #  3. The cap after a restart with a smaller cap: the object shrinks to
 #     it within a commit interval, without any read.
+#  4. kill -9 while a small cap evicts all the time, 5 times, with
+#     fscache-verify=false (so nothing would catch a punched block the
+#     index still names): after each restart every byte is identical.
 #
 # Truth: the image (cmp and per-read comparison), du of the object's
 # files, the upstream's request log (log filter, offsets of reads).
@@ -210,4 +213,36 @@ cmp "$img" "$TMP/after.img" || fail "after shrinking the data differs"
 stop_nbdkit "$TMP/px.pid"
 echo "3: restarted with a 2M cap: shrunk from $before to $(object_du) bytes"
 grep -E '^(evicted|eviction|cap_)' "$TMP/px.stats"
+
+# ---- 4. kill -9 in the middle of evictions ------------------------------
+cat > "$TMP/churn.py" <<'EOF'
+import random, sys, nbd
+uri, seed = sys.argv[1], int(sys.argv[2])
+h = nbd.NBD()
+h.connect_uri(uri)
+size = h.get_size()
+rnd = random.Random(seed)
+try:
+    while True:
+        h.pread(65536, rnd.randrange(0, size // 65536) * 65536)
+except nbd.Error:
+    pass                # the proxy was killed
+EOF
+evicting () { [ "$(grep -c ' Read id=' "$log")" -gt $((n0 + 60)) ]; }
+for round in 1 2 3 4 5; do
+  start_proxy fscache-max-size=2M fscache-verify=false
+  n0=$(grep -c ' Read id=' "$log")
+  $PYTHON "$TMP/churn.py" "$uri" "$round" &
+  churn=$!
+  # Evictions are under way once well over 2M has been read: kill.
+  wait_until evicting || fail "kill -9 round $round: no reads"
+  kill9_nbdkit "$TMP/px.pid"
+  wait "$churn" || true
+  start_proxy fscache-verify=false
+  nbdcopy "$uri" "$TMP/crash.img"
+  cmp "$img" "$TMP/crash.img" ||
+    fail "kill -9 round $round: after the restart the data differs"
+  stop_nbdkit "$TMP/px.pid"
+done
+echo "4: 5 kills during evictions, data identical after each restart"
 echo "$0: OK"
