@@ -218,10 +218,13 @@ fscache_config (nbdkit_next_config *next, nbdkit_backend *nxdata,
   }
   if (strcmp (k, "fscache-min-free") == 0 ||
       strcmp (k, "fscache-min-free-inodes") == 0) {
-    unsigned pct;
-    int n = -1;
-    if (sscanf (value, "%u%%%n", &pct, &n) != 1 || n != (int) strlen (value)
-        || pct >= 100) {
+    char *end;
+    errno = 0;
+    unsigned long pct = strtoul (value, &end, 10);
+    if (*end == '%')
+      end++;
+    if (errno || end == value || *end || !(*value >= '0' && *value <= '9') ||
+        pct >= 100) {
       nbdkit_error ("%s=%s: must be a percentage from 0%% to 99%%, "
                     "like 1%%", k, value);
       return -1;

@@ -67,6 +67,13 @@ expect_refused fscache-verify fscache-verify=maybe
 expect_refused fscache-foo fscache-foo=1
 expect_refused fscache-key fscache-key=
 expect_refused fscache-readahead fscache-readahead=2G
+expect_refused fscache-max-size fscache-max-size=lots
+expect_refused fscache-max-size fscache-max-size=100K
+expect_refused fscache-min-free fscache-min-free=100%
+expect_refused fscache-min-free fscache-min-free=-1%
+expect_refused fscache-min-free fscache-min-free=5%x
+expect_refused fscache-min-free-inodes fscache-min-free-inodes=many
+expect_refused fscache-offline fscache-offline=perhaps
 expect_refused fscache-generation \
   fscache-generation="$(printf '%0300d' 0)"
 # A good parameter before the bad one changes nothing.
@@ -133,7 +140,10 @@ for p in fscache-block-size=4096 fscache-block-size=64K \
          fscache-mode=writethrough fscache-mode=writearound \
          fscache-validate=sample fscache-validate=size fscache-validate=none \
          fscache-verify=true fscache-verify=false fscache-verify=on \
-         fscache-verify=0 fscache-readahead=0 fscache-readahead=8M; do
+         fscache-verify=0 fscache-readahead=0 fscache-readahead=8M \
+         fscache-max-size=0 fscache-max-size=8M fscache-max-size=2G \
+         fscache-min-free=0% fscache-min-free=5% fscache-min-free=5 \
+         fscache-min-free-inodes=10% fscache-offline=true; do
   run_nbdkit "$TMP/err-ok" fscache-dir="$TMP/ok-cache" "$p"
   if [ "$rc" -ne 0 ]; then
     fail "$p: refused (exit $rc): $(cat "$TMP/err-ok")"
