@@ -452,6 +452,39 @@ main (void)
     fsc_cache_close (c);
   }
 
+  /* A capped object (evict.c): reads stay identical while blocks are
+   * evicted, never more than the cap is present, and a reopen reads
+   * the same bytes (evictions were committed before their punch).
+   */
+  {
+    const uint64_t cap = 256 * 1024;
+    struct fsc_object_params pc = {
+      .key = "capped", .key_len = 6, .block_size = BS, .size = SIZE,
+      .verify = true, .validate = FSC_VALIDATE_SIZE, .max_size = cap,
+    };
+    for (int pass = 0; pass < 2; ++pass) {
+      c = open_cache (NULL);
+      CHECK (fsc_object_open (c, &pc, &o, &info) == 0);
+      CHECK_EQ (info.state, FSC_OBJ_AVAILABLE);
+      for (int rep = 0; rep < 2; ++rep) {
+        read_all (o);
+        CHECK (fsc_object_present_blocks (o) * BS <= cap);
+      }
+      /* Random small reads: some hit, some evict. */
+      static unsigned char got[8192];
+      for (int i = 0; i < 2000; ++i) {
+        uint64_t off = (uint64_t) rand () % (SIZE - sizeof got);
+        uint32_t n = 1 + rand () % sizeof got;
+        CHECK (fsc_object_read (o, got, n, off, &up, 0) == 0);
+        CHECK (memcmp (got, upstream + off, n) == 0);
+      }
+      fsc_cache_stats (c, &st);
+      CHECK (st.evicted_blocks > 0 && st.eviction_rounds > 0);
+      fsc_object_close (o);
+      fsc_cache_close (c);
+    }
+  }
+
   /* A world-writable cache directory is refused. */
   CHECK (chmod (dir, 0777) == 0);
   struct fsc_cache_config cfg = { .dir = dir };
