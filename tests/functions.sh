@@ -10,7 +10,9 @@
 #   stop_nbdkit PIDFILE        SIGTERM it and wait until it has exited
 #                              (so its unload work, e.g. stats files, is done)
 #   kill9_nbdkit PIDFILE       SIGKILL it and wait until it is gone
-#   log_read_bytes LOGFILE     bytes read, summed over a log filter's file
+#   log_read_bytes LOGFILE [BELOW]
+#                              bytes read, summed over a log filter's file
+#                              (only reads starting below BELOW, if given)
 #   log_count LOGFILE WORD     requests of type WORD (Read, Write, Flush...)
 #   stat_value STATSFILE NAME  a counter from an fscache-stats file
 #   make_random FILE BYTES     FILE filled with BYTES of random data
@@ -18,7 +20,8 @@
 #   wait_until CMD [ARGS]      poll CMD every 50 ms until it succeeds;
 #                              1 after 20 s (waits for a state, not a time)
 #
-# $FILTER is the fscache filter to pass to --filter=, $TMP a private
+# $FILTER is the fscache filter to pass to --filter=, $PYTHON the python3
+# with the libnbd bindings, $TMP a private
 # temporary directory removed at exit, $UPSTREAM_PLUGIN_DIR unused.
 
 set -euo pipefail
@@ -29,8 +32,11 @@ FILTER="${FSCACHE_FILTER:-$top_builddir/plugin/.libs/nbdkit-fscache-filter.so}"
 export FILTER
 
 # Debian's python3 has the libnbd bindings (python3-libnbd); a python3
-# from pyenv or a venv earlier in PATH would not.
+# from pyenv or a venv earlier in PATH would not.  $PYTHON names it for
+# subshells and background jobs, which do not see the function.
+PYTHON=python3
 if [ -x /usr/bin/python3 ]; then
+  PYTHON=/usr/bin/python3
   python3 () { /usr/bin/python3 "$@"; }
 fi
 
@@ -130,8 +136,9 @@ kill9_nbdkit ()
 log_read_bytes ()
 {
   # Request lines look like: "connection=1 Read id=1 offset=0x0 count=0x1000 ..."
-  # (mawk has no strtonum: convert the hex by hand.)
-  awk 'function hex(s,   i, c, v) {
+  # (mawk has no strtonum: convert the hex by hand.)  With BELOW, only
+  # reads starting below that offset count.
+  awk -v below="${2:--1}" 'function hex(s,   i, c, v) {
          v = 0; s = tolower (substr (s, 3))
          for (i = 1; i <= length (s); i++) {
            c = index ("0123456789abcdef", substr (s, i, 1)) - 1
@@ -140,8 +147,12 @@ log_read_bytes ()
          return v
        }
        / Read id=/ && !/\.\.\.Read/ {
-         for (i = 1; i <= NF; i++)
-           if ($i ~ /^count=/) { sub ("count=", "", $i); s += hex($i) }
+         off = 0; cnt = 0
+         for (i = 1; i <= NF; i++) {
+           if ($i ~ /^offset=/) { sub ("offset=", "", $i); off = hex($i) }
+           if ($i ~ /^count=/) { sub ("count=", "", $i); cnt = hex($i) }
+         }
+         if (below < 0 || off < below) s += cnt
        } END { printf "%d\n", s }' "$1"
 }
 

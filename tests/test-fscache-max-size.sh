@@ -32,8 +32,6 @@ requires nbdkit --filter=delay null --dump-plugin
 requires nbdkit --filter="$FILTER" null --dump-plugin
 requires python3 -c 'import nbd'
 
-PYTHON=python3
-[ -x /usr/bin/python3 ] && PYTHON=/usr/bin/python3
 size=$((64 * 1024 * 1024))
 cap=$((8 * 1024 * 1024))
 block=65536
@@ -115,25 +113,7 @@ print(n)
 EOF
 
 # Upstream bytes read at offsets below LIMIT, from the log.
-log_bytes_below ()
-{
-  awk -v lim="$1" 'function hex(s,   i, c, v) {
-         v = 0; s = tolower (substr (s, 3))
-         for (i = 1; i <= length (s); i++) {
-           c = index ("0123456789abcdef", substr (s, i, 1)) - 1
-           v = v * 16 + c
-         }
-         return v
-       }
-       / Read id=/ && !/\.\.\.Read/ {
-         off = -1; cnt = 0
-         for (i = 1; i <= NF; i++) {
-           if ($i ~ /^offset=/) { sub ("offset=", "", $i); off = hex($i) }
-           if ($i ~ /^count=/) { sub ("count=", "", $i); cnt = hex($i) }
-         }
-         if (off >= 0 && off < lim) s += cnt
-       } END { printf "%d\n", s }' "$log"
-}
+log_bytes_below () { log_read_bytes "$log" "$1"; }
 
 # ---- 1. the bound, sequential and random -----------------------------
 start_proxy fscache-max-size=8M

@@ -28,8 +28,6 @@ tmpfs_mount () { mount -t tmpfs -o size=64m,mode=0700 tmpfs "$TMP/mnt"; }
 requires tmpfs_mount
 cleanup_fn "umount -l '$TMP/mnt'"
 
-PYTHON=python3
-[ -x /usr/bin/python3 ] && PYTHON=/usr/bin/python3
 size=$((16 * 1024 * 1024))
 half=$((size / 4))              # the second quarter: the one measured
 img="$TMP/upstream.img"

@@ -25,9 +25,6 @@ requires nbdkit --filter="$FILTER" null --dump-plugin
 requires python3 -c 'import nbd'
 
 plugin="$top_srcdir/tests/serial-plugin.sh"
-# The clients run in subshells, which do not see functions.sh's python3.
-PYTHON=python3
-[ -x /usr/bin/python3 ] && PYTHON=/usr/bin/python3
 size=$((12 * 1024 * 1024 + 4096 * 3))
 
 # The python client: MODE is seqread (64 KiB reads from start to end,

@@ -27,8 +27,6 @@ requires nbdkit --filter=error null --dump-plugin
 requires nbdkit --filter="$FILTER" null --dump-plugin
 requires python3 -c 'import nbd'
 
-PYTHON=python3
-[ -x /usr/bin/python3 ] && PYTHON=/usr/bin/python3
 size=$((8 * 1024 * 1024))
 img="$TMP/upstream.img"
 make_random "$img" "$size"
