@@ -229,7 +229,7 @@ fscache_config (nbdkit_next_config *next, nbdkit_backend *nxdata,
                     "like 1%%", k, value);
       return -1;
     }
-    if (k[16] == '\0')
+    if (strcmp (k, "fscache-min-free") == 0)
       min_free = pct;
     else
       min_free_inodes = pct;
