@@ -9,8 +9,8 @@
  * commit interval (fsc_object_check_budget) and shrinks the object.
  * Every write of new blocks first reserves its bytes (fsc_make_room):
  * if they do not fit, blocks are evicted until the object is a little
- * under budget (EVICT_SLACK), so evictions come in batches of one
- * commit each.  Fills in flight are counted (pending_alloc), so that
+ * under budget (slack_of: a sixteenth of it, at least four blocks), so
+ * evictions come in batches of one commit each.  Fills in flight are counted (pending_alloc), so that
  * concurrent fills cannot all pass the check at once.
  *
  * Policy: S3-FIFO (SOSP '23) on bitmaps.  Each block has a reference
@@ -19,25 +19,27 @@
  * reads that continue a sequential stream (FSC_READ_SEQUENTIAL, the
  * caller's hint) set no bit, and neither does the first hit of a block
  * a prefetch brought (group.unread: that is its first use, not a
- * reuse).  A block filled goes on probation, a FIFO
- * of block numbers (obj->pq).  Victims come from probation first,
- * oldest first: blocks hit since they arrived are promoted to the main
- * set, the others evicted and, if they were ever read, remembered as
- * ghosts (obj->gq, a
- * budget's worth); a ghost filled again skips probation, since it was
- * reused, only later than probation lasted.  So a scan, whose blocks
- * nobody hits again, only churns probation, and the hot set in the
- * main set is left alone.  Only when probation has no victims left do
- * they come from the main set, by CLOCK: a referenced block loses its
- * bit and stays (a second chance).  (S3-FIFO keeps probation at 10%
- * of the cache; here evictions come in batches as large as a fill, up
- * to 4 MiB, which would often exceed that share of a small cap, so
- * probation has no fixed share: ghosts give a block evicted too soon
- * its way into the main set.)  Hands move group
- * by group, with bit operations on 64 blocks at a time.  Recency lives
- * only in memory, as dm-cache's hints: a restart forgets it (every
- * block loaded is main and unreferenced), which may cost hits, never
- * data.
+ * reuse).  A block filled goes on probation, a FIFO of block numbers
+ * (obj->pq).  Victims come from probation first, oldest first: blocks
+ * hit since they arrived are promoted to the main set, the others
+ * evicted and, if they were ever read, remembered as ghosts (obj->gq,
+ * a budget's worth); a ghost filled again skips probation, since it
+ * was reused, only later than probation lasted.  So a scan, whose
+ * blocks nobody hits again, only churns probation, and the hot set in
+ * the main set is left alone.  Only when probation has no victims left
+ * do they come from the main set, by CLOCK: a referenced block loses
+ * its bit and stays (a second chance), and only as much as the write
+ * needs, without the batch's slack.  The fills of a prefetch or a
+ * sequential stream ("scan" fills) may only take unreferenced main
+ * blocks' places and clear no bits; if that is not enough they are
+ * not stored.  (S3-FIFO keeps probation at 10% of the cache; here
+ * evictions come in batches as large as a fill, up to 4 MiB, which
+ * would often exceed that share of a small cap, so probation has no
+ * fixed share: ghosts give a block evicted too soon its way into the
+ * main set.)  The main hand moves group by group, with bit operations
+ * on 64 blocks at a time.  Recency lives only in memory, as dm-cache's
+ * hints: a restart forgets it (every block loaded is main and
+ * unreferenced), which may cost hits, never data.
  *
  * Rule 4 of crash safety (rules 1-3 are in commit.c and store.c): an
  * eviction is durable before its space is reused.
