@@ -70,15 +70,11 @@
 #include <time.h>
 #include <unistd.h>
 
-#include <xxhash.h>
-
 #include "internal.h"
+#include "quota.h"
 #include "utils.h"
 
 #define SPACE_CHECK_MS 500
-#define QUOTA_SIZE 32
-#define QUOTA_VERSION 1                 /* saved on disk */
-static const unsigned char quota_magic[8] = "NBDFSCQT";
 
 static uint64_t
 now_ms (void)
@@ -579,16 +575,16 @@ read_quota (struct fsc_object *o)
     pthread_mutex_unlock (&o->lock);
     if (same)
       return;
-    unsigned char buf[QUOTA_SIZE + 1];
+    unsigned char buf[FSC_QUOTA_SIZE + 1];
     int fd = openat (o->fandirfd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    bool gone = fd == -1 && errno == ENOENT;    /* just lifted */
     ssize_t n = fd >= 0 ? pread (fd, buf, sizeof buf, 0) : -1;
     if (fd >= 0)
       close (fd);
-    if (n == QUOTA_SIZE && memcmp (buf, quota_magic, 8) == 0 &&
-        get_le32 (buf + 8) == QUOTA_VERSION && get_le32 (buf + 12) == 0 &&
-        get_le64 (buf + 24) == XXH3_64bits (buf, 24))
-      q = get_le64 (buf + 16);
-    else {
+    if (gone)
+      memset (&st, 0, sizeof st);
+    else if (n < 0 || fsc_quota_decode (buf, (size_t) n, &q) == -1) {
+      q = UINT64_MAX;
       pthread_mutex_lock (&o->lock);
       if (!o->quota_bad_said)
         o->notices |= FSC_NOTICE_BADQUOTA;
