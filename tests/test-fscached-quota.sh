@@ -1,0 +1,146 @@
+#!/usr/bin/env bash
+# nbd-fscached: max-size with every object in use: quotas.
+#
+# Three 24 MiB exports are cached whole by three running proxies
+# (about 72 MiB) and stay under a read load (nbdcopy of the whole
+# export, cmp'ed against the image, in a loop).  The daemon runs with
+# max-size 40M: there is no idle object to cull, so it must write
+# NAME.quota records, and the filters must evict down to them.
+#
+#   - within 20 s, the allocated bytes of objects/ (du) are at most
+#     max-size, and stay there for three more full passes of every
+#     reader (sampled all along);
+#   - every object in use has a quota record, all with the same
+#     budget (the fair share), and nothing was culled;
+#   - no reader ever sees a failed read or wrong data;
+#   - once the proxies are gone the daemon lifts the quotas (removes
+#     the records).
+
+source "${top_srcdir:-$(dirname "$0")/..}/tests/functions.sh"
+
+DAEMON="$top_builddir/tools/nbd-fscached/nbd-fscached"
+requires test -x "$DAEMON"
+requires nbdkit --version
+requires nbdcopy --version
+requires cmp --version
+requires "$PYTHON" -c "import nbd"
+requires du --version
+requires nbdkit --filter="$FILTER" null --dump-plugin
+
+SIZE=$((24 * 1024 * 1024))
+MAX=$((40 * 1024 * 1024))
+cache="$TMP/cache"
+avail_pct=$(stat -f -c '%a %b' "$TMP" | awk '{ printf "%d\n", $1 * 100 / $2 }')
+if [ "$avail_pct" -lt 5 ]; then
+  echo "$0: SKIP: $TMP has only ${avail_pct}% free"
+  exit 77
+fi
+
+for i in 1 2 3; do
+  make_random "$TMP/img$i" $SIZE
+done
+uri () { echo "nbd+unix:///?socket=$TMP/px$1.sock"; }
+for i in 1 2 3; do
+  start_nbdkit -P "$TMP/px$i.pid" -U "$TMP/px$i.sock" \
+    --filter="$FILTER" file "$TMP/img$i" fscache-dir="$cache" \
+    fscache-key="obj$i" fscache-stats="$TMP/px$i.stats"
+  nbdcopy "$(uri $i)" "$TMP/warm$i"
+  cmp "$TMP/img$i" "$TMP/warm$i" || fail "warming obj$i: data differs"
+  rm -f "$TMP/warm$i"
+done
+cached () { du -s -B1 "$cache/objects" | cut -f1; }
+echo "before: $(cached) bytes cached, max-size $MAX"
+[ "$(cached)" -gt "$MAX" ] || fail "setup: only $(cached) bytes cached"
+
+# tests/pass-reader.py, in a shuffled order, on one connection that keeps the object
+# in use; failures go to $TMP/failN, the pass count to $TMP/passesN.
+reader ()                # N
+{
+  "$PYTHON" "$top_srcdir/tests/pass-reader.py" "$(uri $1)" "$TMP/img$1" random \
+    "$TMP/fail$1" "$TMP/passes$1" "$TMP/stop-readers" 2>>"$TMP/reader$1.err" ||
+    echo "reader exited with status $?" >> "$TMP/fail$1"
+}
+passes () { cat "$TMP/passes$1" 2>/dev/null || echo 0; }
+pids=""
+for i in 1 2 3; do
+  reader $i &
+  pids="$pids $!"
+done
+cleanup_fn "touch '$TMP/stop-readers'; kill $pids 2>/dev/null; wait"
+
+cat > "$TMP/d.conf" <<EOF
+dir $cache
+max-size 40M
+brun 2%
+bcull 1%
+bstop 0%
+frun 2%
+fcull 1%
+fstop 0%
+EOF
+log="$TMP/d.log"
+"$DAEMON" -n -s -d -f "$TMP/d.conf" -p "$TMP/d.pid" 2>"$log" &
+dpid=$!
+cleanup_fn "kill -9 $dpid 2>/dev/null"
+wait_until test -s "$TMP/d.pid" || { cat "$log" >&2; fail "daemon: no pid file"; }
+t0=$(date +%s.%N)
+
+under_max () { [ "$(cached)" -le "$MAX" ]; }
+wait_until under_max ||
+  { cat "$log" >&2; fail "still $(cached) bytes cached after 20 s, max-size $MAX"; }
+t1=$(date +%s.%N)
+echo "converged: $(cached) bytes cached after" \
+     "$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.2f", b - a }') s"
+
+# Stay under it for three more passes of every reader.
+p1=$(passes 1); p2=$(passes 2); p3=$(passes 3)
+peak=0
+held ()
+{
+  local c
+  c=$(cached)
+  [ "$c" -gt "$peak" ] && peak=$c
+  [ "$c" -le "$MAX" ] || fail "$c bytes cached after convergence, max-size $MAX"
+  [ "$(passes 1)" -ge $((p1 + 3)) ] && [ "$(passes 2)" -ge $((p2 + 3)) ] &&
+    [ "$(passes 3)" -ge $((p3 + 3)) ]
+}
+wait_until held || fail "the readers stalled under quotas"
+echo "held: peak $peak bytes over three more passes of each reader"
+
+budgets=$(for f in "$cache"/objects/@*/*.quota; do
+            od -A n -t u8 -j 16 -N 8 "$f"
+          done | tr -s ' \n' ' ')
+nq=$(ls "$cache"/objects/@*/*.quota 2>/dev/null | wc -l)
+echo "quota records: $nq, budgets:$budgets"
+[ "$nq" -eq 3 ] || fail "$nq quota records, expected one per object in use (3)"
+[ "$(echo $budgets | tr ' ' '\n' | sort -u | wc -l)" -eq 1 ] ||
+  fail "the budgets differ: $budgets (expected one fair share)"
+stats="$cache/nbd-fscached.stats"
+[ "$(stat_value "$stats" culled_objects)" -eq 0 ] || fail "objects in use were culled"
+[ "$(stat_value "$stats" quota_writes)" -ge 3 ] || fail "quota_writes < 3"
+
+touch "$TMP/stop-readers"
+wait $pids || true
+for i in 1 2 3; do
+  if [ -s "$TMP/fail$i" ]; then
+    cat "$TMP/fail$i" "$TMP/reader$i.err" >&2
+    fail "reader of obj$i saw errors"
+  fi
+  echo "reader $i: $(passes $i) passes, all identical"
+  stop_nbdkit "$TMP/px$i.pid"
+  [ "$(stat_value "$TMP/px$i.stats" verify_failures)" -eq 0 ] ||
+    fail "obj$i: verify failures"
+  [ "$(stat_value "$TMP/px$i.stats" withdrawals)" -eq 0 ] || fail "obj$i: withdrawn"
+  [ "$(stat_value "$TMP/px$i.stats" evicted_bytes)" -gt 0 ] ||
+    fail "obj$i: the filter evicted nothing"
+done
+
+# No object in use any more: the quotas are lifted.
+no_quota () { ! ls "$cache"/objects/@*/*.quota >/dev/null 2>&1; }
+wait_until no_quota || fail "quota records left once no object is in use"
+grep -q 'quotas lifted' "$log" || fail "no 'quotas lifted' message"
+
+kill -TERM $dpid
+st=0; wait $dpid || st=$?
+[ $st -eq 0 ] || { cat "$log" >&2; fail "daemon exit status $st"; }
+echo "$0: PASS"

@@ -1,0 +1,128 @@
+/* nbd-fscached: writing quota records (NAME.quota), and the fair share.
+ *
+ * A quota record caps the allocated bytes of an object in use; its
+ * format and codec are core/quota.h, shared with the filter that
+ * reads it (docs/format.md, "Quota records").
+ *
+ * Written to NAME.quota.tmp.PID in the object's fan-out directory
+ * (O_EXCL), synced, and renamed over NAME.quota, so that the filter
+ * reads either the old record or the new one, never a part.
+ *
+ * The fair share (fscd_fair_level) is max-min fairness: the largest
+ * level L such that the demands, each capped at L, fit in the budget.
+ * Small objects keep what they use, the large ones are all cut to the
+ * same L.  policy.c decides the demands and the budget.
+ */
+#include <config.h>
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "fscached.h"
+#include "quota.h"
+
+static int
+open_fan (int objdirfd, const struct fscd_object *o)
+{
+  char fanname[4];
+  snprintf (fanname, sizeof fanname, "@%02x", o->fan);
+  return openat (objdirfd, fanname,
+                 O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+}
+
+int
+fscd_quota_read (int objdirfd, const struct fscd_object *o, uint64_t *budget)
+{
+  char file[300];
+  unsigned char buf[FSC_QUOTA_SIZE + 1];
+  int fanfd = open_fan (objdirfd, o);
+
+  if (fanfd == -1)
+    return -1;
+  snprintf (file, sizeof file, "%s.quota", o->name);
+  int fd = openat (fanfd, file, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+  close (fanfd);
+  if (fd == -1)
+    return -1;
+  ssize_t n = pread (fd, buf, sizeof buf, 0);
+  close (fd);
+  if (n < 0)
+    return -1;
+  return fsc_quota_decode (buf, (size_t) n, budget);
+}
+
+int
+fscd_quota_write (int objdirfd, const struct fscd_object *o, uint64_t budget)
+{
+  char tmp[300], file[300];
+  unsigned char buf[FSC_QUOTA_SIZE];
+  int fanfd = open_fan (objdirfd, o);
+  int fd = -1, e;
+
+  if (fanfd == -1)
+    return -1;
+  snprintf (file, sizeof file, "%s.quota", o->name);
+  snprintf (tmp, sizeof tmp, "%s.quota.tmp.%ld", o->name, (long) getpid ());
+  fsc_quota_encode (buf, budget);
+  for (int tries = 0; tries < 2; ++tries) {
+    fd = openat (fanfd, tmp,
+                 O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd >= 0 || errno != EEXIST)
+      break;
+    unlinkat (fanfd, tmp, 0);   /* ours, from an earlier failure */
+  }
+  if (fd == -1)
+    goto err;
+  if (pwrite (fd, buf, sizeof buf, 0) != (ssize_t) sizeof buf) {
+    if (errno == 0)
+      errno = ENOSPC;
+    goto err_unlink;
+  }
+  if (fdatasync (fd) == -1 || close (fd) == -1) {
+    fd = -1;
+    goto err_unlink;
+  }
+  fd = -1;
+  if (renameat (fanfd, tmp, fanfd, file) == -1)
+    goto err_unlink;
+  close (fanfd);
+  return 0;
+
+ err_unlink:
+  e = errno;
+  if (fd >= 0)
+    close (fd);
+  unlinkat (fanfd, tmp, 0);
+  errno = e;
+ err:
+  e = errno;
+  close (fanfd);
+  errno = e;
+  return -1;
+}
+
+static int
+u64_cmp (const void *a, const void *b)
+{
+  uint64_t x = *(const uint64_t *) a, y = *(const uint64_t *) b;
+  return x < y ? -1 : x > y;
+}
+
+uint64_t
+fscd_fair_level (uint64_t *d, size_t n, uint64_t budget)
+{
+  uint64_t left = budget;
+
+  qsort (d, n, sizeof *d, u64_cmp);
+  for (size_t i = 0; i < n; ++i) {
+    uint64_t share = left / (n - i);
+    if (d[i] > share)
+      return share;
+    left -= d[i];
+  }
+  return UINT64_MAX;
+}
