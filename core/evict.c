@@ -54,6 +54,16 @@
  *  Only then does fsc_make_room return and the new data get written.
  *  Blocks dropped by writes (store.c) are punched the same way.
  *
+ * Space nobody names.  Blocks whose eviction was committed but not yet
+ * punched when the process stopped, and fills written but never
+ * committed (a crash), take space that no index names: nothing would
+ * ever evict them, and a capped object could stay over its budget for
+ * good.  So when an object opens with a valid index, every allocated
+ * extent of its data and sums files (SEEK_DATA) is compared with the
+ * present blocks, and what no present block covers is punched
+ * (fsc_reclaim_unnamed).  The index is the truth: a block it does not
+ * name holds nothing anybody may read.
+ *
  * The floor.  Below fscache-min-free (blocks) or its inode twin, or
  * while DIR/fscache.stop exists, no new blocks are stored: misses are
  * served from upstream and hits keep working.  fstatvfs runs at most
@@ -554,6 +564,76 @@ fsc_room_done (struct fsc_object *o, uint64_t len)
 {
   SCOPED_LOCK (&o->lock);
   o->pending_alloc -= MIN (len, o->pending_alloc);
+}
+
+/* The file offset of block B's space in the data file, or in the sums
+ * file if SUMS, and the block at file offset OFF.
+ */
+static uint64_t
+space_of (const struct fsc_object *o, uint64_t b, bool sums)
+{
+  if (sums)
+    return sums_offset (o, b);
+  return b < o->nblocks ? block_start (o, b) : o->size;
+}
+
+static uint64_t
+block_at (const struct fsc_object *o, uint64_t off, bool sums)
+{
+  return sums ? off / (subs_per_block (o) * 8) : off >> o->bshift;
+}
+
+/* Punch what no present block covers in FD (the data file, or the
+ * sums file if SUMS).  Returns 0, or -1 with errno.
+ */
+static int
+reclaim_file (struct fsc_object *o, int fd, bool sums)
+{
+  off_t off = 0;
+
+  for (;;) {
+    off_t s = lseek (fd, off, SEEK_DATA);
+    if (s == -1)
+      return errno == ENXIO ? 0 : -1;
+    off_t e = lseek (fd, s, SEEK_HOLE);
+    if (e == -1)
+      return -1;
+    uint64_t b = block_at (o, (uint64_t) s, sums);
+    uint64_t bend = MIN (block_at (o, (uint64_t) e - 1, sums) + 1, o->nblocks);
+    while (b < bend) {
+      if (present (o, b)) {
+        b++;
+        continue;
+      }
+      uint64_t b0 = b;
+      while (b < bend && !present (o, b))
+        b++;
+      uint64_t ps = MAX ((uint64_t) s, space_of (o, b0, sums));
+      uint64_t pe = MIN ((uint64_t) e, space_of (o, b, sums));
+      if (pe > ps) {
+        if (fallocate (fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+                       (off_t) ps, (off_t) (pe - ps)) == -1)
+          return -1;
+      }
+    }
+    off = e;
+  }
+}
+
+/* Counted as du counts: a punch inside one filesystem block frees
+ * nothing.
+ */
+int
+fsc_reclaim_unnamed (struct fsc_object *o)
+{
+  uint64_t before = fsc_object_allocated (o);
+  int r = reclaim_file (o, o->dfd, false);
+  if (r == 0)
+    r = reclaim_file (o, o->sfd, true);
+  uint64_t after = fsc_object_allocated (o);
+  if (after < before)
+    FSC_STAT_ADD (&o->cache->stats, reclaimed_bytes, before - after);
+  return r;
 }
 
 /* Read NAME.quota if it changed since the last look; set o->quota

@@ -351,6 +351,13 @@ fsc_note_gone (struct fsc_object *o, struct group *g, uint64_t bits)
   g->unread &= ~bits;
 }
 
+/* evict.c: punch the space of the data and sums files that no present
+ * block covers (see "Space nobody names" in evict.c), while O is being
+ * opened and nothing else touches it.  Returns 0 or -1 with errno
+ * (EOPNOTSUPP where holes cannot be punched).
+ */
+extern int fsc_reclaim_unnamed (struct fsc_object *o);
+
 /* evict.c: the committer's look at O: take up a changed quota record
  * and shrink O to its budget.
  */

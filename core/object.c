@@ -366,6 +366,13 @@ lookup (struct fsc_object *o, const struct fsc_object_params *p,
     FSC_STAT_ADD (st, objects_reused, 1);
     if (info->unclean)
       FSC_STAT_ADD (st, unclean_opens, 1);
+    /* Leaked space only costs room: failing to punch it (no hole
+     * support, an I/O error that the next read would meet anyway) is
+     * no reason to refuse the object.
+     */
+    int e = errno;
+    (void) fsc_reclaim_unnamed (o);
+    errno = e;
   }
   else {
     o->state = FSC_OBJ_CREATING;

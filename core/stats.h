@@ -42,7 +42,8 @@
   X (cap_skips)           /* fills not stored: nothing to evict */        \
   X (lowspace_skips)      /* fills not stored: free space floor */        \
   X (lowspace_ms)         /* time spent below the free space floor */     \
-  X (quota_changes)       /* quota records taken up or dropped */
+  X (quota_changes)       /* quota records taken up or dropped */         \
+  X (reclaimed_bytes)     /* space of unindexed blocks punched at open */
 
 struct fsc_stats {
 #define FSC_STATS_DECL(name) uint64_t name;

@@ -485,6 +485,54 @@ main (void)
     }
   }
 
+  /* Space no index names (an eviction committed but not punched when
+   * the process stopped, a fill written but never committed) is
+   * punched when the object opens again; what the index names stays.
+   */
+  {
+    struct fsc_object_params pu = {
+      .key = "unnamed", .key_len = 7, .block_size = BS, .size = SIZE,
+      .verify = true, .validate = FSC_VALIDATE_SIZE,
+    };
+    char name[FSC_NAME_MAX + 1], fan[FSC_FAN_MAX + 1], udata[512];
+    static unsigned char got[4 * BS], junk[8 * BS];
+    struct stat sb;
+    fsc_key_encode ("unnamed", 7, name, fan);
+    snprintf (udata, sizeof udata, "%s/objects/%s/%s.data", dir, fan, name);
+
+    c = open_cache (NULL);
+    CHECK (fsc_object_open (c, &pu, &o, &info) == 0);
+    CHECK (fsc_object_read (o, got, sizeof got, 0, &up, 0) == 0);
+    fsc_object_close (o);
+    fsc_cache_close (c);
+    /* Eight blocks of data at blocks 16..23, which no index names. */
+    memset (junk, 0xa5, sizeof junk);
+    int jfd = open (udata, O_WRONLY);
+    CHECK (jfd >= 0);
+    CHECK (pwrite (jfd, junk, sizeof junk, 16 * BS) == (ssize_t) sizeof junk);
+    CHECK (fsync (jfd) == 0 && fstat (jfd, &sb) == 0);
+    CHECK (sb.st_blocks * 512 >= 12 * BS);
+    close (jfd);
+
+    c = open_cache (NULL);
+    CHECK (fsc_object_open (c, &pu, &o, &info) == 0);
+    CHECK_EQ (info.present_blocks, 4);
+    fsc_cache_stats (c, &st);
+    CHECK_EQ (st.reclaimed_bytes, 8 * BS);
+    CHECK (stat (udata, &sb) == 0);
+    CHECK (sb.st_blocks * 512 <= 4 * BS);
+    /* The named blocks hit, the reclaimed ones come from upstream. */
+    up_bytes = 0;
+    CHECK (fsc_object_read (o, got, sizeof got, 0, &up, 0) == 0);
+    CHECK (memcmp (got, upstream, sizeof got) == 0);
+    CHECK_EQ (up_bytes, 0);
+    CHECK (fsc_object_read (o, got, BS, 16 * BS, &up, 0) == 0);
+    CHECK (memcmp (got, upstream + 16 * BS, BS) == 0);
+    CHECK (up_bytes > 0);
+    fsc_object_close (o);
+    fsc_cache_close (c);
+  }
+
   /* A world-writable cache directory is refused. */
   CHECK (chmod (dir, 0777) == 0);
   struct fsc_cache_config cfg = { .dir = dir };
