@@ -1,0 +1,131 @@
+#!/usr/bin/env bash
+# nbd-fscached: free space above bcull with every object in use.
+#
+# The cache lives on a 64 MiB tmpfs.  Three 16 MiB exports are cached
+# whole by three running proxies (~48 MiB, so ~25% free) and stay
+# under a read load (tests/pass-reader.py in a shuffled order, every
+# read compared with the image).  The daemon runs with brun 50% and
+# bcull 40%: there is no idle object to cull, so it must give the
+# objects in use quota records on the blocks trigger alone (no
+# max-size), and the filters must evict down to them:
+#
+#   - within 20 s free space is at or above bcull, and stays there for
+#     three more full passes of every reader (sampled all along);
+#   - nothing was culled, the time below bcull was counted;
+#   - no reader ever sees a failed read or wrong data.
+
+source "${top_srcdir:-$(dirname "$0")/..}/tests/functions.sh"
+
+DAEMON="$top_builddir/tools/nbd-fscached/nbd-fscached"
+requires test -x "$DAEMON"
+requires nbdkit --version
+requires nbdcopy --version
+requires cmp --version
+requires "$PYTHON" -c "import nbd"
+requires mount --version
+requires nbdkit --filter="$FILTER" null --dump-plugin
+if [ "$(id -u)" -ne 0 ]; then
+  echo "$0: SKIP: mounting a tmpfs needs root"
+  exit 77
+fi
+
+mnt="$TMP/mnt"
+cache="$mnt/cache"
+mkdir "$mnt"
+mount -t tmpfs -o size=64m,mode=0700 tmpfs "$mnt" ||
+  { echo "$0: SKIP: cannot mount a tmpfs"; exit 77; }
+cleanup_fn "umount -l '$mnt'"
+
+SIZE=$((16 * 1024 * 1024))
+for i in 1 2 3; do
+  make_random "$TMP/img$i" $SIZE
+done
+uri () { echo "nbd+unix:///?socket=$TMP/px$1.sock"; }
+# fscache-min-free=0: the floor is the daemon's business here.
+for i in 1 2 3; do
+  start_nbdkit -P "$TMP/px$i.pid" -U "$TMP/px$i.sock" \
+    --filter="$FILTER" file "$TMP/img$i" fscache-dir="$cache" \
+    fscache-key="obj$i" fscache-min-free=0 fscache-stats="$TMP/px$i.stats"
+  nbdcopy "$(uri $i)" "$TMP/warm$i"
+  cmp "$TMP/img$i" "$TMP/warm$i" || fail "warming obj$i: data differs"
+  rm -f "$TMP/warm$i"
+done
+free_pct () { stat -f -c '%a %b' "$mnt" | awk '{ printf "%d\n", $1 * 100 / $2 }'; }
+before=$(free_pct)
+echo "before: ${before}% free, $(du -sk "$cache/objects" | cut -f1) KiB cached"
+[ "$before" -lt 40 ] || fail "setup: ${before}% free, expected below bcull 40%"
+
+reader ()                # N
+{
+  "$PYTHON" "$top_srcdir/tests/pass-reader.py" "$(uri $1)" "$TMP/img$1" random \
+    "$TMP/fail$1" "$TMP/passes$1" "$TMP/stop-readers" 2>>"$TMP/reader$1.err" ||
+    echo "reader exited with status $?" >> "$TMP/fail$1"
+}
+passes () { cat "$TMP/passes$1" 2>/dev/null || echo 0; }
+pids=""
+for i in 1 2 3; do
+  reader $i &
+  pids="$pids $!"
+done
+cleanup_fn "touch '$TMP/stop-readers'; kill $pids 2>/dev/null; wait"
+
+cat > "$TMP/d.conf" <<EOF2
+dir $cache
+brun 50%
+bcull 40%
+bstop 5%
+EOF2
+log="$TMP/d.log"
+"$DAEMON" -n -s -d -f "$TMP/d.conf" -p "$TMP/d.pid" 2>"$log" &
+dpid=$!
+cleanup_fn "kill -9 $dpid 2>/dev/null"
+wait_until test -s "$TMP/d.pid" || { cat "$log" >&2; fail "daemon: no pid file"; }
+t0=$(date +%s.%N)
+
+above_bcull () { [ "$(free_pct)" -ge 40 ]; }
+wait_until above_bcull ||
+  { cat "$log" >&2; fail "still $(free_pct)% free after 20 s, bcull 40%"; }
+t1=$(date +%s.%N)
+echo "converged: $(free_pct)% free after" \
+     "$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.2f", b - a }') s"
+
+p1=$(passes 1); p2=$(passes 2); p3=$(passes 3)
+low=100
+held ()
+{
+  local f
+  f=$(free_pct)
+  [ "$f" -lt "$low" ] && low=$f
+  [ "$f" -ge 40 ] || fail "${f}% free after convergence, bcull 40%"
+  [ "$(passes 1)" -ge $((p1 + 3)) ] && [ "$(passes 2)" -ge $((p2 + 3)) ] &&
+    [ "$(passes 3)" -ge $((p3 + 3)) ]
+}
+wait_until held || fail "the readers stalled under quotas"
+echo "held: lowest ${low}% free over three more passes of each reader"
+
+nq=$(ls "$cache"/objects/@*/*.quota 2>/dev/null | wc -l)
+[ "$nq" -eq 3 ] || fail "$nq quota records, expected one per object in use (3)"
+stats="$cache/nbd-fscached.stats"
+wait_until test -s "$stats" || fail "no daemon stats file"
+[ "$(stat_value "$stats" culled_objects)" -eq 0 ] || fail "objects in use were culled"
+[ "$(stat_value "$stats" below_bcull_ms)" -gt 0 ] || fail "below_bcull_ms is 0"
+
+touch "$TMP/stop-readers"
+wait $pids || true
+for i in 1 2 3; do
+  if [ -s "$TMP/fail$i" ]; then
+    cat "$TMP/fail$i" "$TMP/reader$i.err" >&2
+    fail "reader of obj$i saw errors"
+  fi
+  echo "reader $i: $(passes $i) passes, all identical"
+  stop_nbdkit "$TMP/px$i.pid"
+  [ "$(stat_value "$TMP/px$i.stats" verify_failures)" -eq 0 ] ||
+    fail "obj$i: verify failures"
+  [ "$(stat_value "$TMP/px$i.stats" evicted_bytes)" -gt 0 ] ||
+    fail "obj$i: the filter evicted nothing"
+done
+
+kill -TERM $dpid
+st=0; wait $dpid || st=$?
+[ $st -eq 0 ] || { cat "$log" >&2; fail "daemon exit status $st"; }
+echo "$0: PASS"
