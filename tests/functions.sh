@@ -19,6 +19,13 @@
 #   fail MESSAGE               print "$0: FAIL: MESSAGE" and exit 1
 #   wait_until CMD [ARGS]      poll CMD every 50 ms until it succeeds;
 #                              1 after 20 s (waits for a state, not a time)
+#   mount_tmpfs DIR SIZE       a tmpfs of SIZE (e.g. 64m) at DIR, created,
+#                              unmounted at exit; skip unless possible
+#   start_readers ORDER N...   checking readers (tests/pass-reader.py,
+#                              ORDER seq or random) of the exports served
+#                              at $TMP/pxN.sock, compared with $TMP/imgN
+#   passes N                   whole passes reader N has finished
+#   stop_readers               stop them; fail if one saw an error
 #
 # $FILTER is the fscache filter to pass to --filter=, $PYTHON the python3
 # with the libnbd bindings, $TMP a private
@@ -175,6 +182,55 @@ fail ()
 {
   echo "$0: FAIL: $*" >&2
   exit 1
+}
+
+mount_tmpfs ()
+{
+  [ "$(id -u)" -eq 0 ] || { echo "$0: SKIP: mounting a tmpfs needs root"; exit 77; }
+  mkdir -p "$1"
+  mount -t tmpfs -o size="$2",mode=0700 tmpfs "$1" ||
+    { echo "$0: SKIP: cannot mount a tmpfs"; exit 77; }
+  cleanup_fn "umount -l '$1'"
+}
+
+# Each reader keeps one connection (so its object stays in use) and
+# makes whole passes until stop_readers; failures go to $TMP/failN.
+_reader_pids=""
+_readers=""
+start_readers ()
+{
+  local order="$1" n
+  shift
+  for n; do
+    { "$PYTHON" "$top_srcdir/tests/pass-reader.py" \
+        "nbd+unix:///?socket=$TMP/px$n.sock" "$TMP/img$n" "$order" \
+        "$TMP/fail$n" "$TMP/passes$n" "$TMP/stop-readers" \
+        2>>"$TMP/reader$n.err" ||
+        echo "reader exited with status $?" >> "$TMP/fail$n"; } &
+    _reader_pids="$_reader_pids $!"
+    _readers="$_readers $n"
+  done
+  cleanup_fn "touch '$TMP/stop-readers'; kill $_reader_pids 2>/dev/null; wait"
+}
+
+passes ()
+{
+  cat "$TMP/passes$1" 2>/dev/null || echo 0
+}
+
+stop_readers ()
+{
+  local n
+  touch "$TMP/stop-readers"
+  # shellcheck disable=SC2086
+  wait $_reader_pids || true
+  for n in $_readers; do
+    if [ -s "$TMP/fail$n" ]; then
+      cat "$TMP/fail$n" "$TMP/reader$n.err" >&2
+      fail "reader of export $n saw errors"
+    fi
+    echo "reader $n: $(passes "$n") passes, all identical"
+  done
 }
 
 wait_until ()

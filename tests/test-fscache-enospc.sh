@@ -34,11 +34,7 @@ sock="$TMP/sock"
 pid="$TMP/nbdkit.pid"
 uri="nbd+unix:///?socket=$sock"
 
-
-mkdir "$mnt"
-mount -t tmpfs -o size=16m,mode=0700 tmpfs "$mnt" ||
-  { echo "$0: SKIP: cannot mount a tmpfs"; exit 77; }
-cleanup_fn "umount '$mnt'"
+mount_tmpfs "$mnt" 16m
 
 fio --name=mkimage --filename="$up" --size=$SIZE --bs=4k --rw=write \
     --verify=crc32c --do_verify=0 --ioengine=psync \

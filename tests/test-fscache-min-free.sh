@@ -23,10 +23,7 @@ requires nbdkit --filter=log null --dump-plugin
 requires nbdkit --filter="$FILTER" null --dump-plugin
 requires python3 -c 'import nbd'
 
-mkdir "$TMP/mnt"
-tmpfs_mount () { mount -t tmpfs -o size=64m,mode=0700 tmpfs "$TMP/mnt"; }
-requires tmpfs_mount
-cleanup_fn "umount -l '$TMP/mnt'"
+mount_tmpfs "$TMP/mnt" 64m
 
 size=$((16 * 1024 * 1024))
 half=$((size / 4))              # the second quarter: the one measured

@@ -31,17 +31,10 @@ requires cmp --version
 requires "$PYTHON" -c "import nbd"
 requires mount --version
 requires nbdkit --filter="$FILTER" null --dump-plugin
-if [ "$(id -u)" -ne 0 ]; then
-  echo "$0: SKIP: mounting a tmpfs needs root"
-  exit 77
-fi
 
 mnt="$TMP/mnt"
 cache="$mnt/cache"
-mkdir "$mnt"
-mount -t tmpfs -o size=64m,mode=0700 tmpfs "$mnt" ||
-  { echo "$0: SKIP: cannot mount a tmpfs"; exit 77; }
-cleanup_fn "umount -l '$mnt'"
+mount_tmpfs "$mnt" 64m
 
 SIZE=$((8 * 1024 * 1024))
 for i in 1 2 3 4 5 6; do
@@ -88,20 +81,8 @@ touch -d '2 days ago' "$(idx_of 3)"
 touch -d '1 day ago' "$(idx_of 4)"
 
 # Readers of 5 and 6: whole passes, each checked, until told to stop.
-# tests/pass-reader.py, in order, on one connection that keeps the object
-# in use; failures go to $TMP/failN, the pass count to $TMP/passesN.
-reader ()                # N
-{
-  "$PYTHON" "$top_srcdir/tests/pass-reader.py" "$(uri $1)" "$TMP/img$1" seq \
-    "$TMP/fail$1" "$TMP/passes$1" "$TMP/stop-readers" 2>>"$TMP/reader$1.err" ||
-    echo "reader exited with status $?" >> "$TMP/fail$1"
-}
-passes () { cat "$TMP/passes$1" 2>/dev/null || echo 0; }
-# Both readers have made at least N5 and N6 passes.
 made_passes () { [ "$(passes 5)" -ge "$1" ] && [ "$(passes 6)" -ge "$2" ]; }
-reader 5 & r5=$!
-reader 6 & r6=$!
-cleanup_fn "touch '$TMP/stop-readers'; kill $r5 $r6 2>/dev/null; wait"
+start_readers seq 5 6
 wait_until made_passes 1 1 ||
   fail "the readers made no pass"
 # Their connections are open and serve hits only, so nothing rewrites
@@ -180,15 +161,7 @@ order=$(sed -n 's/.*culled objects\/@..\/kobj\([0-9]\)=00export=3d:.*/\1/p' "$lo
 p5=$(passes 5); p6=$(passes 6)
 wait_until made_passes $((p5 + 2)) $((p6 + 2)) ||
   fail "the readers stalled after the cull"
-touch "$TMP/stop-readers"
-wait $r5 $r6 || true
-for i in 5 6; do
-  if [ -s "$TMP/fail$i" ]; then
-    cat "$TMP/fail$i" "$TMP/reader$i.err" >&2
-    fail "reader of obj$i saw errors"
-  fi
-  echo "reader $i: $(passes $i) passes, all identical"
-done
+stop_readers
 for i in 5 6; do
   stop_nbdkit "$TMP/px$i.pid"
   [ "$(stat_value "$TMP/px$i.stats" verify_failures)" -eq 0 ] ||

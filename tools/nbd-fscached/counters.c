@@ -42,41 +42,14 @@ fscd_counters_format (const struct fscd_counters *c, char *buf, size_t size)
 int
 fscd_counters_write (int dirfd, const struct fscd_counters *c)
 {
-  char buf[4096], tmp[64];
+  char buf[4096];
   size_t len = fscd_counters_format (c, buf, sizeof buf);
-  int e;
 
   if (len >= sizeof buf) {
     errno = ENOBUFS;
     return -1;
   }
-  snprintf (tmp, sizeof tmp, STATS_FILE ".tmp.%ld", (long) getpid ());
-  unlinkat (dirfd, tmp, 0);
-  int fd = openat (dirfd, tmp,
-                   O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
-  if (fd == -1)
-    return -1;
-  if (write (fd, buf, len) != (ssize_t) len) {
-    if (errno == 0)
-      errno = ENOSPC;
-    goto err;
-  }
-  if (close (fd) == -1) {
-    fd = -1;
-    goto err;
-  }
-  fd = -1;
-  if (renameat (dirfd, tmp, dirfd, STATS_FILE) == -1)
-    goto err;
-  return 0;
-
- err:
-  e = errno;
-  if (fd >= 0)
-    close (fd);
-  unlinkat (dirfd, tmp, 0);
-  errno = e;
-  return -1;
+  return fscd_write_atomic (dirfd, STATS_FILE, buf, len, false);
 }
 
 void

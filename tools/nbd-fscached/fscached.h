@@ -9,6 +9,7 @@
  *   policy.c    one tick: thresholds, culling, quotas, the stop mark
  *   counters.c  the counters and DIR/nbd-fscached.stats
  *   watch.c     inotify on objects/: a change brings the next tick forward
+ *   atomic.c    writing a small file atomically (temp file, rename)
  *   main.c      options, daemonising, the libev loop, signals, reload
  *
  * The contract with the filter is docs/format.md, "Culling: last use,
@@ -229,6 +230,14 @@ extern size_t fscd_counters_format (const struct fscd_counters *c,
 extern int fscd_counters_write (int dirfd, const struct fscd_counters *c);
 /* Log them, one line, at PRIO (or at debug level 2 if PRIO is LOG_DEBUG). */
 extern void fscd_counters_log (int prio, const struct fscd_counters *c);
+
+/* ---- atomic.c ---------------------------------------------------- */
+
+/* Write LEN bytes of BUF to DIRFD/NAME atomically (NAME.tmp.PID, then
+ * rename), with fdatasync first if SYNC.  0, or -1 with errno.
+ */
+extern int fscd_write_atomic (int dirfd, const char *name, const void *buf,
+                              size_t len, bool sync);
 
 /* ---- watch.c ----------------------------------------------------- */
 

@@ -4,9 +4,9 @@
  * format and codec are core/quota.h, shared with the filter that
  * reads it (docs/format.md, "Quota records").
  *
- * Written to NAME.quota.tmp.PID in the object's fan-out directory
- * (O_EXCL), synced, and renamed over NAME.quota, so that the filter
- * reads either the old record or the new one, never a part.
+ * Written with fscd_write_atomic (NAME.quota.tmp.PID in the object's
+ * fan-out directory, synced, renamed over NAME.quota), so that the
+ * filter reads either the old record or the new one, never a part.
  *
  * The fair share (fscd_fair_level) is max-min fairness: the largest
  * level L such that the demands, each capped at L, fit in the budget.
@@ -58,51 +58,19 @@ fscd_quota_read (int objdirfd, const struct fscd_object *o, uint64_t *budget)
 int
 fscd_quota_write (int objdirfd, const struct fscd_object *o, uint64_t budget)
 {
-  char tmp[300], file[300];
+  char file[300];
   unsigned char buf[FSC_QUOTA_SIZE];
   int fanfd = open_fan (objdirfd, o);
-  int fd = -1, e;
 
   if (fanfd == -1)
     return -1;
   snprintf (file, sizeof file, "%s.quota", o->name);
-  snprintf (tmp, sizeof tmp, "%s.quota.tmp.%ld", o->name, (long) getpid ());
   fsc_quota_encode (buf, budget);
-  for (int tries = 0; tries < 2; ++tries) {
-    fd = openat (fanfd, tmp,
-                 O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
-    if (fd >= 0 || errno != EEXIST)
-      break;
-    unlinkat (fanfd, tmp, 0);   /* ours, from an earlier failure */
-  }
-  if (fd == -1)
-    goto err;
-  if (pwrite (fd, buf, sizeof buf, 0) != (ssize_t) sizeof buf) {
-    if (errno == 0)
-      errno = ENOSPC;
-    goto err_unlink;
-  }
-  if (fdatasync (fd) == -1 || close (fd) == -1) {
-    fd = -1;
-    goto err_unlink;
-  }
-  fd = -1;
-  if (renameat (fanfd, tmp, fanfd, file) == -1)
-    goto err_unlink;
-  close (fanfd);
-  return 0;
-
- err_unlink:
-  e = errno;
-  if (fd >= 0)
-    close (fd);
-  unlinkat (fanfd, tmp, 0);
-  errno = e;
- err:
-  e = errno;
+  int r = fscd_write_atomic (fanfd, file, buf, sizeof buf, true);
+  int e = errno;
   close (fanfd);
   errno = e;
-  return -1;
+  return r;
 }
 
 static int
