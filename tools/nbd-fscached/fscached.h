@@ -272,6 +272,7 @@ struct fscd_state {
   bool stopped;                 /* we keep fscache.stop */
   bool quota_mode;              /* quota records are in force */
   bool quota_stuck_said;        /* logged that quotas cannot help */
+  double last_lowering;         /* when a budget was last lowered */
 
   /* The last sample, for the time counters. */
   bool have_sample;

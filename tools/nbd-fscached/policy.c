@@ -33,19 +33,23 @@
  *
  *    where U is what the objects in use allocate now and OTHER the
  *    rest of objects/.  "In use" is locked (by /proc/locks or our own
- *    try) or, while quotas are in force, holding a record and used in
- *    the last ACTIVE seconds: clients that reconnect leave their
- *    object unlocked between connections.  B is shared by max-min fairness: every object
- *    in use gets the same budget L, the largest such that the
+ *    try) or used in the last ACTIVE seconds: clients that reconnect
+ *    leave their object unlocked between connections, and one just
+ *    opened may not be locked yet.  B is shared by max-min fairness:
+ *    every object in use gets the same budget L, the largest such that the
  *    demands, each capped at L, sum to B.  An object's demand is what
  *    it allocates if it is clearly below its current budget (by an
  *    eighth, at least 256 KiB), else unbounded: it would take more.
  *    So small objects keep what they use and the large ones share the
- *    rest equally.  A record is rewritten when its budget goes down,
- *    or up by more than 1/16.  While quotas are in force and an
- *    object in use presses against its budget, one idle object per
- *    tick is culled, least recently used first (what would have
- *    happened had it been allowed to grow).
+ *    rest equally.  Budgets go down at once (and first records are
+ *    written at once), but up only RAISE_DELAY after the last
+ *    lowering, by more than 1/16, and only as far as the objects'
+ *    current sizes leave room under B (see apply_quotas): a filter
+ *    takes a record up only within its commit interval.  While
+ *    quotas are in force and an object in use presses against its
+ *    budget, one idle object per tick is culled, least recently used
+ *    first (what would have happened had it been allowed to grow),
+ *    among those not used in the last ACTIVE seconds.
  *
  *    Quotas are lifted (every NAME.quota removed) once no object is
  *    in use, or no trigger is on and the objects in use could grow by
@@ -86,6 +90,7 @@
 #define PERIOD_AGAIN 0.01
 #define STATS_PERIOD 2.0
 #define MIN_SLACK (256 * 1024)
+#define RAISE_DELAY 5.0         /* seconds: > the filter's commit interval */
 
 struct sample {
   uint64_t frsize;
@@ -268,10 +273,11 @@ read_budgets (struct fscd_state *st, struct inuse *u, size_t n)
 }
 
 /* The objects that share the quotas, into U (with their budgets):
- * those in use (locked, by /proc/locks or by our own try), and, while
- * quotas are in force, those with a record used in the last ACTIVE
- * seconds: a client that reconnects leaves its object unlocked for a
- * moment between connections, and it must not lose its share then.
+ * those in use (locked, by /proc/locks or by our own try), and those
+ * used in the last ACTIVE seconds: a client that reconnects leaves its
+ * object unlocked for a moment between connections, and one that has
+ * just opened it may not hold it yet.  Counted as idle, such an object
+ * would make the share of the others shrink by its whole size.
  */
 static size_t
 collect (struct fscd_state *st, struct fscd_scan *sc, struct inuse *u,
@@ -285,19 +291,48 @@ collect (struct fscd_state *st, struct fscd_scan *sc, struct inuse *u,
     struct fscd_object *o = &sc->cand[i];
     if (o->gone)
       continue;
-    if (o->busy ||
-        (st->quota_mode && (o->files & FSCD_F_QUOTA) &&
-         o->mtime.tv_sec + ACTIVE > now))
+    if (o->busy || o->mtime.tv_sec + ACTIVE > now)
       u[n++] = (struct inuse) { .o = o };
   }
   read_budgets (st, u, n);
   return n;
 }
 
-/* Step 3 (see the top of the file). */
+/* What the objects may allocate at most once budgets below X are
+ * raised to X: each at its current size or its budget, whichever is
+ * larger.
+ */
+static uint64_t
+raise_cost (const struct inuse *u, size_t n, uint64_t x)
+{
+  uint64_t cost = 0;
+  for (size_t i = 0; i < n; ++i)
+    cost = sat_add (cost, MAX (u[i].o->bytes, MAX (u[i].budget, x)));
+  return cost;
+}
+
+static void
+write_quota (struct fscd_state *st, struct inuse *u, uint64_t budget,
+             uint64_t B, size_t n)
+{
+  const struct fscd_object *o = u->o;
+  if (fscd_quota_write (st->objdirfd, o, budget) == -1) {
+    fscd_log (LOG_ERR, "objects/@%02x/%s.quota: %s", o->fan, o->name,
+              strerror (errno));
+    return;
+  }
+  st->ctr.quota_writes++;
+  fscd_debug (1, "objects/@%02x/%s: quota %" PRIu64 " bytes "
+              "(allocates %" PRIu64 ", budget %" PRIu64 " for %zu in use)",
+              o->fan, o->name, budget, o->bytes, B, n);
+  u->has_budget = true;
+  u->budget = budget;
+}
+
+/* Step 3 (see the top of the file), at time NOW (monotonic seconds). */
 static void
 apply_quotas (struct fscd_state *st, const struct sample *s,
-              uint64_t total, struct inuse *u, size_t n)
+              uint64_t total, struct inuse *u, size_t n, double now)
 {
   const struct fscd_config *cfg = st->cfg;
   uint64_t used = 0, B = UINT64_MAX, room;
@@ -342,21 +377,47 @@ apply_quotas (struct fscd_state *st, const struct sample *s,
     L = sat_add (maxd, sat_sub (B, sumd) / n);
   st->ctr.quota_level = L;
 
-  for (size_t i = 0; i < n; ++i) {
-    const struct fscd_object *o = u[i].o;
-    if (u[i].has_budget && L >= u[i].budget &&
-        L - u[i].budget <= u[i].budget / 16)
-      continue;
-    if (fscd_quota_write (st->objdirfd, o, L) == -1) {
-      fscd_log (LOG_ERR, "objects/@%02x/%s.quota: %s", o->fan, o->name,
-                strerror (errno));
-      continue;
-    }
-    st->ctr.quota_writes++;
-    fscd_debug (1, "objects/@%02x/%s: quota %" PRIu64 " bytes "
-                "(allocates %" PRIu64 ", budget %" PRIu64 " for %zu in use)",
-                o->fan, o->name, L, o->bytes, B, n);
+  /* Lower at once, raise later.  A filter takes a new record up only
+   * within its commit interval, and until then it may grow to its old
+   * budget: were one object's budget raised in the same breath as
+   * another's was lowered, both could be at their larger figure for a
+   * moment, over the limit.  So a tick that lowers (or gives a first
+   * record) writes only that; raises wait until RAISE_DELAY after the
+   * last lowering, when every filter has its lower budget, and then go
+   * only as far as the objects' current sizes leave room: with
+   * COST(X) = sum of max (allocated, budget raised to X), the largest
+   * X <= L with COST(X) <= B.  Objects over their budget only shrink,
+   * the others grow at most to their budget, so the total stays
+   * within COST.
+   */
+  bool lowering = false;
+  for (size_t i = 0; i < n; ++i)
+    lowering = lowering || !u[i].has_budget || L < u[i].budget;
+  if (lowering) {
+    for (size_t i = 0; i < n; ++i)
+      if (!u[i].has_budget || L < u[i].budget)
+        write_quota (st, &u[i], L, B, n);
+    st->last_lowering = now;
+    return;
   }
+  if (now - st->last_lowering < RAISE_DELAY)
+    return;
+  uint64_t lo = L, hi = L;
+  for (size_t i = 0; i < n; ++i)
+    lo = MIN (lo, u[i].budget);
+  if (raise_cost (u, n, hi) > B) {
+    /* The largest X in [lo, L] with raise_cost (X) <= B. */
+    while (lo < hi) {
+      uint64_t mid = lo + (hi - lo + 1) / 2;
+      if (raise_cost (u, n, mid) <= B)
+        lo = mid;
+      else
+        hi = mid - 1;
+    }
+  }
+  for (size_t i = 0; i < n; ++i)
+    if (lo > u[i].budget && lo - u[i].budget > u[i].budget / 16)
+      write_quota (st, &u[i], lo, B, n);
 }
 
 /* ---- state ------------------------------------------------------- */
@@ -567,6 +628,9 @@ fscd_tick (struct fscd_state *st, double now)
     }
     if (o->mtime.tv_sec + GRACE > wall.tv_sec)
       continue;
+    /* Culls for a hungry object take only objects that share no quota. */
+    if (!need_b && !need_f && !need_m && o->mtime.tv_sec + ACTIVE > wall.tv_sec)
+      continue;
 
     uint64_t freed;
     unsigned nfiles;
@@ -623,7 +687,7 @@ fscd_tick (struct fscd_state *st, double now)
               "on the %zu objects in use", nu);
   }
   if (st->quota_mode)
-    apply_quotas (st, &s, total, u, nu);
+    apply_quotas (st, &s, total, u, nu, now);
   if (exhausted && st->cull_files && s.favail < s.frun &&
       !st->quota_stuck_said) {
     fscd_log (LOG_WARNING, "free files below frun and no idle object "
