@@ -49,6 +49,11 @@ echo "before: ${before}% free, $(du -sk "$cache/objects" | cut -f1) KiB cached"
 [ "$before" -lt 40 ] || fail "setup: ${before}% free, expected below bcull 40%"
 
 start_readers random 1 2 3
+# Every object is in use (its reader connected and reading) before the
+# daemon starts: otherwise an object between its warming and its
+# reader's connection is idle, and culling it is right.
+all_reading () { [ "$(passes 1)" -ge 1 ] && [ "$(passes 2)" -ge 1 ] && [ "$(passes 3)" -ge 1 ]; }
+wait_until all_reading || fail "the readers made no pass"
 
 cat > "$TMP/d.conf" <<EOF2
 dir $cache
