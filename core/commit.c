@@ -157,7 +157,7 @@ fsc_commit_upto (struct fsc_object *o, uint64_t target)
     return -1;
   }
   for (size_t i = 0; i < n; ++i) {
-    struct group *g = o->groups[gis[i]];
+    struct group *g = grp (o, gis[i]);
     struct fsc_grec rec = {
       .group = gis[i], .seq = ++o->seq,
       .incarnation = o->sb.incarnation, .present = g->present,
@@ -177,7 +177,7 @@ fsc_commit_upto (struct fsc_object *o, uint64_t target)
   /* Rule 1: data before the records that name it. */
   int r = 0;
   if (dsync)
-    r = fsc_io_sync (&o->cache->io, FSC_FILE_DATA, o->dfd);
+    r = fsc_data_sync (o);
   if (dsync && r == 0)
     r = fsc_io_sync (&o->cache->io, FSC_FILE_SUMS, o->sfd);
   for (size_t i = 0; r == 0 && i < n; ++i)
@@ -191,7 +191,7 @@ fsc_commit_upto (struct fsc_object *o, uint64_t target)
   pthread_mutex_lock (&o->lock);
   if (r == 0) {
     for (size_t i = 0; i < n; ++i) {
-      struct group *g = o->groups[gis[i]];
+      struct group *g = grp (o, gis[i]);
       g->slot = slots[i];
       g->has_record = true;
       g->disk_max = written[i];
@@ -235,7 +235,7 @@ fsc_reserve_groups (struct fsc_object *o, uint64_t g0, uint64_t g1)
 {
   for (uint64_t gi = g0; gi <= g1; ++gi) {
     pthread_mutex_lock (&o->lock);
-    bool done = o->groups[gi] && o->groups[gi]->reserved;
+    bool done = grp (o, gi) && grp (o, gi)->reserved;
     pthread_mutex_unlock (&o->lock);
     if (done)
       continue;
@@ -246,8 +246,8 @@ fsc_reserve_groups (struct fsc_object *o, uint64_t g0, uint64_t g1)
       return -1;
     }
     pthread_mutex_lock (&o->lock);
-    if (o->groups[gi])
-      o->groups[gi]->reserved = true;
+    if (grp (o, gi))
+      grp (o, gi)->reserved = true;
     pthread_mutex_unlock (&o->lock);
   }
   return 0;

@@ -37,9 +37,10 @@
  * would often exceed that share of a small cap, so probation has no
  * fixed share: ghosts give a block evicted too soon its way into the
  * main set.)  The main hand moves group by group, with bit operations
- * on 64 blocks at a time.  Recency lives only in memory, as dm-cache's
- * hints: a restart forgets it (every block loaded is main and
- * unreferenced), which may cost hits, never data.
+ * on 64 blocks at a time, visiting only the groups that exist.
+ * Recency lives only in memory, as dm-cache's hints: a restart
+ * forgets it (every block loaded is main and unreferenced), which may
+ * cost hits, never data.
  *
  * Rule 4 of crash safety (rules 1-3 are in commit.c and store.c): an
  * eviction is durable before its space is reused.
@@ -131,9 +132,9 @@ space_low (struct fsc_cache *c)
 uint64_t
 fsc_object_allocated (struct fsc_object *o)
 {
-  uint64_t total = 0;
-  int fds[3] = { o->dfd, o->sfd, o->ifd };
-  for (int i = 0; i < 3; ++i) {
+  uint64_t total = fsc_data_allocated (o);
+  int fds[2] = { o->sfd, o->ifd };
+  for (int i = 0; i < 2; ++i) {
     struct stat st;
     if (fds[i] >= 0 && fstat (fds[i], &st) == 0)
       total += (uint64_t) st.st_blocks * 512;
@@ -162,7 +163,7 @@ slack_of (const struct fsc_object *o, uint64_t budget)
 static int
 queue_punch (struct fsc_object *o, uint64_t gi)
 {
-  struct group *g = o->groups[gi];
+  struct group *g = grp (o, gi);
   if (g->on_punch)
     return 0;
   if (o->npunch == o->punch_cap) {
@@ -221,7 +222,7 @@ budget_blocks (const struct fsc_object *o, uint64_t budget)
 void
 fsc_note_filled (struct fsc_object *o, uint64_t b, bool prefetched)
 {
-  struct group *g = o->groups[GROUP_OF (b)];
+  struct group *g = grp (o, GROUP_OF (b));
   uint64_t bit = BIT_OF (b);
   uint64_t budget = fsc_budget_of (o), dropped;
   if (prefetched)
@@ -250,7 +251,7 @@ fsc_note_filled (struct fsc_object *o, uint64_t b, bool prefetched)
     /* The oldest entry fell off: its block, if still on probation,
      * becomes a main block.
      */
-    struct group *dg = o->groups[GROUP_OF (dropped)];
+    struct group *dg = grp (o, GROUP_OF (dropped));
     uint64_t dbit = BIT_OF (dropped);
     if (dropped != b && dg && (dg->probation & dbit)) {
       dg->probation &= ~dbit;           /* probation implies present */
@@ -267,9 +268,9 @@ note_ghost (struct fsc_object *o, uint64_t b, uint64_t budget)
   if (ring_push (&o->gq, &o->gq_head, &o->gq_len, &o->gq_cap,
                  budget_blocks (o, budget), b, &dropped) == -1)
     return;
-  o->groups[GROUP_OF (b)]->ghost |= BIT_OF (b);
-  if (dropped != UINT64_MAX && dropped != b && o->groups[GROUP_OF (dropped)])
-    o->groups[GROUP_OF (dropped)]->ghost &= ~BIT_OF (dropped);
+  grp (o, GROUP_OF (b))->ghost |= BIT_OF (b);
+  if (dropped != UINT64_MAX && dropped != b && grp (o, GROUP_OF (dropped)))
+    grp (o, GROUP_OF (dropped))->ghost &= ~BIT_OF (dropped);
 }
 
 void
@@ -277,7 +278,7 @@ fsc_note_dropped (struct fsc_object *o, uint64_t gi, uint64_t bits)
 {
   if (fsc_budget_of (o) == UINT64_MAX || bits == 0)
     return;
-  o->groups[gi]->evicted |= bits;
+  grp (o, gi)->evicted |= bits;
   queue_punch (o, gi);          /* no memory: the space stays, harmless */
 }
 
@@ -287,7 +288,7 @@ fsc_note_dropped (struct fsc_object *o, uint64_t gi, uint64_t bits)
 static uint64_t
 evict_bits (struct fsc_object *o, uint64_t gi, uint64_t taken)
 {
-  struct group *g = o->groups[gi];
+  struct group *g = grp (o, gi);
   uint64_t bytes = 0;
   for (uint64_t t = taken; t; t &= t - 1) {
     uint64_t b = gi * FSC_GROUP_BLOCKS + __builtin_ctzll (t);
@@ -342,7 +343,7 @@ sweep (struct fsc_object *o, uint64_t want, uint64_t need, uint64_t budget,
       o->pq_head = (o->pq_head + 1) % o->pq_cap;
       o->pq_len--;
       uint64_t gi = GROUP_OF (b), bit = BIT_OF (b);
-      struct group *g = o->groups[gi];
+      struct group *g = grp (o, gi);
       if (g == NULL || !(g->present & g->probation & bit))
         continue;                       /* stale: gone or promoted */
       if ((g->referenced & bit) || (g->fetching & bit)) {
@@ -369,12 +370,13 @@ sweep (struct fsc_object *o, uint64_t want, uint64_t need, uint64_t budget,
    * set pays as little as it can.
    */
   for (uint64_t visited = 0;
-       freed < need && visited <= 2 * o->ngroups; ++visited) {
-    uint64_t gi = o->hand % o->ngroups;
+       freed < need && visited <= 2 * o->ngalloc; ++visited) {
+    /* The hand visits allocated groups only (groups.c). */
+    uint64_t gi = fsc_grp_next (o, o->hand < o->ngroups ? o->hand : 0);
+    if (gi >= o->ngroups && (gi = fsc_grp_next (o, 0)) >= o->ngroups)
+      break;
     o->hand = gi + 1;
-    struct group *g = o->groups[gi];
-    if (g == NULL)
-      continue;
+    struct group *g = grp (o, gi);
     uint64_t cand = g->present & ~g->fetching;
     uint64_t victims = cand & ~g->referenced;
     /* A scan's blocks take only unreferenced places: they do not use
@@ -412,7 +414,7 @@ punch_queued (struct fsc_object *o)
   for (size_t i = 0; i < n; ++i) {
     uint64_t gi = gis[i];
     pthread_mutex_lock (&o->lock);
-    struct group *g = o->groups[gi];
+    struct group *g = grp (o, gi);
     g->on_punch = false;
     g->evicted &= ~g->present;          /* refilled since: keep */
     uint64_t todo = g->evicted & ~g->fetching;
@@ -437,8 +439,7 @@ punch_queued (struct fsc_object *o)
       uint64_t s = block_start (o, b0), len = block_end (o, b1) - s;
       uint64_t ss = sums_offset (o, b0);
       uint64_t slen = sums_offset (o, b1 + 1) - ss;
-      if (fallocate (o->dfd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
-                     s, len) == -1 ||
+      if (fsc_data_punch (o, s, len) == -1 ||
           fallocate (o->sfd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
                      ss, slen) == -1) {
         r = -1;
@@ -583,23 +584,25 @@ block_at (const struct fsc_object *o, uint64_t off, bool sums)
   return sums ? off / (subs_per_block (o) * 8) : off >> o->bshift;
 }
 
-/* Punch what no present block covers in FD (the data file, or the
- * sums file if SUMS).  Returns 0, or -1 with errno.
+/* Punch what no present block covers in FD: a data segment holding
+ * the export's bytes from BASE on, or the sums file if SUMS (BASE 0).
+ * Returns 0, or -1 with errno.
  */
 static int
-reclaim_file (struct fsc_object *o, int fd, bool sums)
+reclaim_file (struct fsc_object *o, int fd, uint64_t base, bool sums)
 {
   off_t off = 0;
 
   for (;;) {
-    off_t s = lseek (fd, off, SEEK_DATA);
-    if (s == -1)
+    off_t fs = lseek (fd, off, SEEK_DATA);
+    if (fs == -1)
       return errno == ENXIO ? 0 : -1;
-    off_t e = lseek (fd, s, SEEK_HOLE);
-    if (e == -1)
+    off_t fe = lseek (fd, fs, SEEK_HOLE);
+    if (fe == -1)
       return -1;
-    uint64_t b = block_at (o, (uint64_t) s, sums);
-    uint64_t bend = MIN (block_at (o, (uint64_t) e - 1, sums) + 1, o->nblocks);
+    uint64_t s = base + (uint64_t) fs, e = base + (uint64_t) fe;
+    uint64_t b = block_at (o, s, sums);
+    uint64_t bend = MIN (block_at (o, e - 1, sums) + 1, o->nblocks);
     while (b < bend) {
       if (present (o, b)) {
         b++;
@@ -608,15 +611,14 @@ reclaim_file (struct fsc_object *o, int fd, bool sums)
       uint64_t b0 = b;
       while (b < bend && !present (o, b))
         b++;
-      uint64_t ps = MAX ((uint64_t) s, space_of (o, b0, sums));
-      uint64_t pe = MIN ((uint64_t) e, space_of (o, b, sums));
-      if (pe > ps) {
-        if (fallocate (fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
-                       (off_t) ps, (off_t) (pe - ps)) == -1)
-          return -1;
-      }
+      uint64_t ps = MAX (s, space_of (o, b0, sums));
+      uint64_t pe = MIN (e, space_of (o, b, sums));
+      if (pe > ps &&
+          fallocate (fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+                     (off_t) (ps - base), (off_t) (pe - ps)) == -1)
+        return -1;
     }
-    off = e;
+    off = fe;
   }
 }
 
@@ -627,9 +629,11 @@ int
 fsc_reclaim_unnamed (struct fsc_object *o)
 {
   uint64_t before = fsc_object_allocated (o);
-  int r = reclaim_file (o, o->dfd, false);
+  int r = 0;
+  for (uint64_t i = 0; r == 0 && i < o->nseg; ++i)
+    r = reclaim_file (o, o->dfds[i], i * FSC_SEG_SIZE, false);
   if (r == 0)
-    r = reclaim_file (o, o->sfd, true);
+    r = reclaim_file (o, o->sfd, 0, true);
   uint64_t after = fsc_object_allocated (o);
   if (after < before)
     FSC_STAT_ADD (&o->cache->stats, reclaimed_bytes, before - after);

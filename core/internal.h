@@ -96,6 +96,16 @@ struct group {
   uint64_t csum[FSC_GROUP_BLOCKS];
 };
 
+/* The group table (groups.c): leaves of GT_LEAF group pointers, mid
+ * nodes of GT_MID leaves, and a top level of mid nodes.
+ */
+#define GT_LEAF_SHIFT 6
+#define GT_MID_SHIFT 9
+#define GT_LEAF (1u << GT_LEAF_SHIFT)
+#define GT_MID (1u << GT_MID_SHIFT)
+struct gleaf { struct group *g[GT_LEAF]; };
+struct gmid { struct gleaf *l[GT_MID]; };
+
 struct fsc_object {
   struct fsc_cache *cache;
   struct fsc_object *next;      /* cache->objects; under cache->lock */
@@ -107,12 +117,18 @@ struct fsc_object {
   size_t key_len;
   char name[FSC_NAME_MAX + 1];
   char fan[FSC_FAN_MAX + 1];
-  int fandirfd, ifd, dfd, sfd;  /* -1 when uncached */
+  int fandirfd, ifd, sfd;       /* -1 when uncached */
+  int *dfds;                    /* data segments (data.c); NULL when
+                                 * uncached */
+  uint64_t nseg;
+  unsigned char *seg_dirty;     /* written since the last sync */
   bool verify;
   uint32_t block_size;
   unsigned bshift;
   uint64_t size, nblocks, ngroups;
-  struct group **groups;        /* ngroups pointers */
+  struct gmid **gtop;           /* the group table (groups.c) */
+  uint64_t ntop;                /* its top level's entries */
+  uint64_t ngalloc;             /* groups allocated */
 
   pthread_mutex_t lock;
   pthread_cond_t cond;          /* fetch done, commit done */
@@ -212,7 +228,7 @@ _Static_assert (MAX_RUN_GROUPS <= FSC_FILL_MAX_GROUPS,
 #define IDX_OF(b) ((b) % FSC_GROUP_BLOCKS)
 
 /* Longest name of an object's file: NAME and a suffix. */
-#define FILE_NAME_MAX (FSC_NAME_MAX + 8)
+#define FILE_NAME_MAX (FSC_NAME_MAX + 32)
 
 static inline uint64_t
 block_start (const struct fsc_object *o, uint64_t b)
@@ -242,23 +258,71 @@ sums_offset (const struct fsc_object *o, uint64_t b)
   return b * subs_per_block (o) * 8;
 }
 
+/* data.c: the data in segment files of FSC_SEG_SIZE bytes: NAME.data
+ * for the first, NAME.data.I for segment I >= 1.  Open (creating) them
+ * all, setting *SIZES_OK if each has its length; truncate them to
+ * their lengths, empty; close them; unlink them (by name, opened or
+ * not); read, write (returns 0 or -1), sync what was written, punch,
+ * and count allocated bytes.  All but unlink return -1 with errno on
+ * failure; pread returns the bytes read, which may be short.
+ */
+#define FSC_SEG_SHIFT 40
+#define FSC_SEG_SIZE (UINT64_C (1) << FSC_SEG_SHIFT)
+#define FSC_SEG_SUFFIX_MAX 28
+extern int fsc_data_open (struct fsc_object *o, bool *sizes_ok);
+extern int fsc_data_reset (struct fsc_object *o);
+extern void fsc_data_close (struct fsc_object *o);
+extern void fsc_data_unlink (const struct fsc_object *o);
+extern ssize_t fsc_data_pread (struct fsc_object *o, void *buf, size_t n,
+                               uint64_t off);
+extern int fsc_data_pwrite (struct fsc_object *o, const void *buf, size_t n,
+                            uint64_t off);
+extern int fsc_data_sync (struct fsc_object *o);
+extern int fsc_data_punch (struct fsc_object *o, uint64_t off, uint64_t len);
+extern uint64_t fsc_data_allocated (const struct fsc_object *o);
+
+/* object.c: open (creating if needed) the object's file NAME+SUFFIX,
+ * refusing symlinks and anything not our own regular file with one
+ * link.  Returns the descriptor or -1 with errno.
+ */
+extern int fsc_open_file (struct fsc_object *o, const char *suffix);
+
+/* groups.c: set up and free O's group table; allocate group GI (and
+ * its path) if absent, returning it or NULL (no memory); the first
+ * allocated group at GI or after, or o->ngroups.  Under o->lock once
+ * the object is listed.
+ */
+extern int fsc_gtable_init (struct fsc_object *o);
+extern void fsc_gtable_free (struct fsc_object *o);
+extern struct group *fsc_grp_alloc (struct fsc_object *o, uint64_t gi);
+extern uint64_t fsc_grp_next (const struct fsc_object *o, uint64_t gi);
+
+/* Group GI (< o->ngroups), or NULL if none is allocated. */
+static inline struct group *
+grp (const struct fsc_object *o, uint64_t gi)
+{
+  const struct gmid *m = o->gtop[gi >> (GT_LEAF_SHIFT + GT_MID_SHIFT)];
+  if (m == NULL)
+    return NULL;
+  const struct gleaf *l = m->l[(gi >> GT_LEAF_SHIFT) & (GT_MID - 1)];
+  return l ? l->g[gi & (GT_LEAF - 1)] : NULL;
+}
+
 /* The group of block B, allocated if ALLOC.  Caller holds o->lock. */
 static inline struct group *
 group_of (struct fsc_object *o, uint64_t b, bool alloc)
 {
   uint64_t gi = GROUP_OF (b);
-  struct group *g = o->groups[gi];
-  if (g == NULL && alloc) {
-    g = calloc (1, sizeof *g);
-    o->groups[gi] = g;
-  }
+  struct group *g = grp (o, gi);
+  if (g == NULL && alloc)
+    g = fsc_grp_alloc (o, gi);
   return g;
 }
 
 static inline bool
 present (struct fsc_object *o, uint64_t b)
 {
-  struct group *g = o->groups[GROUP_OF (b)];
+  struct group *g = grp (o, GROUP_OF (b));
   return g && (g->present & BIT_OF (b));
 }
 

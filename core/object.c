@@ -92,7 +92,7 @@ fsc_withdraw (struct fsc_object *o, int err)
    */
   if (o->fandirfd >= 0) {
     unlink_file (o, ".idx");
-    unlink_file (o, ".data");
+    fsc_data_unlink (o);
     unlink_file (o, ".sums");
     unlink_file (o, ".stale");
   }
@@ -141,7 +141,7 @@ load_group (void *opaque, const struct fsc_grec *rec, int slot)
   uint64_t mask = ~UINT64_C (0);
   if (rec->group == o->ngroups - 1 && o->nblocks % FSC_GROUP_BLOCKS)
     mask = (UINT64_C (1) << (o->nblocks % FSC_GROUP_BLOCKS)) - 1;
-  struct group *g = calloc (1, sizeof *g);
+  struct group *g = fsc_grp_alloc (o, rec->group);
   if (g == NULL)
     return -1;
   g->present = rec->present & mask;
@@ -149,16 +149,13 @@ load_group (void *opaque, const struct fsc_grec *rec, int slot)
   g->slot = slot;
   g->has_record = true;
   memcpy (g->csum, rec->csum, sizeof g->csum);
-  o->groups[rec->group] = g;
   o->seq = MAX (o->seq, rec->seq);
   return 0;
 }
 
-/* Open (creating if needed) one of the object's files, refusing
- * symlinks and anything that is not our own regular file.
- */
-static int
-open_file (struct fsc_object *o, const char *suffix)
+/* Open (creating if needed) one of the object's files (internal.h). */
+int
+fsc_open_file (struct fsc_object *o, const char *suffix)
 {
   char buf[FILE_NAME_MAX];
   struct stat st;
@@ -192,7 +189,7 @@ random_u64 (void)
  */
 static int
 check_sb (const struct fsc_object *o, const struct fsc_sb *sb,
-          const struct fsc_object_params *p, uint64_t data_size,
+          const struct fsc_object_params *p, bool data_ok,
           uint64_t sums_size)
 {
   uint64_t lo, hi;
@@ -220,7 +217,7 @@ check_sb (const struct fsc_object *o, const struct fsc_sb *sb,
     if (!p->offline && sb->fingerprint != p->fingerprint)
       return FSC_REJ_FINGERPRINT;
   }
-  if (data_size != sb->size || sums_size != sums_offset (o, o->nblocks))
+  if (!data_ok || sums_size != sums_offset (o, o->nblocks))
     return FSC_REJ_DATA_SIZE;
   return FSC_OK;
 }
@@ -230,8 +227,7 @@ static int
 create_cold (struct fsc_object *o, const struct fsc_object_params *p)
 {
   if (ftruncate (o->ifd, 0) == -1 || fsync (o->ifd) == -1 ||
-      ftruncate (o->dfd, 0) == -1 || ftruncate (o->dfd, o->size) == -1 ||
-      fsync (o->dfd) == -1 ||
+      fsc_data_reset (o) == -1 ||
       ftruncate (o->sfd, 0) == -1 ||
       ftruncate (o->sfd, sums_offset (o, o->nblocks)) == -1 ||
       fsync (o->sfd) == -1)
@@ -263,16 +259,13 @@ create_cold (struct fsc_object *o, const struct fsc_object_params *p)
 static void
 free_object (struct fsc_object *o)
 {
-  if (o->groups)
-    for (uint64_t i = 0; i < o->ngroups; ++i)
-      free (o->groups[i]);
-  free (o->groups);
+  fsc_gtable_free (o);
   free (o->dirty);
   free (o->punch);
   free (o->pq);
   free (o->gq);
   free (o->key);
-  if (o->dfd >= 0) close (o->dfd);
+  fsc_data_close (o);
   if (o->sfd >= 0) close (o->sfd);
   if (o->ifd >= 0) close (o->ifd);
   if (o->fandirfd >= 0) close (o->fandirfd);
@@ -290,7 +283,6 @@ lookup (struct fsc_object *o, const struct fsc_object_params *p,
 {
   struct fsc_cache *c = o->cache;
   struct fsc_stats *st = &c->stats;
-  struct stat dst;
 
   fsc_key_encode (p->key, p->key_len, o->name, o->fan);
   if (mkdirat (c->objdirfd, o->fan, 0700) == -1 && errno != EEXIST)
@@ -299,7 +291,7 @@ lookup (struct fsc_object *o, const struct fsc_object_params *p,
                         O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
   if (o->fandirfd == -1)
     return -1;
-  o->ifd = open_file (o, ".idx");
+  o->ifd = fsc_open_file (o, ".idx");
   if (o->ifd == -1)
     return -1;
   /* One user per object across processes: never two writers of one
@@ -313,11 +305,11 @@ lookup (struct fsc_object *o, const struct fsc_object_params *p,
     }
     return -1;
   }
-  o->dfd = open_file (o, ".data");
-  if (o->dfd == -1 || fstat (o->dfd, &dst) == -1)
+  bool data_ok;
+  if (fsc_data_open (o, &data_ok) == -1)
     return -1;
   struct stat sst;
-  o->sfd = open_file (o, ".sums");
+  o->sfd = fsc_open_file (o, ".sums");
   if (o->sfd == -1 || fstat (o->sfd, &sst) == -1)
     return -1;
 
@@ -332,7 +324,7 @@ lookup (struct fsc_object *o, const struct fsc_object_params *p,
   else {
     reason = fsc_sb_load (&c->io, o->ifd, &sb, &slot);
     if (reason == FSC_OK)
-      reason = check_sb (o, &sb, p, dst.st_size, sst.st_size);
+      reason = check_sb (o, &sb, p, data_ok, sst.st_size);
   }
 
   if (reason == FSC_OK && stale_marked (o))
@@ -353,10 +345,9 @@ lookup (struct fsc_object *o, const struct fsc_object_params *p,
     if (fsc_grec_scan (&c->io, o->ifd, o->ngroups, sb.incarnation,
                        load_group, o) == -1) {
       /* Unreadable index: start cold rather than trust part of it. */
-      for (uint64_t i = 0; i < o->ngroups; ++i) {
-        free (o->groups[i]);
-        o->groups[i] = NULL;
-      }
+      fsc_gtable_free (o);
+      if (fsc_gtable_init (o) == -1)
+        return -1;
       reason = FSC_REJ_IO;
     }
   }
@@ -462,7 +453,7 @@ fsc_object_open (struct fsc_cache *c, const struct fsc_object_params *p,
     return -1;
   o->cache = c;
   o->refs = 1;
-  o->fandirfd = o->ifd = o->dfd = o->sfd = -1;
+  o->fandirfd = o->ifd = o->sfd = -1;
   o->verify = p->verify;
   o->block_size = p->block_size;
   o->bshift = __builtin_ctz (p->block_size);
@@ -475,8 +466,7 @@ fsc_object_open (struct fsc_cache *c, const struct fsc_object_params *p,
   pthread_mutex_init (&o->lock, NULL);
   pthread_cond_init (&o->cond, NULL);
   o->key = malloc (p->key_len);
-  o->groups = calloc (o->ngroups ?: 1, sizeof *o->groups);
-  if (o->key == NULL || o->groups == NULL) {
+  if (o->key == NULL || fsc_gtable_init (o) == -1) {
     free_object (o);
     errno = ENOMEM;
     return -1;
@@ -514,7 +504,7 @@ fsc_object_open (struct fsc_cache *c, const struct fsc_object_params *p,
     pthread_mutex_lock (&o->lock);
     o->state = FSC_OBJ_WITHDRAWN;
     pthread_mutex_unlock (&o->lock);
-    if (o->dfd >= 0) { close (o->dfd); o->dfd = -1; }
+    fsc_data_close (o);
     if (o->sfd >= 0) { close (o->sfd); o->sfd = -1; }
     if (o->ifd >= 0) { close (o->ifd); o->ifd = -1; }
     /* A busy object keeps its directory, to mark the holder's copy
@@ -592,7 +582,7 @@ fsc_object_close (struct fsc_object *o)
       fsc_object_state (o) == FSC_OBJ_AVAILABLE &&
       fsc_object_commit (o) == 0)
     fsc_write_sb (o, FSC_SB_CLEAN, 0, NULL);
-  if (o->dfd >= 0) { close (o->dfd); o->dfd = -1; }
+  fsc_data_close (o);
   if (o->sfd >= 0) { close (o->sfd); o->sfd = -1; }
   if (o->ifd >= 0) { close (o->ifd); o->ifd = -1; }   /* drops the flock */
 
@@ -658,9 +648,9 @@ fsc_object_present_blocks (struct fsc_object *o)
   uint64_t n = 0;
   if (o->state == FSC_OBJ_WITHDRAWN)
     return 0;
-  for (uint64_t i = 0; i < o->ngroups; ++i)
-    if (o->groups[i])
-      n += __builtin_popcountll (o->groups[i]->present);
+  for (uint64_t i = fsc_grp_next (o, 0); i < o->ngroups;
+       i = fsc_grp_next (o, i + 1))
+    n += __builtin_popcountll (grp (o, i)->present);
   return n;
 }
 

@@ -115,7 +115,7 @@ hit_partial (struct fsc_object *o, uint64_t blk, void *buf, uint64_t offset,
   ssize_t r;
 
   if (!o->verify) {
-    r = fsc_io_pread (io, FSC_FILE_DATA, o->dfd, out, hi - lo, lo);
+    r = fsc_data_pread (o, out, hi - lo, lo);
     if (r != (ssize_t) (hi - lo)) {
       read_failed (o, r);
       return false;
@@ -153,7 +153,7 @@ hit_partial (struct fsc_object *o, uint64_t blk, void *buf, uint64_t offset,
     fsc_withdraw (o, ENOMEM);
     return false;
   }
-  r = fsc_io_pread (io, FSC_FILE_DATA, o->dfd, tmp, de - ds, ds);
+  r = fsc_data_pread (o, tmp, de - ds, ds);
   if (r != (ssize_t) (de - ds)) {
     read_failed (o, r);
     return false;
@@ -184,8 +184,7 @@ hit_run (struct fsc_object *o, uint64_t b, uint64_t n, void *buf,
   if (start >= offset && end <= wend) {
     /* Whole blocks: one read straight into the client's buffer. */
     unsigned char *dst = (unsigned char *) buf + (start - offset);
-    ssize_t r = fsc_io_pread (&o->cache->io, FSC_FILE_DATA, o->dfd, dst,
-                              end - start, start);
+    ssize_t r = fsc_data_pread (o, dst, end - start, start);
     if (r != (ssize_t) (end - start)) {
       read_failed (o, r);
       return 0;
@@ -318,9 +317,9 @@ do_read (struct fsc_object *o, void *buf, uint32_t count, uint64_t offset,
     }
     else if (present (o, b)) {
       kind = RUN_HIT;
-      csums[0] = o->groups[GROUP_OF (b)]->csum[IDX_OF (b)];
+      csums[0] = grp (o, GROUP_OF (b))->csum[IDX_OF (b)];
       while (b + n <= last && n < max_hit && present (o, b + n)) {
-        csums[n] = o->groups[GROUP_OF (b + n)]->csum[IDX_OF (b + n)];
+        csums[n] = grp (o, GROUP_OF (b + n))->csum[IDX_OF (b + n)];
         n++;
       }
       /* The run spans at most two groups (n <= FSC_GROUP_BLOCKS):
@@ -329,7 +328,7 @@ do_read (struct fsc_object *o, void *buf, uint32_t count, uint64_t offset,
        * unless a sequential stream reads them.
        */
       for (uint64_t gi = GROUP_OF (b); gi <= GROUP_OF (b + n - 1); ++gi) {
-        struct group *hg = o->groups[gi];
+        struct group *hg = grp (o, gi);
         hg->readers++;
         if (buf && !(flags & FSC_READ_SEQUENTIAL)) {
           uint64_t lo = MAX (b, gi * FSC_GROUP_BLOCKS) - gi * FSC_GROUP_BLOCKS;
@@ -390,7 +389,7 @@ do_read (struct fsc_object *o, void *buf, uint32_t count, uint64_t offset,
       else
         b += n;
       for (uint64_t gi = g0; gi <= g1; ++gi)
-        __atomic_sub_fetch (&o->groups[gi]->readers, 1, __ATOMIC_RELEASE);
+        __atomic_sub_fetch (&grp (o, gi)->readers, 1, __ATOMIC_RELEASE);
       break;
     }
 

@@ -94,8 +94,7 @@ store_blocks (struct fsc_object *o, uint64_t blk, uint64_t nb,
     csums[i] = fsc_sums_csum (sums, kb);
   }
   int r = 0;
-  if (fsc_io_pwrite (&o->cache->io, FSC_FILE_DATA, o->dfd, src, e - s, s)
-      == -1 ||
+  if (fsc_data_pwrite (o, src, e - s, s) == -1 ||
       fsc_io_pwrite (&o->cache->io, FSC_FILE_SUMS, o->sfd, le, nb * k * 8,
                      sums_offset (o, blk)) == -1)
     r = -1;
@@ -159,8 +158,7 @@ read_block (struct fsc_object *o, uint64_t blk, unsigned char *dst,
             uint64_t csum)
 {
   uint64_t s = block_start (o, blk), len = block_end (o, blk) - s;
-  ssize_t r = fsc_io_pread (&o->cache->io, FSC_FILE_DATA, o->dfd, dst, len,
-                            s);
+  ssize_t r = fsc_data_pread (o, dst, len, s);
   if (r != (ssize_t) len)
     return false;
   return fsc_block_csum (dst, len) == csum;
@@ -208,13 +206,13 @@ fsc_object_write_begin (struct fsc_object *o, uint64_t offset,
   bool want_head = false, want_tail = false;
   if (keep && head_partial && present (o, b0)) {
     want_head = true;
-    hcsum = o->groups[GROUP_OF (b0)]->csum[IDX_OF (b0)];
-    hepoch = o->groups[GROUP_OF (b0)]->epoch;
+    hcsum = grp (o, GROUP_OF (b0))->csum[IDX_OF (b0)];
+    hepoch = grp (o, GROUP_OF (b0))->epoch;
   }
   if (keep && tail_partial && present (o, b1)) {
     want_tail = true;
-    tcsum = o->groups[GROUP_OF (b1)]->csum[IDX_OF (b1)];
-    tepoch = o->groups[GROUP_OF (b1)]->epoch;
+    tcsum = grp (o, GROUP_OF (b1))->csum[IDX_OF (b1)];
+    tepoch = grp (o, GROUP_OF (b1))->epoch;
   }
   pthread_mutex_unlock (&o->lock);
 
@@ -246,11 +244,11 @@ fsc_object_write_begin (struct fsc_object *o, uint64_t offset,
    */
   bool need_sync = false;
   pthread_mutex_lock (&o->lock);
-  if (w->head && o->groups[GROUP_OF (b0)]->epoch != hepoch) {
+  if (w->head && grp (o, GROUP_OF (b0))->epoch != hepoch) {
     free (w->head);
     w->head = NULL;
   }
-  if (w->tail && o->groups[GROUP_OF (b1)]->epoch != tepoch) {
+  if (w->tail && grp (o, GROUP_OF (b1))->epoch != tepoch) {
     free (w->tail);
     w->tail = NULL;
   }
@@ -258,8 +256,7 @@ fsc_object_write_begin (struct fsc_object *o, uint64_t offset,
    * count a fill could store what upstream held before this write.
    */
   for (uint64_t gi = g0; gi <= g1; ++gi)
-    if (o->groups[gi] == NULL &&
-        (o->groups[gi] = calloc (1, sizeof (struct group))) == NULL) {
+    if (fsc_grp_alloc (o, gi) == NULL) {
       pthread_mutex_unlock (&o->lock);
       free (w->head);
       free (w->tail);
@@ -276,7 +273,7 @@ fsc_object_write_begin (struct fsc_object *o, uint64_t offset,
     uint64_t hi = gi == g1 ? IDX_OF (b1) : FSC_GROUP_BLOCKS - 1;
     uint64_t mask = (hi - lo == 63) ? ~UINT64_C (0)
       : ((UINT64_C (1) << (hi - lo + 1)) - 1) << lo;
-    struct group *g = o->groups[gi];
+    struct group *g = grp (o, gi);
     if (g->writers > 0)
       keep = false;             /* overlapping writes: order unknown */
     g->writers++;
@@ -321,7 +318,7 @@ fsc_object_write_end (struct fsc_object *o, struct fsc_write *w,
   if (w->counted) {
     pthread_mutex_lock (&o->lock);
     for (uint64_t gi = w->first_group; gi < w->first_group + w->ngroups; ++gi)
-      o->groups[gi]->writers--;
+      grp (o, gi)->writers--;
     pthread_mutex_unlock (&o->lock);
     w->counted = false;
   }
@@ -363,7 +360,7 @@ fsc_object_write_end (struct fsc_object *o, struct fsc_write *w,
     const void *data = whole ? (const void *) 1
       : blk == b0 && w->head ? w->head
       : blk == b1 && w->tail ? w->tail : NULL;
-    struct group *g = o->groups[GROUP_OF (blk)];
+    struct group *g = grp (o, GROUP_OF (blk));
     if (data == NULL || g == NULL ||
         g->epoch != w->epochs[GROUP_OF (blk) - w->first_group] ||
         (g->present | g->fetching) & BIT_OF (blk))
@@ -410,7 +407,7 @@ fsc_object_write_end (struct fsc_object *o, struct fsc_write *w,
       uint64_t bk = b0 + k;
       uint64_t csum = csums[k - i];
       pthread_mutex_lock (&o->lock);
-      struct group *g = o->groups[GROUP_OF (bk)];
+      struct group *g = grp (o, GROUP_OF (bk));
       g->fetching &= ~BIT_OF (bk);
       if (o->state == FSC_OBJ_AVAILABLE &&
           g->epoch == w->epochs[GROUP_OF (bk) - w->first_group]) {
@@ -433,7 +430,7 @@ fsc_object_write_end (struct fsc_object *o, struct fsc_write *w,
   pthread_mutex_lock (&o->lock);
   for (uint64_t i = 0; i < nb; ++i)
     if (claimed[i]) {
-      struct group *g = o->groups[GROUP_OF (b0 + i)];
+      struct group *g = grp (o, GROUP_OF (b0 + i));
       g->fetching &= ~BIT_OF (b0 + i);
     }
   pthread_cond_broadcast (&o->cond);

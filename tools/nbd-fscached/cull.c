@@ -47,7 +47,8 @@
 #include "fscached.h"
 
 #define GRAVEYARD "graveyard"
-#define MAX_FILES 64            /* NAME.* files handled per object */
+#define MAX_FILES 1100          /* NAME.* files handled per object: the
+                                 * data segments of a 1 PiB export, and more */
 
 static void
 test_pause (const struct fscd_grave *g)

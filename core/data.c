@@ -1,0 +1,192 @@
+/* libfscache: an object's data, in segment files.
+ *
+ * The data of an object is the export's bytes at their own offsets,
+ * holes meaning "not cached" (docs/format.md).  One file per object
+ * would stop at the file system's largest file: 16 TiB on ext4 with
+ * 4 KiB blocks, which an EBS volume exceeds.  So the data is always
+ * split into segments of FSC_SEG_SIZE (1 TiB) bytes: segment 0 is
+ * NAME.data, segment i >= 1 is NAME.data.i, and each is exactly as
+ * long as its share of the export.  Always, and at a fixed size,
+ * rather than only when a file system refuses a size: the layout then
+ * depends on the export alone, a cache moved between file systems
+ * stays valid, and every export up to 1 TiB (nearly all) keeps the
+ * single NAME.data it always had.  Blocks (at most 64 MiB, aligned)
+ * never straddle a segment; runs of blocks may, and the calls here
+ * split them.
+ *
+ * Every read, write and sync goes through io.c (fault injection and
+ * tracing; a trace names the offset within the segment, which for
+ * every export up to 1 TiB is the export offset).
+ */
+#include <config.h>
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "internal.h"
+#include "utils.h"
+
+static uint64_t
+seg_len (const struct fsc_object *o, uint64_t i)
+{
+  return MIN (FSC_SEG_SIZE, o->size - i * FSC_SEG_SIZE);
+}
+
+static void
+seg_suffix (uint64_t i, char buf[FSC_SEG_SUFFIX_MAX])
+{
+  if (i == 0)
+    snprintf (buf, FSC_SEG_SUFFIX_MAX, ".data");
+  else
+    snprintf (buf, FSC_SEG_SUFFIX_MAX, ".data.%" PRIu64, i);
+}
+
+int
+fsc_data_open (struct fsc_object *o, bool *sizes_ok)
+{
+  o->nseg = o->size ? DIV_ROUND_UP (o->size, FSC_SEG_SIZE) : 1;
+  o->dfds = malloc (o->nseg * sizeof *o->dfds);
+  o->seg_dirty = calloc (o->nseg, 1);
+  if (o->dfds == NULL || o->seg_dirty == NULL)
+    return -1;
+  for (uint64_t i = 0; i < o->nseg; ++i)
+    o->dfds[i] = -1;
+  *sizes_ok = true;
+  for (uint64_t i = 0; i < o->nseg; ++i) {
+    char suffix[FSC_SEG_SUFFIX_MAX];
+    struct stat st;
+    seg_suffix (i, suffix);
+    o->dfds[i] = fsc_open_file (o, suffix);
+    if (o->dfds[i] == -1 || fstat (o->dfds[i], &st) == -1)
+      return -1;
+    if ((uint64_t) st.st_size != (o->size ? seg_len (o, i) : 0))
+      *sizes_ok = false;
+  }
+  return 0;
+}
+
+int
+fsc_data_reset (struct fsc_object *o)
+{
+  for (uint64_t i = 0; i < o->nseg; ++i) {
+    uint64_t len = o->size ? seg_len (o, i) : 0;
+    if (ftruncate (o->dfds[i], 0) == -1 ||
+        ftruncate (o->dfds[i], (off_t) len) == -1 ||
+        fsync (o->dfds[i]) == -1)
+      return -1;
+  }
+  return 0;
+}
+
+void
+fsc_data_close (struct fsc_object *o)
+{
+  for (uint64_t i = 0; o->dfds && i < o->nseg; ++i)
+    if (o->dfds[i] >= 0)
+      close (o->dfds[i]);
+  free (o->dfds);
+  free (o->seg_dirty);
+  o->dfds = NULL;
+  o->seg_dirty = NULL;
+}
+
+void
+fsc_data_unlink (const struct fsc_object *o)
+{
+  uint64_t n = o->size ? DIV_ROUND_UP (o->size, FSC_SEG_SIZE) : 1;
+  for (uint64_t i = 0; i < n; ++i) {
+    char suffix[FSC_SEG_SUFFIX_MAX], name[FILE_NAME_MAX];
+    seg_suffix (i, suffix);
+    unlinkat (o->fandirfd, fsc_file_name (o, suffix, name), 0);
+  }
+}
+
+ssize_t
+fsc_data_pread (struct fsc_object *o, void *buf, size_t n, uint64_t off)
+{
+  size_t done = 0;
+  while (done < n) {
+    uint64_t pos = off + done, i = pos / FSC_SEG_SIZE;
+    if (i >= o->nseg)
+      break;
+    size_t len = MIN (n - done, FSC_SEG_SIZE - pos % FSC_SEG_SIZE);
+    ssize_t r = fsc_io_pread (&o->cache->io, FSC_FILE_DATA, o->dfds[i],
+                              (char *) buf + done, len, pos % FSC_SEG_SIZE);
+    if (r == -1)
+      return -1;
+    done += r;
+    if ((size_t) r < len)
+      break;
+  }
+  return done;
+}
+
+int
+fsc_data_pwrite (struct fsc_object *o, const void *buf, size_t n,
+                 uint64_t off)
+{
+  size_t done = 0;
+  while (done < n) {
+    uint64_t pos = off + done, i = pos / FSC_SEG_SIZE;
+    if (i >= o->nseg) {
+      errno = EFBIG;
+      return -1;
+    }
+    size_t len = MIN (n - done, FSC_SEG_SIZE - pos % FSC_SEG_SIZE);
+    __atomic_store_n (&o->seg_dirty[i], 1, __ATOMIC_RELAXED);
+    if (fsc_io_pwrite (&o->cache->io, FSC_FILE_DATA, o->dfds[i],
+                       (const char *) buf + done, len,
+                       pos % FSC_SEG_SIZE) == -1)
+      return -1;
+    done += len;
+  }
+  return 0;
+}
+
+int
+fsc_data_sync (struct fsc_object *o)
+{
+  for (uint64_t i = 0; i < o->nseg; ++i) {
+    if (!__atomic_exchange_n (&o->seg_dirty[i], 0, __ATOMIC_RELAXED))
+      continue;
+    if (fsc_io_sync (&o->cache->io, FSC_FILE_DATA, o->dfds[i]) == -1) {
+      __atomic_store_n (&o->seg_dirty[i], 1, __ATOMIC_RELAXED);
+      return -1;
+    }
+  }
+  return 0;
+}
+
+int
+fsc_data_punch (struct fsc_object *o, uint64_t off, uint64_t len)
+{
+  while (len > 0) {
+    uint64_t i = off / FSC_SEG_SIZE;
+    uint64_t n = MIN (len, FSC_SEG_SIZE - off % FSC_SEG_SIZE);
+    if (i >= o->nseg)
+      return 0;
+    if (fallocate (o->dfds[i], FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+                   (off_t) (off % FSC_SEG_SIZE), (off_t) n) == -1)
+      return -1;
+    off += n;
+    len -= n;
+  }
+  return 0;
+}
+
+uint64_t
+fsc_data_allocated (const struct fsc_object *o)
+{
+  uint64_t total = 0;
+  for (uint64_t i = 0; o->dfds && i < o->nseg; ++i) {
+    struct stat st;
+    if (o->dfds[i] >= 0 && fstat (o->dfds[i], &st) == 0)
+      total += (uint64_t) st.st_blocks * 512;
+  }
+  return total;
+}
