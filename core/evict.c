@@ -59,11 +59,16 @@
  * punched when the process stopped, and fills written but never
  * committed (a crash), take space that no index names: nothing would
  * ever evict them, and a capped object could stay over its budget for
- * good.  So when an object opens with a valid index, every allocated
- * extent of its data and sums files (SEEK_DATA) is compared with the
- * present blocks, and what no present block covers is punched
- * (fsc_reclaim_unnamed).  The index is the truth: a block it does not
- * name holds nothing anybody may read.
+ * good.  A clean close punches what is queued (fsc_punch_pending);
+ * after a crash (the index not marked clean), every allocated extent
+ * of the data and sums files (SEEK_DATA) is compared with the present
+ * blocks when the object opens, and what no present block covers is
+ * punched (fsc_reclaim_unnamed).  The index is the truth: a block it
+ * does not name holds nothing anybody may read.  (Only after a crash:
+ * the walk costs a few hundred milliseconds for a gigabyte cached in
+ * scattered blocks, and a clean close leaves nothing to find but the
+ * sums pages shared with evicted blocks' neighbours, at most 0.2% of
+ * the export.)
  *
  * The floor.  Below fscache-min-free (blocks) or its inode twin, or
  * while DIR/fscache.stop exists, no new blocks are stored: misses are
@@ -686,6 +691,14 @@ read_quota (struct fsc_object *o)
     FSC_STAT_ADD (&o->cache->stats, quota_changes, 1);
   o->quota = q;
   pthread_mutex_unlock (&o->lock);
+}
+
+void
+fsc_punch_pending (struct fsc_object *o)
+{
+  int e = errno;
+  (void) punch_queued (o);
+  errno = e;
 }
 
 void

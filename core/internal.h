@@ -415,6 +415,12 @@ fsc_note_gone (struct fsc_object *o, struct group *g, uint64_t bits)
   g->unread &= ~bits;
 }
 
+/* evict.c: punch the space of blocks evicted (and committed) or
+ * dropped by writes that is still queued; failures are ignored (the
+ * space stays until the next unclean open reclaims it).
+ */
+extern void fsc_punch_pending (struct fsc_object *o);
+
 /* evict.c: punch the space of the data and sums files that no present
  * block covers (see "Space nobody names" in evict.c), while O is being
  * opened and nothing else touches it.  Returns 0 or -1 with errno

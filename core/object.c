@@ -357,13 +357,16 @@ lookup (struct fsc_object *o, const struct fsc_object_params *p,
     FSC_STAT_ADD (st, objects_reused, 1);
     if (info->unclean)
       FSC_STAT_ADD (st, unclean_opens, 1);
-    /* Leaked space only costs room: failing to punch it (no hole
-     * support, an I/O error that the next read would meet anyway) is
-     * no reason to refuse the object.
+    /* After a crash, space no index names (fills never committed,
+     * evictions not yet punched) is reclaimed; a clean close leaves
+     * none but sums pages (evict.c).  Leaked space only costs room:
+     * failing to punch it is no reason to refuse the object.
      */
-    int e = errno;
-    (void) fsc_reclaim_unnamed (o);
-    errno = e;
+    if (info->unclean) {
+      int e = errno;
+      (void) fsc_reclaim_unnamed (o);
+      errno = e;
+    }
   }
   else {
     o->state = FSC_OBJ_CREATING;
@@ -580,8 +583,13 @@ fsc_object_close (struct fsc_object *o)
 
   if (!fsc_object_check_stale (o) &&
       fsc_object_state (o) == FSC_OBJ_AVAILABLE &&
-      fsc_object_commit (o) == 0)
+      fsc_object_commit (o) == 0) {
+    /* Evictions just made durable leave no space behind: the next
+     * open reclaims unnamed space only after a crash.
+     */
+    fsc_punch_pending (o);
     fsc_write_sb (o, FSC_SB_CLEAN, 0, NULL);
+  }
   fsc_data_close (o);
   if (o->sfd >= 0) { close (o->sfd); o->sfd = -1; }
   if (o->ifd >= 0) { close (o->ifd); o->ifd = -1; }   /* drops the flock */

@@ -43,7 +43,7 @@
   X (lowspace_skips)      /* fills not stored: free space floor */        \
   X (lowspace_ms)         /* time spent below the free space floor */     \
   X (quota_changes)       /* quota records taken up or dropped */         \
-  X (reclaimed_bytes)     /* space of unindexed blocks punched at open */
+  X (reclaimed_bytes)     /* unindexed space punched at an unclean open */
 
 struct fsc_stats {
 #define FSC_STATS_DECL(name) uint64_t name;

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "fscache.h"
@@ -485,9 +486,9 @@ main (void)
     }
   }
 
-  /* Space no index names (an eviction committed but not punched when
-   * the process stopped, a fill written but never committed) is
-   * punched when the object opens again; what the index names stays.
+  /* After a crash, space no index names (an eviction committed but
+   * not punched, a fill written but never committed) is punched when
+   * the object opens again; what the index names stays.
    */
   {
     struct fsc_object_params pu = {
@@ -500,11 +501,22 @@ main (void)
     fsc_key_encode ("unnamed", 7, name, fan);
     snprintf (udata, sizeof udata, "%s/objects/%s/%s.data", dir, fan, name);
 
-    c = open_cache (NULL);
-    CHECK (fsc_object_open (c, &pu, &o, &info) == 0);
-    CHECK (fsc_object_read (o, got, sizeof got, 0, &up, 0) == 0);
-    fsc_object_close (o);
-    fsc_cache_close (c);
+    /* A process that reads four blocks, commits, and dies without
+     * closing (so the index is not marked clean).
+     */
+    pid_t pid = fork ();
+    CHECK (pid >= 0);
+    if (pid == 0) {
+      c = open_cache (NULL);
+      if (fsc_object_open (c, &pu, &o, &info) == -1 ||
+          fsc_object_read (o, got, sizeof got, 0, &up, 0) == -1 ||
+          fsc_object_commit (o) == -1)
+        _exit (1);
+      _exit (0);
+    }
+    int wst;
+    CHECK (waitpid (pid, &wst, 0) == pid && WIFEXITED (wst) &&
+           WEXITSTATUS (wst) == 0);
     /* Eight blocks of data at blocks 16..23, which no index names. */
     memset (junk, 0xa5, sizeof junk);
     int jfd = open (udata, O_WRONLY);
@@ -517,6 +529,7 @@ main (void)
     c = open_cache (NULL);
     CHECK (fsc_object_open (c, &pu, &o, &info) == 0);
     CHECK_EQ (info.present_blocks, 4);
+    CHECK (info.unclean);
     fsc_cache_stats (c, &st);
     CHECK_EQ (st.reclaimed_bytes, 8 * BS);
     CHECK (stat (udata, &sb) == 0);
