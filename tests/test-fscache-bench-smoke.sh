@@ -23,7 +23,8 @@ requires test -f "$FILTER"
 bench="$top_srcdir/tools/bench/compare.sh"
 out="$TMP/bench"
 phases="cold-seq-1m warm-seq-1m warm-rand-4k restart-seq-1m
-        cold-rand-4k-qd16 cold-rand-64k-qd16 cold-seq-64k-qd1"
+        cold-rand-4k-qd16 cold-rand-64k-qd16 cold-seq-64k-qd1
+        cold-rand-4k-bw cold-mixed"
 configs="nocache nbdcache fscache local"
 size=$((16 * 1024 * 1024))
 
@@ -96,11 +97,32 @@ b=$(field restart-seq-1m nbdcache upstream_bytes)
 
 # The fio JSON of every run is kept.
 n=$(find "$out/raw" -name "*.json" | wc -l)
-[ "$n" = 28 ] || fail "$n fio JSON files in raw/, want 28"
+[ "$n" = 36 ] || fail "$n fio JSON files in raw/, want 36"
 
 # No warnings or errors from the fscache proxy.
 if [ -s "$out/raw/nbdkit-fscache.log" ]; then
   fail "fscache proxy logged: $(head -3 "$out/raw/nbdkit-fscache.log")"
 fi
+
+# Rounds: two of one phase, the configurations alternating; the table
+# gives medians with their spread, and the ratio within each round.
+out2="$TMP/bench2"
+if ! FSCACHE_FILTER="$FILTER" VALIDATE=size \
+     timeout 300 "$bench" --quick --rounds=2 --phases=cold-rand-4k-bw \
+       --configs="nocache fscache" --out="$out2" > "$TMP/bench2.log" 2>&1; then
+  cat "$TMP/bench2.log" >&2
+  fail "compare.sh --rounds=2 failed"
+fi
+order=$(grep -o 'round [0-9] of 2, configuration [a-z]*' "$TMP/bench2.log" |
+        awk '{ printf "%s%s ", $2, $6 }')
+[ "$order" = "1nocache 1fscache 2fscache 2nocache " ] ||
+  fail "round order: '$order'"
+rows=$(awk -F'\t' 'NR > 1 { print $1, $2, $NF }' "$out2/results.tsv" | sort | tr '\n' ,)
+[ "$rows" = "cold-rand-4k-bw fscache 1,cold-rand-4k-bw fscache 2,cold-rand-4k-bw nocache 1,cold-rand-4k-bw nocache 2," ] ||
+  fail "rounds in results.tsv: $rows"
+grep -Eq '^cold-rand-4k-bw +fscache +[0-9.]+ \([0-9.]+\.\.[0-9.]+\)' "$TMP/bench2.log" ||
+  fail "no median (min..max) row for fscache"
+grep -q 'cold random 4k, bw link: upstream <= 1.1x read' "$TMP/bench2.log" ||
+  fail "no upstream-cost check"
 
 echo "$0: PASS"

@@ -21,6 +21,19 @@
 #   cold-rand-64k-qd16   lat  random 64k, iodepth 16, each block read
 #                             once, empty caches
 #   cold-seq-64k-qd1     lat  sequential 64k, iodepth 1, empty caches
+#   cold-rand-4k-bw      bw   random 4k, IODEPTH, each block read once,
+#                             empty caches (a VM or a database's first
+#                             touch over a bandwidth-bound link)
+#   cold-mixed           bw   mixed.fio: 70% random and 30% sequential
+#                             requests, 70% 4k and 30% 1M, empty caches
+#
+# The whole sequence runs ROUNDS times (default 3), the configurations
+# in a rotated order each round (round 2 starts with the second one),
+# so that a machine's drift hits every configuration alike.  The
+# report gives, per phase and configuration, the median over the
+# rounds and the spread (min..max), and each ratio is computed within
+# a round (fscache against nocache or local of the same round) before
+# its median and spread are taken.
 #
 # The bw remote:  nbdkit --filter=log --filter=stats --filter=rate
 #                        --filter=delay file IMG rate=RATE delay-read=DELAY_MS
@@ -64,6 +77,9 @@ Knobs (option or environment variable; options win):
   --lat-iodepth=N      LAT_IODEPTH   iodepth of the lat random phases (16)
   --runtime=SECS       RUNTIME       cap per phase, s (default 15, 1 with
                                      --quick)
+  --rounds=N           ROUNDS        repetitions of the whole sequence, in
+                                     alternating order (default 3, 1 with
+                                     --quick)
   --seq-runtime=SECS   SEQ_RUNTIME   cap of the bw sequential phases, which
                                      must read the whole image so that the
                                      warm phases are warm (default: twice
@@ -75,6 +91,9 @@ Knobs (option or environment variable; options win):
                                      "fscache-verify=false"
   --out=DIR            OUT           output dir (default /tmp/fscache-bench.*)
   --configs="A B"      CONFIGS       subset of: nocache nbdcache fscache local
+  --phases="A B"       PHASES_ONLY   run only these phases (default: all);
+                                     a warm or restart phase needs the
+                                     phase that fills the cache before it
   --image=FILE         IMAGE         use FILE instead of SIZE random bytes
                                      (SIZE is then the file's size)
   --keep-logs          KEEP_LOGS=1   keep the remotes' request logs
@@ -99,6 +118,7 @@ while [ $# -gt 0 ]; do
     --iodepth=*)      IODEPTH="${1#*=}" ;;
     --lat-iodepth=*)  LAT_IODEPTH="${1#*=}" ;;
     --runtime=*)      RUNTIME="${1#*=}" ;;
+    --rounds=*)       ROUNDS="${1#*=}" ;;
     --seq-runtime=*)  SEQ_RUNTIME="${1#*=}" ;;
     --fscache-args=*) FSCACHE_ARGS="${1#*=}" ;;
     --block-size=*)   BLOCK_SIZE="${1#*=}" ;;
@@ -106,6 +126,7 @@ while [ $# -gt 0 ]; do
     --validate=*)     VALIDATE="${1#*=}" ;;
     --out=*)          OUT="${1#*=}" ;;
     --configs=*)      CONFIGS="${1#*=}" ;;
+    --phases=*)       PHASES_ONLY="${1#*=}" ;;
     --image=*)        IMAGE="${1#*=}" ;;
     --keep-logs)      KEEP_LOGS=1 ;;
     --quick)          QUICK=1 ;;
@@ -116,7 +137,7 @@ while [ $# -gt 0 ]; do
 done
 
 if [ "$QUICK" = 1 ]; then
-  : "${SIZE:=16M}" "${RUNTIME:=1}"
+  : "${SIZE:=16M}" "${RUNTIME:=1}" "${ROUNDS:=1}"
 fi
 : "${SIZE:=1G}"
 : "${RATE:=400M}"
@@ -126,12 +147,14 @@ fi
 : "${IODEPTH:=8}"
 : "${LAT_IODEPTH:=16}"
 : "${RUNTIME:=15}"
+: "${ROUNDS:=3}"
 : "${BLOCK_SIZE:=}"
 : "${READAHEAD:=}"
 : "${VALIDATE:=}"
 : "${FSCACHE_ARGS:=}"
 : "${SEQ_RUNTIME:=}"
 : "${CONFIGS:=nocache nbdcache fscache local}"
+: "${PHASES_ONLY:=}"
 : "${KEEP_LOGS:=0}"
 : "${IMAGE:=}"
 
@@ -227,6 +250,7 @@ fi
   echo "IODEPTH	$IODEPTH"
   echo "LAT_IODEPTH	$LAT_IODEPTH"
   echo "RUNTIME	$RUNTIME"
+  echo "ROUNDS	$ROUNDS"
   echo "SEQ_RUNTIME	$SEQ_RUNTIME"
   echo "BLOCK_SIZE	${BLOCK_SIZE:-unset (filter default)}"
   echo "READAHEAD	${READAHEAD:-unset (filter default)}"
@@ -234,6 +258,7 @@ fi
   echo "FSCACHE_ARGS	${FSCACHE_ARGS:-none}"
   echo "loadavg_start	$(cut -d' ' -f1-3 /proc/loadavg)"
   echo "CONFIGS	$CONFIGS"
+  echo "PHASES_ONLY	${PHASES_ONLY:-all}"
   echo "FILTER	$FILTER"
   echo "nbdkit	$(nbdkit --version)"
   echo "fio	$(fio --version)"
@@ -414,9 +439,11 @@ PHASES=(
   "cold-rand-4k-qd16  lat randread-4k.fio  4k  $LAT_IODEPTH $RUNTIME"
   "cold-rand-64k-qd16 lat randread-64k.fio 64k $LAT_IODEPTH $RUNTIME"
   "cold-seq-64k-qd1   lat seqread-64k.fio  64k 1            $RUNTIME"
+  "cold-rand-4k-bw    bw  randread-4k.fio  4k  $IODEPTH     $RUNTIME"
+  "cold-mixed         bw  mixed.fio        mix $IODEPTH     $RUNTIME"
 )
 
-printf 'phase\tconfig\tlink\tjob\tbs\tiodepth\tstatus\tmib_s\tiops\tio_bytes\truntime_ms\tlat_mean_us\tupstream_bytes\tupstream_reads\tupstream_conns\tfscache_upstream_bytes\n' > "$RESULTS"
+printf 'phase\tconfig\tlink\tjob\tbs\tiodepth\tstatus\tmib_s\tiops\tio_bytes\truntime_ms\tlat_mean_us\tupstream_bytes\tupstream_reads\tupstream_conns\tfscache_upstream_bytes\tround\n' > "$RESULTS"
 
 # Before a phase: get the configuration's server into the state the
 # phase wants (cold: empty cache; restart: same cache, new process).
@@ -442,7 +469,7 @@ run_phase ()
 {
   local config="$1" phase="$2" link="$3" job="$4" bs="$5" depth="$6"
   local cap="$7"
-  local tag="$phase.$config" uri status=ok
+  local tag="$phase.$config.r$ROUND" uri status=ok
   local rlog="$RAW/$tag.remote.log" rstats="$RAW/$tag.remote-stats.txt"
   local up_bytes=- up_reads=- up_conns=- fsc_bytes=- fsc_before=0
 
@@ -498,10 +525,10 @@ run_phase ()
     FAILED=1
     fio_fields=$(printf -- '-\t-\t-\t-\t-')
   fi
-  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' \
+  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' \
     "$phase" "$config" "$link" "$job" "$bs" "$depth" "$status" \
     "$fio_fields" "$up_bytes" "$up_reads" "$up_conns" "$fsc_bytes" \
-    >> "$RESULTS"
+    "$ROUND" >> "$RESULTS"
   if [ "$status" = ok ]; then
     echo "$fio_fields" | awk -F'\t' -v u="$up_bytes" \
       '{ printf "%10.1f MiB/s %10.0f IOPS   upstream %s B\n", $1, $2, u }'
@@ -510,15 +537,29 @@ run_phase ()
   fi
 }
 
-for config in $CONFIGS; do
-  echo "compare.sh: configuration $config"
-  for p in "${PHASES[@]}"; do
-    # shellcheck disable=SC2086
-    run_phase "$config" $p
+# CONFIGS rotated left by N.
+rotated ()
+{
+  local -a c
+  read -r -a c <<< "$CONFIGS"
+  local n=$(( $1 % ${#c[@]} ))
+  echo "${c[@]:n}" "${c[@]:0:n}"
+}
+
+for (( ROUND=1; ROUND<=ROUNDS; ROUND++ )); do
+  for config in $(rotated $((ROUND - 1))); do
+    echo "compare.sh: round $ROUND of $ROUNDS, configuration $config"
+    for p in "${PHASES[@]}"; do
+      if [ -n "$PHASES_ONLY" ] && [[ " $PHASES_ONLY " != *" ${p%% *} "* ]]; then
+        continue
+      fi
+      # shellcheck disable=SC2086
+      run_phase "$config" $p
+    done
+    srv_stop "$PPID_FILE"
+    srv_stop "$LPID"
+    rm -rf "$FSC_DIR"
   done
-  srv_stop "$PPID_FILE"
-  srv_stop "$LPID"
-  rm -rf "$FSC_DIR"
 done
 
 for f in "$RAW"/nbdkit-*.log; do
