@@ -26,6 +26,10 @@
 #                              at $TMP/pxN.sock, compared with $TMP/imgN
 #   passes N                   whole passes reader N has finished
 #   stop_readers               stop them; fail if one saw an error
+#   start_daemon CONF          nbd-fscached -n -s -d -f CONF in the
+#                              background ($dpid, messages in $dlog), once
+#                              its pid file exists
+#   stop_daemon                SIGTERM it; fail unless it exits 0
 #
 # $FILTER is the fscache filter to pass to --filter=, $PYTHON the python3
 # with the libnbd bindings, $TMP a private
@@ -231,6 +235,25 @@ stop_readers ()
     fi
     echo "reader $n: $(passes "$n") passes, all identical"
   done
+}
+
+DAEMON="$top_builddir/tools/nbd-fscached/nbd-fscached"
+dpid=""
+dlog="$TMP/d.log"
+start_daemon ()
+{
+  "$DAEMON" -n -s -d -f "$1" -p "$TMP/d.pid" 2>"$dlog" &
+  dpid=$!
+  cleanup_fn "kill -9 $dpid 2>/dev/null"
+  wait_until test -s "$TMP/d.pid" || { cat "$dlog" >&2; fail "daemon: no pid file"; }
+}
+
+stop_daemon ()
+{
+  local st=0
+  kill -TERM "$dpid"
+  wait "$dpid" || st=$?
+  [ "$st" -eq 0 ] || { cat "$dlog" >&2; fail "daemon exit status $st"; }
 }
 
 wait_until ()

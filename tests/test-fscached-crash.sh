@@ -17,7 +17,6 @@
 
 source "${top_srcdir:-$(dirname "$0")/..}/tests/functions.sh"
 
-DAEMON="$top_builddir/tools/nbd-fscached/nbd-fscached"
 requires test -x "$DAEMON"
 requires nbdkit --version
 requires nbdcopy --version

@@ -23,7 +23,6 @@
 
 source "${top_srcdir:-$(dirname "$0")/..}/tests/functions.sh"
 
-DAEMON="$top_builddir/tools/nbd-fscached/nbd-fscached"
 requires test -x "$DAEMON"
 requires nbdkit --version
 requires nbdcopy --version
@@ -103,11 +102,7 @@ brun 60%
 bcull 50%
 bstop 40%
 EOF
-log="$TMP/d.log"
-"$DAEMON" -n -s -d -f "$TMP/d.conf" -p "$TMP/d.pid" 2>"$log" &
-dpid=$!
-cleanup_fn "kill -9 $dpid 2>/dev/null"
-wait_until test -s "$TMP/d.pid" || { cat "$log" >&2; fail "daemon: no pid file"; }
+start_daemon "$TMP/d.conf"
 t0=$(date +%s.%N)
 
 stats="$cache/nbd-fscached.stats"
@@ -119,12 +114,12 @@ settled ()
     [ "$(stat_value "$stats" stopped)" -eq 0 ] &&
     [ ! -e "$cache/fscache.stop" ]
 }
-wait_until settled || { cat "$log" "$stats" >&2; fail "the daemon did not settle"; }
+wait_until settled || { cat "$dlog" "$stats" >&2; fail "the daemon did not settle"; }
 t1=$(date +%s.%N)
 after=$(free_pct)
 echo "after: ${after}% free, $(du -sk "$cache/objects" | cut -f1) KiB cached," \
      "settled in $(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.2f", b - a }') s"
-grep 'culled' "$log"
+grep 'culled' "$dlog"
 
 [ "$after" -ge 60 ] || fail "free space ${after}% after culling, expected >= brun 60%"
 [ "$(culled)" -eq 3 ] || fail "culled $(culled) objects, expected 3"
@@ -140,7 +135,7 @@ for i in 5 6; do
   done
 done
 # LRU order, from the daemon's log.
-order=$(sed -n 's/.*culled objects\/@..\/kobj\([0-9]\)=00export=3d:.*/\1/p' "$log" |
+order=$(sed -n 's/.*culled objects\/@..\/kobj\([0-9]\)=00export=3d:.*/\1/p' "$dlog" |
         tr -d '\n')
 [ "$order" = 123 ] || fail "cull order was '$order', expected 123 (oldest first)"
 
@@ -170,9 +165,7 @@ for i in 5 6; do
     fail "obj$i: withdrawn"
 done
 
-kill -TERM $dpid
-st=0; wait $dpid || st=$?
-[ $st -eq 0 ] || { cat "$log" >&2; fail "daemon exit status $st"; }
+stop_daemon
 
 # A culled export through a new proxy: cold, identical.
 start_proxy 1

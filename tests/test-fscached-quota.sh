@@ -18,7 +18,6 @@
 
 source "${top_srcdir:-$(dirname "$0")/..}/tests/functions.sh"
 
-DAEMON="$top_builddir/tools/nbd-fscached/nbd-fscached"
 requires test -x "$DAEMON"
 requires nbdkit --version
 requires nbdcopy --version
@@ -71,16 +70,12 @@ frun 2%
 fcull 1%
 fstop 0%
 EOF
-log="$TMP/d.log"
-"$DAEMON" -n -s -d -f "$TMP/d.conf" -p "$TMP/d.pid" 2>"$log" &
-dpid=$!
-cleanup_fn "kill -9 $dpid 2>/dev/null"
-wait_until test -s "$TMP/d.pid" || { cat "$log" >&2; fail "daemon: no pid file"; }
+start_daemon "$TMP/d.conf"
 t0=$(date +%s.%N)
 
 under_max () { [ "$(cached)" -le "$MAX" ]; }
 wait_until under_max ||
-  { cat "$log" >&2; fail "still $(cached) bytes cached after 20 s, max-size $MAX"; }
+  { cat "$dlog" >&2; fail "still $(cached) bytes cached after 20 s, max-size $MAX"; }
 t1=$(date +%s.%N)
 echo "converged: $(cached) bytes cached after" \
      "$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.2f", b - a }') s"
@@ -94,7 +89,7 @@ held ()
   c=$(cached)
   [ "$c" -gt "$peak" ] && peak=$c
   [ "$c" -le "$MAX" ] ||
-    { cat "$log" >&2; fail "$c bytes cached after convergence, max-size $MAX"; }
+    { cat "$dlog" >&2; fail "$c bytes cached after convergence, max-size $MAX"; }
   [ "$(passes 1)" -ge $((p1 + 3)) ] && [ "$(passes 2)" -ge $((p2 + 3)) ] &&
     [ "$(passes 3)" -ge $((p3 + 3)) ]
 }
@@ -109,9 +104,6 @@ echo "quota records: $nq, budgets:$budgets"
 [ "$nq" -eq 3 ] || fail "$nq quota records, expected one per object in use (3)"
 [ "$(echo $budgets | tr ' ' '\n' | sort -u | wc -l)" -eq 1 ] ||
   fail "the budgets differ: $budgets (expected one fair share)"
-stats="$cache/nbd-fscached.stats"
-[ "$(stat_value "$stats" culled_objects)" -eq 0 ] || fail "objects in use were culled"
-[ "$(stat_value "$stats" quota_writes)" -ge 3 ] || fail "quota_writes < 3"
 
 stop_readers
 for i in 1 2 3; do
@@ -126,9 +118,12 @@ done
 # No object in use any more: the quotas are lifted.
 no_quota () { ! ls "$cache"/objects/@*/*.quota >/dev/null 2>&1; }
 wait_until no_quota || fail "quota records left once no object is in use"
-grep -q 'quotas lifted' "$log" || fail "no 'quotas lifted' message"
+grep -q 'quotas lifted' "$dlog" || fail "no 'quotas lifted' message"
 
-kill -TERM $dpid
-st=0; wait $dpid || st=$?
-[ $st -eq 0 ] || { cat "$log" >&2; fail "daemon exit status $st"; }
+stop_daemon
+# The counters as the daemon wrote them at exit (during the run the
+# file is rewritten every 2 s).
+stats="$cache/nbd-fscached.stats"
+[ "$(stat_value "$stats" culled_objects)" -eq 0 ] || fail "objects in use were culled"
+[ "$(stat_value "$stats" quota_writes)" -ge 3 ] || fail "quota_writes < 3"
 echo "$0: PASS"

@@ -28,11 +28,12 @@
  *    one) and a blocks or size trigger is still on, the objects in
  *    use get quota records (quota.c).  The rule:
  *
- *       B = min (max-size - margin - OTHER,           (size)
- *                U + available - brun)                (blocks)
+ *       B = min (max-size - 3/2 margin - OTHER,       (size)
+ *                U + available - brun - (brun - bcull) / 2)  (blocks)
  *
  *    where U is what the objects in use allocate now and OTHER the
- *    rest of objects/.  "In use" is locked (by /proc/locks or our own
+ *    rest of objects/: half a margin beyond where culling stops, so
+ *    that objects filling up to their budgets turn the trigger off.  "In use" is locked (by /proc/locks or our own
  *    try) or used in the last ACTIVE seconds: clients that reconnect
  *    leave their object unlocked between connections, and one just
  *    opened may not be locked yet.  B is shared by max-min fairness:
@@ -343,10 +344,17 @@ apply_quotas (struct fscd_state *st, const struct sample *s,
   for (size_t i = 0; i < n; ++i)
     used = sat_add (used, u[i].o->bytes);
   uint64_t other = sat_sub (total, used);
+  /* Half a margin under where culling stops: objects fill up to their
+   * budgets, and the quota records and indexes grow a little, so a
+   * target right at the stop line would keep the trigger on for good
+   * (and cull whatever goes idle).
+   */
   if (cfg->max_size)
-    B = sat_sub (sat_sub (cfg->max_size, margin), other);
-  if (s->blocks > 0)
-    B = MIN (B, sat_sub (sat_add (used, avail), brun));
+    B = sat_sub (sat_sub (cfg->max_size, margin + margin / 2), other);
+  if (s->blocks > 0) {
+    uint64_t half = sat_mul (sat_sub (s->brun, s->bcull), s->frsize) / 2;
+    B = MIN (B, sat_sub (sat_add (used, avail), sat_add (brun, half)));
+  }
 
   room = MAX (cfg->max_size ? margin : 0,
               sat_mul (sat_sub (s->brun, s->bcull), s->frsize));
