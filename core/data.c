@@ -138,11 +138,16 @@ fsc_data_pwrite (struct fsc_object *o, const void *buf, size_t n,
       return -1;
     }
     size_t len = MIN (n - done, FSC_SEG_SIZE - pos % FSC_SEG_SIZE);
-    __atomic_store_n (&o->seg_dirty[i], 1, __ATOMIC_RELAXED);
     if (fsc_io_pwrite (&o->cache->io, FSC_FILE_DATA, o->dfds[i],
                        (const char *) buf + done, len,
                        pos % FSC_SEG_SIZE) == -1)
       return -1;
+    /* Marked only once written: a sync that takes the mark after this
+     * covers these bytes (rule 1, commit.c: data before the records
+     * that name it).  Marked before the write, a sync could take the
+     * mark, finish before the write, and the next sync skip it.
+     */
+    __atomic_store_n (&o->seg_dirty[i], 1, __ATOMIC_RELEASE);
     done += len;
   }
   return 0;
@@ -152,7 +157,7 @@ int
 fsc_data_sync (struct fsc_object *o)
 {
   for (uint64_t i = 0; i < o->nseg; ++i) {
-    if (!__atomic_exchange_n (&o->seg_dirty[i], 0, __ATOMIC_RELAXED))
+    if (!__atomic_exchange_n (&o->seg_dirty[i], 0, __ATOMIC_ACQ_REL))
       continue;
     if (fsc_io_sync (&o->cache->io, FSC_FILE_DATA, o->dfds[i]) == -1) {
       __atomic_store_n (&o->seg_dirty[i], 1, __ATOMIC_RELAXED);
