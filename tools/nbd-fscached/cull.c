@@ -215,10 +215,8 @@ fscd_cull (int objdirfd, struct fscd_grave *g, const struct fscd_object *o,
 
   *freed = 0;
   *nfiles = 0;
-  snprintf (fanname, sizeof fanname, "@%02x", o->fan);
   snprintf (idx, sizeof idx, "%s.idx", o->name);
-  int fanfd = openat (objdirfd, fanname,
-                      O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  int fanfd = fscd_open_fan (objdirfd, o->fan, fanname);
   if (fanfd == -1) {
     if (errno == ENOENT)
       return FSCD_CULL_CHANGED;

@@ -129,6 +129,12 @@ struct fscd_scan {
   double seconds;               /* how long the scan took */
 };
 
+/* Open fan-out directory FAN (0..255) of OBJDIRFD, never following a
+ * symlink; its name "@xx" goes to NAME.  The descriptor, or -1 with
+ * errno.
+ */
+extern int fscd_open_fan (int objdirfd, unsigned fan, char name[4]);
+
 /* Scan OBJDIRFD (DIR/objects) into *S, keeping at most CANDMAX
  * candidates.  Returns 0, or -1 with errno if objects/ itself cannot
  * be read (an unreadable fan-out directory is logged and skipped).

@@ -220,9 +220,7 @@ remove_all_quotas (struct fscd_state *st)
 {
   for (unsigned fan = 0; fan < 256; ++fan) {
     char fanname[4];
-    snprintf (fanname, sizeof fanname, "@%02x", fan);
-    int fd = openat (st->objdirfd, fanname,
-                     O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    int fd = fscd_open_fan (st->objdirfd, fan, fanname);
     if (fd == -1)
       continue;
     DIR *dir = fdopendir (fd);

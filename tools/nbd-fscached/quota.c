@@ -29,9 +29,7 @@ static int
 open_fan (int objdirfd, const struct fscd_object *o)
 {
   char fanname[4];
-  snprintf (fanname, sizeof fanname, "@%02x", o->fan);
-  return openat (objdirfd, fanname,
-                 O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  return fscd_open_fan (objdirfd, o->fan, fanname);
 }
 
 int

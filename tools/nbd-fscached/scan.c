@@ -252,6 +252,14 @@ allocated (const struct stat *st)
   return b;
 }
 
+int
+fscd_open_fan (int objdirfd, unsigned fan, char name[4])
+{
+  snprintf (name, 4, "@%02x", fan & 0xff);
+  return openat (objdirfd, name,
+                 O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+}
+
 static int
 scan_fan (int objdirfd, unsigned fan, const struct lock_set *ls,
           size_t candmax, struct fscd_scan *s)
@@ -262,9 +270,7 @@ scan_fan (int objdirfd, unsigned fan, const struct lock_set *ls,
   struct dirent *d;
   int ret = -1;
 
-  snprintf (fanname, sizeof fanname, "@%02x", fan);
-  int fd = openat (objdirfd, fanname,
-                   O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  int fd = fscd_open_fan (objdirfd, fan, fanname);
   if (fd == -1)
     return errno == ENOENT ? 0 : -1;
   DIR *dir = fdopendir (fd);
