@@ -235,7 +235,8 @@ fsc_reserve_groups (struct fsc_object *o, uint64_t g0, uint64_t g1)
 {
   for (uint64_t gi = g0; gi <= g1; ++gi) {
     pthread_mutex_lock (&o->lock);
-    bool done = grp (o, gi) && grp (o, gi)->reserved;
+    struct group *g = grp (o, gi);
+    bool done = g && g->reserved;
     pthread_mutex_unlock (&o->lock);
     if (done)
       continue;
@@ -246,8 +247,8 @@ fsc_reserve_groups (struct fsc_object *o, uint64_t g0, uint64_t g1)
       return -1;
     }
     pthread_mutex_lock (&o->lock);
-    if (grp (o, gi))
-      grp (o, gi)->reserved = true;
+    if ((g = grp (o, gi)) != NULL)
+      g->reserved = true;
     pthread_mutex_unlock (&o->lock);
   }
   return 0;

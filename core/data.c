@@ -175,8 +175,7 @@ fsc_data_punch (struct fsc_object *o, uint64_t off, uint64_t len)
     uint64_t n = MIN (len, FSC_SEG_SIZE - off % FSC_SEG_SIZE);
     if (i >= o->nseg)
       return 0;
-    if (fallocate (o->dfds[i], FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
-                   (off_t) (off % FSC_SEG_SIZE), (off_t) n) == -1)
+    if (punch_hole (o->dfds[i], off % FSC_SEG_SIZE, n) == -1)
       return -1;
     off += n;
     len -= n;
@@ -188,10 +187,7 @@ uint64_t
 fsc_data_allocated (const struct fsc_object *o)
 {
   uint64_t total = 0;
-  for (uint64_t i = 0; o->dfds && i < o->nseg; ++i) {
-    struct stat st;
-    if (o->dfds[i] >= 0 && fstat (o->dfds[i], &st) == 0)
-      total += (uint64_t) st.st_blocks * 512;
-  }
+  for (uint64_t i = 0; o->dfds && i < o->nseg; ++i)
+    total += fd_allocated (o->dfds[i]);
   return total;
 }

@@ -137,14 +137,8 @@ space_low (struct fsc_cache *c)
 uint64_t
 fsc_object_allocated (struct fsc_object *o)
 {
-  uint64_t total = fsc_data_allocated (o);
-  int fds[2] = { o->sfd, o->ifd };
-  for (int i = 0; i < 2; ++i) {
-    struct stat st;
-    if (fds[i] >= 0 && fstat (fds[i], &st) == 0)
-      total += (uint64_t) st.st_blocks * 512;
-  }
-  return total;
+  return fsc_data_allocated (o) + fd_allocated (o->sfd) +
+    fd_allocated (o->ifd);
 }
 
 /* The object's budget in bytes, UINT64_MAX for none.  Holds o->lock. */
@@ -445,8 +439,7 @@ punch_queued (struct fsc_object *o)
       uint64_t ss = sums_offset (o, b0);
       uint64_t slen = sums_offset (o, b1 + 1) - ss;
       if (fsc_data_punch (o, s, len) == -1 ||
-          fallocate (o->sfd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
-                     ss, slen) == -1) {
+          punch_hole (o->sfd, ss, slen) == -1) {
         r = -1;
         e = errno;
       }
@@ -618,9 +611,7 @@ reclaim_file (struct fsc_object *o, int fd, uint64_t base, bool sums)
         b++;
       uint64_t ps = MAX (s, space_of (o, b0, sums));
       uint64_t pe = MIN (e, space_of (o, b, sums));
-      if (pe > ps &&
-          fallocate (fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
-                     (off_t) (ps - base), (off_t) (pe - ps)) == -1)
+      if (pe > ps && punch_hole (fd, ps - base, pe - ps) == -1)
         return -1;
     }
     off = fe;

@@ -9,10 +9,12 @@
 #ifndef FSC_INTERNAL_H
 #define FSC_INTERNAL_H
 
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <time.h>
+#include <sys/stat.h>
 
 #include "fscache.h"
 #include "io.h"
@@ -280,6 +282,24 @@ extern int fsc_data_pwrite (struct fsc_object *o, const void *buf, size_t n,
 extern int fsc_data_sync (struct fsc_object *o);
 extern int fsc_data_punch (struct fsc_object *o, uint64_t off, uint64_t len);
 extern uint64_t fsc_data_allocated (const struct fsc_object *o);
+
+/* The bytes file FD allocates, as du counts them (0 if FD is -1 or
+ * cannot be stat'ed), and punching a hole into it that keeps its size
+ * (0 or -1 with errno): the cap's accounting and its evictions.
+ */
+static inline uint64_t
+fd_allocated (int fd)
+{
+  struct stat st;
+  return fd >= 0 && fstat (fd, &st) == 0 ? (uint64_t) st.st_blocks * 512 : 0;
+}
+
+static inline int
+punch_hole (int fd, uint64_t off, uint64_t len)
+{
+  return fallocate (fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+                    (off_t) off, (off_t) len);
+}
 
 /* object.c: open (creating if needed) the object's file NAME+SUFFIX,
  * refusing symlinks and anything not our own regular file with one
