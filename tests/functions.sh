@@ -26,6 +26,8 @@
 #                              at $TMP/pxN.sock, compared with $TMP/imgN
 #   passes N                   whole passes reader N has finished
 #   stop_readers               stop them; fail if one saw an error
+#   seconds_since T0 [DIGITS] seconds from T0 (date +%s.%N) until now,
+#                              with DIGITS decimals (default 2)
 #   start_daemon CONF          nbd-fscached -n -s -d -f CONF in the
 #                              background ($dpid, messages in $dlog), once
 #                              its pid file exists
@@ -235,6 +237,12 @@ stop_readers ()
     fi
     echo "reader $n: $(passes "$n") passes, all identical"
   done
+}
+
+seconds_since ()
+{
+  awk -v a="$1" -v b="$(date +%s.%N)" -v d="${2:-2}" \
+    'BEGIN { printf "%.*f\n", d, b - a }'
 }
 
 DAEMON="$top_builddir/tools/nbd-fscached/nbd-fscached"

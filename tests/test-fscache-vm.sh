@@ -88,7 +88,7 @@ up_bytes () { log_read_bytes "$TMP/up.log"; }
 # $TMP/console-N.log (carriage returns removed), its time in $boot_time.
 boot ()
 {
-  local n="$1" mode="$2" log="$TMP/console-$1.log" t0 t1 rc=0
+  local n="$1" mode="$2" log="$TMP/console-$1.log" t0 rc=0
   t0=$(date +%s.%N)
   timeout --kill-after=10 "$timeout_s" \
     qemu-system-x86_64 -accel tcg -m 256M -smp 1 \
@@ -99,9 +99,8 @@ boot ()
       -netdev "user,id=n0,restrict=on,guestfwd=tcp:$guest_addr:10809-cmd:socat - UNIX-CONNECT:$TMP/px.sock" \
       -device e1000,netdev=n0,romfile= \
       </dev/null > "$TMP/qemu-$n.out" 2>&1 || rc=$?
-  t1=$(date +%s.%N)
+  boot_time=$(seconds_since "$t0" 1)
   tr -d '\r' < "$log.raw" > "$log"
-  boot_time=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.1f", b - a }')
   if [ "$rc" -ne 0 ]; then
     cat "$TMP/qemu-$n.out" "$log" >&2
     if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then

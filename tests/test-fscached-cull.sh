@@ -115,10 +115,10 @@ settled ()
     [ ! -e "$cache/fscache.stop" ]
 }
 wait_until settled || { cat "$dlog" "$stats" >&2; fail "the daemon did not settle"; }
-t1=$(date +%s.%N)
+took=$(seconds_since "$t0")
 after=$(free_pct)
 echo "after: ${after}% free, $(du -sk "$cache/objects" | cut -f1) KiB cached," \
-     "settled in $(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.2f", b - a }') s"
+     "settled in $took s"
 grep 'culled' "$dlog"
 
 [ "$after" -ge 60 ] || fail "free space ${after}% after culling, expected >= brun 60%"

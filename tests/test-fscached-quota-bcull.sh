@@ -66,9 +66,8 @@ t0=$(date +%s.%N)
 above_bcull () { [ "$(free_pct)" -ge 40 ]; }
 wait_until above_bcull ||
   { cat "$dlog" >&2; fail "still $(free_pct)% free after 20 s, bcull 40%"; }
-t1=$(date +%s.%N)
-echo "converged: $(free_pct)% free after" \
-     "$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.2f", b - a }') s"
+took=$(seconds_since "$t0")
+echo "converged: $(free_pct)% free after $took s"
 
 p1=$(passes 1); p2=$(passes 2); p3=$(passes 3)
 low=100

@@ -76,9 +76,8 @@ t0=$(date +%s.%N)
 under_max () { [ "$(cached)" -le "$MAX" ]; }
 wait_until under_max ||
   { cat "$dlog" >&2; fail "still $(cached) bytes cached after 20 s, max-size $MAX"; }
-t1=$(date +%s.%N)
-echo "converged: $(cached) bytes cached after" \
-     "$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.2f", b - a }') s"
+took=$(seconds_since "$t0")
+echo "converged: $(cached) bytes cached after $took s"
 
 # Stay under it for three more passes of every reader.
 p1=$(passes 1); p2=$(passes 2); p3=$(passes 3)
