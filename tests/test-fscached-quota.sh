@@ -117,7 +117,9 @@ done
 # No object in use any more: the quotas are lifted.
 no_quota () { ! ls "$cache"/objects/@*/*.quota >/dev/null 2>&1; }
 wait_until no_quota || fail "quota records left once no object is in use"
-grep -q 'quotas lifted' "$dlog" || fail "no 'quotas lifted' message"
+# (The daemon logs it once the records are gone: wait for the line.)
+wait_until grep -q 'quotas lifted' "$dlog" ||
+  fail "no 'quotas lifted' message"
 
 stop_daemon
 # The counters as the daemon wrote them at exit (during the run the
