@@ -163,7 +163,10 @@ fsc_commit_upto (struct fsc_object *o, uint64_t target)
       .incarnation = o->sb.incarnation, .present = g->present,
     };
     for (int j = 0; j < FSC_GROUP_BLOCKS; ++j)
-      rec.csum[j] = (g->present >> j) & 1 ? g->csum[j] : 0;
+      if ((g->present >> j) & 1) {
+        rec.csum[j] = g->csum[j];
+        rec.pieces[j] = g->pieces[j];
+      }
     fsc_grec_encode (&rec, recs + i * FSC_GREC_SIZE);
     slots[i] = g->has_record ? 1 - g->slot : 0;
     written[i] = g->present;

@@ -63,8 +63,9 @@
  * after a crash (the index not marked clean), every allocated extent
  * of the data and sums files (SEEK_DATA) is compared with the present
  * blocks when the object opens, and what no present block covers is
- * punched (fsc_reclaim_unnamed).  The index is the truth: a block it
- * does not name holds nothing anybody may read.  (Only after a crash:
+ * punched (fsc_reclaim_unnamed), and so are the pieces a block held
+ * in pieces does not hold.  The index is the truth: a block it does
+ * not name holds nothing anybody may read.  (Only after a crash:
  * the walk costs a few hundred milliseconds for a gigabyte cached in
  * scattered blocks, and a clean close leaves nothing to find but the
  * sums pages shared with evicted blocks' neighbours, at most 0.2% of
@@ -290,8 +291,8 @@ evict_bits (struct fsc_object *o, uint64_t gi, uint64_t taken)
   struct group *g = grp (o, gi);
   uint64_t bytes = 0;
   for (uint64_t t = taken; t; t &= t - 1) {
-    uint64_t b = gi * FSC_GROUP_BLOCKS + __builtin_ctzll (t);
-    bytes += block_end (o, b) - block_start (o, b);
+    unsigned x = __builtin_ctzll (t);
+    bytes += held_bytes (o, gi * FSC_GROUP_BLOCKS + x, g->pieces[x]);
   }
   g->present &= ~taken;
   g->evicted |= taken;
@@ -317,9 +318,9 @@ take_upto (struct fsc_object *o, uint64_t gi, uint64_t victims,
   while (victims && bytes < want) {
     uint64_t bit = victims & -victims;
     victims &= victims - 1;
-    uint64_t b = gi * FSC_GROUP_BLOCKS + __builtin_ctzll (bit);
+    unsigned x = __builtin_ctzll (bit);
     taken |= bit;
-    bytes += block_end (o, b) - block_start (o, b);
+    bytes += held_bytes (o, gi * FSC_GROUP_BLOCKS + x, grp (o, gi)->pieces[x]);
   }
   return taken;
 }
@@ -582,6 +583,25 @@ block_at (const struct fsc_object *o, uint64_t off, bool sums)
   return sums ? off / (subs_per_block (o) * 8) : off >> o->bshift;
 }
 
+/* Punch the pieces of block B that P does not hold, within the extent
+ * [S, E) of FD, a data segment holding the export's bytes from BASE on.
+ */
+static int
+reclaim_pieces (struct fsc_object *o, int fd, uint64_t base, uint64_t s,
+                uint64_t e, uint64_t b, unsigned p)
+{
+  const uint64_t bs = block_start (o, b), be = block_end (o, b);
+  for (unsigned j = 0; bs + ((uint64_t) j << o->pshift) < be; ++j) {
+    if (p & (1u << j))
+      continue;
+    uint64_t ps = MAX (s, bs + ((uint64_t) j << o->pshift));
+    uint64_t pe = MIN (e, MIN (be, bs + ((uint64_t) (j + 1) << o->pshift)));
+    if (pe > ps && punch_hole (fd, ps - base, pe - ps) == -1)
+      return -1;
+  }
+  return 0;
+}
+
 /* Punch what no present block covers in FD: a data segment holding
  * the export's bytes from BASE on, or the sums file if SUMS (BASE 0).
  * Returns 0, or -1 with errno.
@@ -603,6 +623,13 @@ reclaim_file (struct fsc_object *o, int fd, uint64_t base, bool sums)
     uint64_t bend = MIN (block_at (o, e - 1, sums) + 1, o->nblocks);
     while (b < bend) {
       if (present (o, b)) {
+        /* Held in pieces: the data of the others is garbage too (in
+         * the sums file, their few bytes share pages with the held
+         * pieces' hashes: left alone).
+         */
+        unsigned p = grp (o, GROUP_OF (b))->pieces[IDX_OF (b)];
+        if (p && !sums && reclaim_pieces (o, fd, base, s, e, b, p) == -1)
+          return -1;
         b++;
         continue;
       }

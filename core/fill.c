@@ -93,7 +93,8 @@ filler (void *arg)
       return NULL;
 
     struct fsc_object *o = f->obj;
-    fsc_fill_blocks (o, f->block, f->nblocks, f->data, f->epochs, f->flags);
+    fsc_fill_blocks (o, f->block, f->nblocks, f->data, f->start, f->len,
+                     f->epochs, f->flags);
     pthread_mutex_lock (&o->lock);
     o->pending_fills--;
     pthread_cond_broadcast (&o->cond);

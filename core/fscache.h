@@ -113,6 +113,8 @@ struct fsc_open_info {
   bool shared;                  /* already open in this process */
   int err;                      /* errno that made it uncached, or 0 */
   uint64_t present_blocks;      /* blocks cached at open */
+  unsigned old_version;         /* reused an index of this older format
+                                 * version (now upgraded); 0 if not */
 };
 
 /* Look up or create the object for PARAMS.  Returns 0 and an object in
@@ -167,9 +169,14 @@ struct fsc_upstream {
 #define FSC_READ_SEQUENTIAL 1u  /* continues a sequential stream: its
                                  * hits do not count as references for
                                  * eviction (scan resistance) */
+#define FSC_READ_NEAR 2u        /* near where the last read ended: its
+                                 * misses fetch whole blocks, not only
+                                 * the pieces asked for */
 
 /* Read [OFFSET, OFFSET+COUNT) into BUF: hits from the cache (verified),
- * misses from upstream in whole blocks, which then fill the cache.
+ * misses from upstream, which then fill the cache: whole blocks for a
+ * sequential or near read (FSC_READ_SEQUENTIAL, FSC_READ_NEAR), else
+ * only the pieces of a block the read covers.
  * Returns 0, or -1 with errno only if the upstream failed.
  */
 extern int fsc_object_read (struct fsc_object *obj, void *buf,

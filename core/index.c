@@ -32,9 +32,10 @@ _Static_assert (SB_KEY_PREFIX + FSC_SB_KEY_PREFIX <= SB_CHECKSUM,
 /* Group record field offsets, saved on disk. */
 enum {
   GR_MAGIC = 0, GR_GROUP = 8, GR_SEQ = 16, GR_INCARNATION = 24,
-  GR_PRESENT = 32, GR_CSUM = 40, GR_CHECKSUM = FSC_GREC_SIZE - 8,
+  GR_PRESENT = 32, GR_CSUM = 40, GR_PIECES = GR_CSUM + 8 * FSC_GROUP_BLOCKS,
+  GR_CHECKSUM = FSC_GREC_SIZE - 8,
 };
-_Static_assert (GR_CSUM + 8 * FSC_GROUP_BLOCKS <= GR_CHECKSUM,
+_Static_assert (GR_PIECES + 2 * FSC_GROUP_BLOCKS <= GR_CHECKSUM,
                 "group record fields overlap the checksum");
 
 static const char *reason_names[FSC_REASONS] = {
@@ -100,14 +101,18 @@ fsc_sb_decode (const unsigned char *buf, struct fsc_sb *sb)
 {
   if (memcmp (buf + SB_MAGIC, sb_magic, 8) != 0)
     return FSC_REJ_MAGIC;
-  /* A newer format may move anything, the checksum included. */
-  if (get_le32 (buf + SB_VERSION) != FSC_INDEX_VERSION)
+  /* A newer format may move anything, the checksum included.  Version
+   * 1 differs only in group records without pieces (all zero there),
+   * which read as whole blocks.
+   */
+  uint32_t version = get_le32 (buf + SB_VERSION);
+  if (version < FSC_INDEX_VERSION_MIN || version > FSC_INDEX_VERSION)
     return FSC_REJ_VERSION;
   if (get_le64 (buf + SB_CHECKSUM) != XXH3_64bits (buf, SB_CHECKSUM))
     return FSC_REJ_CHECKSUM;
 
   memset (sb, 0, sizeof *sb);
-  sb->version = FSC_INDEX_VERSION;
+  sb->version = version;
   sb->seq = get_le64 (buf + SB_SEQ);
   sb->block_size = get_le32 (buf + SB_BLOCK_SIZE);
   sb->flags = get_le32 (buf + SB_FLAGS);
@@ -192,6 +197,8 @@ fsc_grec_encode (const struct fsc_grec *g, unsigned char *buf)
   put_le64 (buf + GR_PRESENT, g->present);
   for (int i = 0; i < FSC_GROUP_BLOCKS; ++i)
     put_le64 (buf + GR_CSUM + 8 * i, g->csum[i]);
+  for (int i = 0; i < FSC_GROUP_BLOCKS; ++i)
+    put_le16 (buf + GR_PIECES + 2 * i, g->pieces[i]);
   put_le64 (buf + GR_CHECKSUM, XXH3_64bits (buf, GR_CHECKSUM));
 }
 
@@ -213,6 +220,9 @@ fsc_grec_decode (const unsigned char *buf, struct fsc_grec *g)
   g->present = get_le64 (buf + GR_PRESENT);
   for (int i = 0; i < FSC_GROUP_BLOCKS; ++i)
     g->csum[i] = get_le64 (buf + GR_CSUM + 8 * i);
+  /* Whether the pieces fit the block is the object's to check. */
+  for (int i = 0; i < FSC_GROUP_BLOCKS; ++i)
+    g->pieces[i] = get_le16 (buf + GR_PIECES + 2 * i);
   return true;
 }
 

@@ -26,7 +26,10 @@
 
 #include "io.h"
 
-#define FSC_INDEX_VERSION 1     /* saved on disk */
+#define FSC_INDEX_VERSION 2     /* saved on disk; 2 added pieces */
+#define FSC_INDEX_VERSION_MIN 1 /* oldest still read: a version 1
+                                 * index is a version 2 index with
+                                 * every present block whole */
 #define FSC_SB_SIZE 4096
 #define FSC_GROUP_BLOCKS 64
 #define FSC_GREC_SIZE 1024
@@ -76,7 +79,8 @@ enum fsc_reason {
 extern const char *fsc_reason_name (int reason);
 
 struct fsc_sb {
-  uint32_t version;
+  uint32_t version;               /* as found on disk; always written as
+                                   * FSC_INDEX_VERSION */
   uint64_t seq;
   uint32_t block_size;
   uint32_t flags;                 /* FSC_SB_* */
@@ -101,6 +105,9 @@ struct fsc_grec {
   uint64_t incarnation;
   uint64_t present;               /* bit i: block group*64+i present */
   uint64_t csum[FSC_GROUP_BLOCKS];  /* XXH3-64 of each present block */
+  uint16_t pieces[FSC_GROUP_BLOCKS];  /* of a present block, the pieces
+                                       * held (bit j: piece j); 0 means
+                                       * the whole block */
 };
 
 /* Encode SB into BUF (FSC_SB_SIZE bytes), checksum included. */

@@ -29,6 +29,8 @@ struct fsc_fill {
   struct fsc_fill *next;
   struct fsc_object *obj;
   uint64_t block, nblocks;
+  uint64_t start;               /* export offset of DATA: the first
+                                 * block's start, or one of its pieces */
   size_t len;
   unsigned flags;               /* FSC_FILL_* */
   uint64_t epochs[FSC_FILL_MAX_GROUPS];
@@ -96,6 +98,8 @@ struct group {
   bool reserved;                /* index space allocated */
   bool on_punch;                /* on obj->punch */
   uint64_t csum[FSC_GROUP_BLOCKS];
+  uint16_t pieces[FSC_GROUP_BLOCKS];  /* of a present block, the pieces
+                                       * held; 0: the whole block */
 };
 
 /* The group table (groups.c): leaves of GT_LEAF group pointers, mid
@@ -127,6 +131,7 @@ struct fsc_object {
   bool verify;
   uint32_t block_size;
   unsigned bshift;
+  unsigned pshift;              /* log2 of the piece size */
   uint64_t size, nblocks, ngroups;
   struct gmid **gtop;           /* the group table (groups.c) */
   uint64_t ntop;                /* its top level's entries */
@@ -346,6 +351,49 @@ present (struct fsc_object *o, uint64_t b)
   return g && (g->present & BIT_OF (b));
 }
 
+/* Pieces (docs/format.md): a block is fetched and held whole or in
+ * pieces of block_size / FSC_PIECES bytes, at least one 4 KiB
+ * sub-block, so that a small random read fetches what it asks for
+ * and not a whole block.  A present block's pieces are a bit mask,
+ * 0 meaning the whole block (as version 1 of the index had it).
+ */
+#define FSC_PIECES 16
+#define PIECE_SHIFT_OF(bshift) \
+  ((bshift) >= SUB_SHIFT + 4 ? (bshift) - 4 : SUB_SHIFT)
+
+static inline uint64_t
+piece_size (const struct fsc_object *o)
+{
+  return UINT64_C (1) << o->pshift;
+}
+
+/* The pieces of block B that [LO, HI) (within the block, LO < HI)
+ * overlaps.
+ */
+static inline unsigned
+pieces_of (const struct fsc_object *o, uint64_t b, uint64_t lo, uint64_t hi)
+{
+  uint64_t bs = block_start (o, b);
+  unsigned p0 = (lo - bs) >> o->pshift, p1 = (hi - 1 - bs) >> o->pshift;
+  return ((2u << p1) - 1) & ~((1u << p0) - 1);
+}
+
+/* All the pieces of block B (the last block may have fewer). */
+static inline unsigned
+full_pieces (const struct fsc_object *o, uint64_t b)
+{
+  return pieces_of (o, b, block_start (o, b), block_end (o, b));
+}
+
+/* Bytes held by present block B, whose pieces are P. */
+static inline uint64_t
+held_bytes (const struct fsc_object *o, uint64_t b, unsigned p)
+{
+  uint64_t len = block_end (o, b) - block_start (o, b);
+  return p == 0 ? len
+    : MIN (len, (uint64_t) __builtin_popcount (p) << o->pshift);
+}
+
 /* sums.c: hash each 4 KiB sub-block of LEN bytes at P into OUT;
  * returns how many (the last may be short).
  */
@@ -357,6 +405,13 @@ extern uint64_t fsc_sums_csum (const uint64_t *sums, unsigned k);
 
 /* sums.c: the index checksum of a whole block of LEN bytes at P. */
 extern uint64_t fsc_block_csum (const unsigned char *p, uint64_t len);
+
+/* sums.c: zero the K sub-block hashes of a block at SUMS that lie in
+ * none of its pieces P (0: the whole block, nothing to zero), as the
+ * index checksum of a block held in pieces counts them.
+ */
+extern void fsc_sums_mask (const struct fsc_object *o, uint64_t *sums,
+                           unsigned k, unsigned p);
 
 /* commit.c: queue group GI for the next commit.  Caller holds
  * o->lock.  Returns 0, or -1 (ENOMEM).
@@ -462,16 +517,19 @@ extern uint64_t fsc_budget_of (const struct fsc_object *o);
 /* evict.c: O's allocated bytes (its three files, as du counts them). */
 extern uint64_t fsc_object_allocated (struct fsc_object *o);
 
-/* store.c: store N claimed blocks from B (their bytes at DATA, or NULL
- * after a failed fetch: release only) and publish those nothing
- * invalidated since EPOCHS (one per group from B's) were taken.
+/* store.c: store N claimed blocks from B and publish those nothing
+ * invalidated since EPOCHS (one per group from B's) were taken.  DATA
+ * holds the export's bytes [START, START+LEN): all of the blocks, or
+ * at either end only some of a block's pieces, which are then added to
+ * those it holds.  DATA NULL (a failed fetch): release only.
  */
 #define FSC_FILL_PREFETCHED 1u  /* nobody read these blocks yet */
 #define FSC_FILL_SCAN       2u  /* a prefetch or a sequential stream's:
                                  * may not take a referenced block's
                                  * place (evict.c) */
 extern void fsc_fill_blocks (struct fsc_object *o, uint64_t b, uint64_t n,
-                             const unsigned char *data,
-                             const uint64_t *epochs, unsigned flags);
+                             const unsigned char *data, uint64_t start,
+                             uint64_t len, const uint64_t *epochs,
+                             unsigned flags);
 
 #endif /* FSC_INTERNAL_H */

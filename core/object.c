@@ -149,6 +149,19 @@ load_group (void *opaque, const struct fsc_grec *rec, int slot)
   g->slot = slot;
   g->has_record = true;
   memcpy (g->csum, rec->csum, sizeof g->csum);
+  /* Pieces: 0 (whole) or a non-empty set of the block's own; all the
+   * pieces of the block read as whole.  Pieces a block does not have
+   * could only come from damage or a forger: the block is dropped,
+   * never served (the record's checksum vouches for the rest).
+   */
+  for (uint64_t t = g->present; t; t &= t - 1) {
+    unsigned i = __builtin_ctzll (t);
+    unsigned p = rec->pieces[i];
+    unsigned full = full_pieces (o, rec->group * FSC_GROUP_BLOCKS + i);
+    if (p & ~full)
+      g->present &= ~(UINT64_C (1) << i);
+    g->pieces[i] = p == full ? 0 : p;
+  }
   o->seq = MAX (o->seq, rec->seq);
   return 0;
 }
@@ -342,6 +355,13 @@ lookup (struct fsc_object *o, const struct fsc_object_params *p,
     o->sb_slot = slot;
     o->seq = sb.seq;
     info->unclean = !(sb.flags & FSC_SB_CLEAN);
+    /* An older format read as it is: the superblock written at open
+     * below is already in the current one.
+     */
+    if (sb.version < FSC_INDEX_VERSION) {
+      info->old_version = sb.version;
+      FSC_STAT_ADD (st, objects_upgraded, 1);
+    }
     if (fsc_grec_scan (&c->io, o->ifd, o->ngroups, sb.incarnation,
                        load_group, o) == -1) {
       /* Unreadable index: start cold rather than trust part of it. */
@@ -460,6 +480,7 @@ fsc_object_open (struct fsc_cache *c, const struct fsc_object_params *p,
   o->verify = p->verify;
   o->block_size = p->block_size;
   o->bshift = __builtin_ctz (p->block_size);
+  o->pshift = PIECE_SHIFT_OF (o->bshift);
   o->size = p->size;
   o->nblocks = DIV_ROUND_UP (p->size, (uint64_t) p->block_size);
   o->ngroups = DIV_ROUND_UP (o->nblocks, (uint64_t) FSC_GROUP_BLOCKS);

@@ -8,10 +8,14 @@
  *             against the index checksum (whole blocks) or through the
  *             block's sub-block hashes (a part of a block: only the
  *             4 KiB pieces served are read and hashed);
- *   miss      absent blocks, claimed (the group's fetching bits) and
+ *   miss      absent blocks, or blocks held in pieces without those
+ *             the read needs, claimed (the group's fetching bits) and
  *             read upstream in one request of at most 4 MiB, then
  *             filled into the cache (store.c), in the background when
- *             the fill thread has room (fill.c);
+ *             the fill thread has room (fill.c).  A random read
+ *             fetches only the pieces it covers of the blocks at its
+ *             ends (a 4 KiB read of a 64 KiB block: 4 KiB upstream);
+ *             sequential and near reads, and prefetches, whole blocks;
  *   uncached  the object is withdrawn or fills are paused: read
  *             upstream, store nothing.
  *
@@ -107,7 +111,7 @@ read_failed (struct fsc_object *o, ssize_t r)
  */
 static bool
 hit_partial (struct fsc_object *o, uint64_t blk, void *buf, uint64_t offset,
-             uint64_t lo, uint64_t hi, uint64_t csum)
+             uint64_t lo, uint64_t hi, uint64_t csum, unsigned pieces)
 {
   struct fsc_io *io = &o->cache->io;
   unsigned char *out = (unsigned char *) buf + (lo - offset);
@@ -123,7 +127,9 @@ hit_partial (struct fsc_object *o, uint64_t blk, void *buf, uint64_t offset,
     return true;
   }
 
-  /* The block's sub-block hashes, checked against the index. */
+  /* The block's sub-block hashes, checked against the index (those of
+   * pieces it does not hold count as 0).
+   */
   const unsigned kb = DIV_ROUND_UP (be - bs, SUB_SIZE);
   unsigned char le[8 * MAX_SUBS];
   uint64_t sums[MAX_SUBS];
@@ -136,6 +142,7 @@ hit_partial (struct fsc_object *o, uint64_t blk, void *buf, uint64_t offset,
   memset (le + r, 0, 8 * kb - r);       /* short: fails the check */
   for (unsigned i = 0; i < kb; ++i)
     sums[i] = get_le64 (le + 8 * i);
+  fsc_sums_mask (o, sums, kb, pieces);
   if (fsc_sums_csum (sums, kb) != csum) {
     drop_bad (o, blk, csum);
     return false;
@@ -169,13 +176,16 @@ hit_partial (struct fsc_object *o, uint64_t blk, void *buf, uint64_t offset,
   return true;
 }
 
-/* Serve N present blocks from B.  Returns how many were served; fewer
- * than N means block B+return failed its checksum or could not be read
- * and is no longer present (or the object was withdrawn).
+/* Serve N present blocks from B (their checksums and pieces in CSUMS
+ * and PIECES; only the blocks at the window's ends may be held in
+ * pieces).  Returns how many were served; fewer than N means block
+ * B+return failed its checksum or could not be read and is no longer
+ * present (or the object was withdrawn).
  */
 static uint64_t
 hit_run (struct fsc_object *o, uint64_t b, uint64_t n, void *buf,
-         uint64_t offset, uint32_t count, const uint64_t *csums)
+         uint64_t offset, uint32_t count, const uint64_t *csums,
+         const uint16_t *pieces)
 {
   struct fsc_stats *st = &o->cache->stats;
   const uint64_t wend = offset + count;
@@ -208,11 +218,12 @@ hit_run (struct fsc_object *o, uint64_t b, uint64_t n, void *buf,
     uint64_t bs = block_start (o, b + i), be = block_end (o, b + i);
     uint64_t lo = MAX (bs, offset), hi = MIN (be, wend);
     if (lo == bs && hi == be) {
-      if (hit_run (o, b + i, 1, buf, offset, count, &csums[i]) == 0)
+      if (hit_run (o, b + i, 1, buf, offset, count, &csums[i],
+                   &pieces[i]) == 0)
         return i;
       continue;
     }
-    if (!hit_partial (o, b + i, buf, offset, lo, hi, csums[i]))
+    if (!hit_partial (o, b + i, buf, offset, lo, hi, csums[i], pieces[i]))
       return i;
     FSC_STAT_ADD (st, hit_bytes, hi - lo);
   }
@@ -223,19 +234,47 @@ hit_run (struct fsc_object *o, uint64_t b, uint64_t n, void *buf,
  * and fill the cache: in the background when the cache's fill thread
  * runs and has room, so that the reply does not wait for local writes
  * (others missing on these blocks wait for the fill as for a fetch);
- * else here.  EPOCHS holds the claim epoch of each group from B's.
- * Returns 0 or -1 (upstream error).
+ * else here.  A read that is neither sequential nor near the last one
+ * fetches only the pieces of the end blocks it covers; prefetches and
+ * streams fetch whole blocks.  EPOCHS holds the claim epoch of each
+ * group from B's.  Returns 0 or -1 (upstream error).
  */
 static int
 fetch_run (struct fsc_object *o, uint64_t b, uint64_t n, void *buf,
            uint64_t offset, uint32_t count, const struct fsc_upstream *up,
-           const uint64_t *epochs, unsigned rflags)
+           const uint64_t *epochs, unsigned rflags, unsigned held_first,
+           unsigned held_last)
 {
   const unsigned fflags = buf == NULL
     ? FSC_FILL_PREFETCHED | FSC_FILL_SCAN
     : (rflags & FSC_READ_SEQUENTIAL) ? FSC_FILL_SCAN : 0;
   struct fsc_stats *st = &o->cache->stats;
+  const uint64_t ps = piece_size (o);
   uint64_t start = block_start (o, b), end = block_end (o, b + n - 1);
+  /* What the client's window needs of the run, in whole pieces (all of
+   * it for a prefetch).
+   */
+  const uint64_t wlo = buf ? MAX (start, offset & ~(ps - 1)) : end;
+  const uint64_t whi = buf ? MIN (end, ROUND_UP (offset + count, ps)) : start;
+  if (buf && !(rflags & (FSC_READ_SEQUENTIAL | FSC_READ_NEAR))) {
+    start = wlo;
+    end = whi;
+  }
+  /* Whole blocks, but not the pieces the end blocks already hold at
+   * the run's ends, unless the window needs them (they are then
+   * fetched again rather than served in a second pass).
+   */
+  if (held_first) {
+    uint64_t lead = __builtin_ctz (~held_first);   /* pieces held first */
+    start = MAX (start, MIN (block_start (o, b) + (lead << o->pshift), wlo));
+  }
+  if (held_last) {
+    const uint64_t bl = b + n - 1;
+    uint64_t top = 31 - __builtin_clz (full_pieces (o, bl) & ~held_last);
+    uint64_t t = MIN (block_end (o, bl),
+                      block_start (o, bl) + ((top + 1) << o->pshift));
+    end = MIN (end, MAX (t, whi));
+  }
   uint64_t len = end - start;
   bool direct = buf && start >= offset && end <= offset + count;
   /* The fill job owns its buffer: read straight into the client's
@@ -266,13 +305,15 @@ fetch_run (struct fsc_object *o, uint64_t b, uint64_t n, void *buf,
   if (f && r == 0) {
     f->block = b;
     f->nblocks = n;
+    f->start = start;
     f->flags = fflags;
     memcpy (f->epochs, epochs, (GROUP_OF (b + n - 1) - GROUP_OF (b) + 1)
             * sizeof *epochs);
     fsc_fill_submit (o->cache, o, f);       /* takes a reference on O */
   }
   else {
-    fsc_fill_blocks (o, b, n, r == 0 ? dst : NULL, epochs, fflags);
+    fsc_fill_blocks (o, b, n, r == 0 ? dst : NULL, start, len, epochs,
+                     fflags);
     if (f)
       fsc_fill_free (o->cache, f);
     else if (!direct)
@@ -281,6 +322,31 @@ fetch_run (struct fsc_object *o, uint64_t b, uint64_t n, void *buf,
   if (r == -1)
     errno = e;
   return r;
+}
+
+/* Can present block B serve its part of [OFFSET, END)?  Yes if it is
+ * held whole, or holds the pieces that part needs, unless WHOLE (a
+ * prefetch, which wants whole blocks).  Sets *PIECES and *CSUM.
+ * Caller holds o->lock.
+ */
+static bool
+holds (struct fsc_object *o, uint64_t b, uint64_t offset, uint64_t end,
+       bool whole, uint16_t *pieces, uint64_t *csum)
+{
+  const struct group *g = grp (o, GROUP_OF (b));
+  if (g == NULL || !(g->present & BIT_OF (b)))
+    return false;
+  unsigned p = g->pieces[IDX_OF (b)];
+  if (p != 0) {
+    unsigned want = whole ? full_pieces (o, b)
+      : pieces_of (o, b, MAX (offset, block_start (o, b)),
+                   MIN (end, block_end (o, b)));
+    if ((p & want) != want)
+      return false;
+  }
+  *pieces = p;
+  *csum = g->csum[IDX_OF (b)];
+  return true;
 }
 
 /* The read path shared by reads (BUF != NULL) and prefetch. */
@@ -306,7 +372,10 @@ do_read (struct fsc_object *o, void *buf, uint32_t count, uint64_t offset,
 
   while (b <= last) {
     uint64_t csums[FSC_GROUP_BLOCKS];
+    uint16_t pieces[FSC_GROUP_BLOCKS];
     uint64_t epochs[MAX_RUN_GROUPS];
+    unsigned held_first = 0, held_last = 0;   /* a miss's end blocks'
+                                               * pieces held */
     enum run_kind kind;
     uint64_t n = 1;
 
@@ -315,13 +384,11 @@ do_read (struct fsc_object *o, void *buf, uint32_t count, uint64_t offset,
       kind = RUN_UNCACHED;
       n = last - b + 1;
     }
-    else if (present (o, b)) {
+    else if (holds (o, b, offset, end, !buf, &pieces[0], &csums[0])) {
       kind = RUN_HIT;
-      csums[0] = grp (o, GROUP_OF (b))->csum[IDX_OF (b)];
-      while (b + n <= last && n < max_hit && present (o, b + n)) {
-        csums[n] = grp (o, GROUP_OF (b + n))->csum[IDX_OF (b + n)];
+      while (b + n <= last && n < max_hit &&
+             holds (o, b + n, offset, end, !buf, &pieces[n], &csums[n]))
         n++;
-      }
       /* The run spans at most two groups (n <= FSC_GROUP_BLOCKS):
        * count the hit in flight in each, so that eviction does not
        * punch what it reads (evict.c), and mark the blocks referenced
@@ -359,24 +426,29 @@ do_read (struct fsc_object *o, void *buf, uint32_t count, uint64_t offset,
       }
       if (g == NULL || time (NULL) < o->nofill_until) {
         kind = RUN_UNCACHED;
-        while (b + n <= last && n < max_run && !present (o, b + n))
+        while (b + n <= last && n < max_run &&
+               !holds (o, b + n, offset, end, !buf, &pieces[0], &csums[0]))
           n++;
       }
       else {
         kind = RUN_MISS;
         const uint64_t g0 = GROUP_OF (b);
+        held_first = present (o, b) ? g->pieces[IDX_OF (b)] : 0;
         g->fetching |= BIT_OF (b);
         epochs[0] = claim_epoch (g);
         while (b + n <= last && n < max_run) {
           uint64_t nb = b + n;
           struct group *ng = group_of (o, nb, true);
-          if (ng == NULL || (ng->present & BIT_OF (nb)) ||
-              (ng->fetching & BIT_OF (nb)))
+          if (ng == NULL || (ng->fetching & BIT_OF (nb)) ||
+              holds (o, nb, offset, end, !buf, &pieces[0], &csums[0]))
             break;
           ng->fetching |= BIT_OF (nb);
           epochs[GROUP_OF (nb) - g0] = claim_epoch (ng);
           n++;
         }
+        const uint64_t bl = b + n - 1;
+        held_last = n == 1 ? held_first
+          : present (o, bl) ? grp (o, GROUP_OF (bl))->pieces[IDX_OF (bl)] : 0;
       }
     }
     pthread_mutex_unlock (&o->lock);
@@ -385,7 +457,7 @@ do_read (struct fsc_object *o, void *buf, uint32_t count, uint64_t offset,
     case RUN_HIT: {
       uint64_t g0 = GROUP_OF (b), g1 = GROUP_OF (b + n - 1);
       if (buf)
-        b += hit_run (o, b, n, buf, offset, count, csums);
+        b += hit_run (o, b, n, buf, offset, count, csums, pieces);
       else
         b += n;
       for (uint64_t gi = g0; gi <= g1; ++gi)
@@ -394,7 +466,8 @@ do_read (struct fsc_object *o, void *buf, uint32_t count, uint64_t offset,
     }
 
     case RUN_MISS:
-      if (fetch_run (o, b, n, buf, offset, count, up, epochs, flags) == -1)
+      if (fetch_run (o, b, n, buf, offset, count, up, epochs, flags,
+                     held_first, held_last) == -1)
         return -1;
       b += n;
       break;

@@ -43,7 +43,9 @@
   X (lowspace_skips)      /* fills not stored: free space floor */        \
   X (lowspace_ms)         /* time spent below the free space floor */     \
   X (quota_changes)       /* quota records taken up or dropped */         \
-  X (reclaimed_bytes)     /* unindexed space punched at an unclean open */
+  X (reclaimed_bytes)     /* unindexed space punched at an unclean open */\
+  X (piece_fills)         /* blocks filled with only some of their pieces */\
+  X (objects_upgraded)    /* reused from an older index format */
 
 struct fsc_stats {
 #define FSC_STATS_DECL(name) uint64_t name;

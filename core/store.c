@@ -65,38 +65,60 @@ fill_failed (struct fsc_object *o, int err)
     fsc_withdraw (o, err);
 }
 
-/* Write NB blocks from BLK (their bytes at SRC) and their sub-block
- * hashes into the cache files, and compute their index checksums into
- * CSUMS.  SCAN: see fsc_make_room.  Returns 0 or -1 with errno.
+/* Block BLK's K sub-block hashes into VEC: those the range [START,
+ * START+LEN) covers from SUMS (one per 4 KiB from START), 0 for the
+ * others.  Returns the pieces of the block the range covers, 0 for all
+ * of them.
+ */
+static unsigned
+block_sums (const struct fsc_object *o, uint64_t blk, uint64_t start,
+            uint64_t len, const uint64_t *sums, uint64_t *vec, unsigned *k)
+{
+  const uint64_t bs = block_start (o, blk), be = block_end (o, blk);
+  const uint64_t lo = MAX (bs, start), hi = MIN (be, start + len);
+  *k = DIV_ROUND_UP (be - bs, SUB_SIZE);
+  memset (vec, 0, *k * sizeof *vec);
+  const uint64_t j0 = (lo - bs) >> SUB_SHIFT;
+  const uint64_t j1 = DIV_ROUND_UP (hi - bs, SUB_SIZE);
+  const uint64_t first = (lo - start) >> SUB_SHIFT;
+  for (uint64_t j = j0; j < j1; ++j)
+    vec[j] = sums[first + (j - j0)];
+  unsigned p = pieces_of (o, blk, lo, hi);
+  return p == full_pieces (o, blk) ? 0 : p;
+}
+
+/* Write the export's bytes [START, START+LEN) of the NB blocks from
+ * BLK (at SRC: whole blocks, or only some pieces of the end blocks)
+ * and their sub-block hashes into the cache files, and compute each
+ * block's index checksum into CSUMS and the pieces written into PCS
+ * (0: the whole block).  SCAN: see fsc_make_room.  Returns 0 or -1
+ * with errno.
  */
 static int
 store_blocks (struct fsc_object *o, uint64_t blk, uint64_t nb,
-              const unsigned char *src, uint64_t *csums, bool scan)
+              uint64_t start, uint64_t len, const unsigned char *src,
+              uint64_t *csums, uint16_t *pcs, bool scan)
 {
-  const unsigned k = subs_per_block (o);
-  const uint64_t s = block_start (o, blk), e = block_end (o, blk + nb - 1);
-  uint64_t sums[MAX_SUBS];
-  CLEANUP_FREE unsigned char *le = calloc (nb * k, 8);
+  const uint64_t k = DIV_ROUND_UP (len, SUB_SIZE);
+  CLEANUP_FREE uint64_t *sums = malloc (k * sizeof *sums);
+  CLEANUP_FREE unsigned char *le = malloc (k * 8);
 
-  if (le == NULL)
+  if (sums == NULL || le == NULL)
     return -1;
   /* Room within the object's budget and above the free space floor:
    * the data, and the sums' pages at worst.
    */
-  const uint64_t room = (e - s) + ROUND_UP (nb * k * 8, 4096) + 4096;
+  const uint64_t room = len + ROUND_UP (k * 8, 4096) + 4096;
   if (fsc_make_room (o, room, scan) == -1)
     return -1;
-  for (uint64_t i = 0; i < nb; ++i) {
-    uint64_t bs = block_start (o, blk + i), be = block_end (o, blk + i);
-    unsigned kb = fsc_sub_hashes (src + (bs - s), be - bs, sums);
-    for (unsigned j = 0; j < kb; ++j)
-      put_le64 (le + 8 * (i * k + j), sums[j]);
-    csums[i] = fsc_sums_csum (sums, kb);
-  }
+  fsc_sub_hashes (src, len, sums);
+  for (uint64_t j = 0; j < k; ++j)
+    put_le64 (le + 8 * j, sums[j]);
+  /* START is a multiple of 4 KiB: its hashes go where its block's do. */
   int r = 0;
-  if (fsc_data_pwrite (o, src, e - s, s) == -1 ||
-      fsc_io_pwrite (&o->cache->io, FSC_FILE_SUMS, o->sfd, le, nb * k * 8,
-                     sums_offset (o, blk)) == -1)
+  if (fsc_data_pwrite (o, src, len, start) == -1 ||
+      fsc_io_pwrite (&o->cache->io, FSC_FILE_SUMS, o->sfd, le, k * 8,
+                     (start >> SUB_SHIFT) * 8) == -1)
     r = -1;
   int err = errno;
   fsc_room_done (o, room);
@@ -104,29 +126,95 @@ store_blocks (struct fsc_object *o, uint64_t blk, uint64_t nb,
     errno = err;
     return -1;
   }
-  FSC_STAT_ADD (&o->cache->stats, fill_bytes, e - s);
+  for (uint64_t i = 0; i < nb; ++i) {
+    uint64_t vec[MAX_SUBS];
+    unsigned kb;
+    pcs[i] = block_sums (o, blk + i, start, len, sums, vec, &kb);
+    csums[i] = fsc_sums_csum (vec, kb);
+  }
+  FSC_STAT_ADD (&o->cache->stats, fill_bytes, len);
   return 0;
 }
 
-/* Store N claimed blocks from B (their bytes at DATA) in the cache and
- * publish them if nothing invalidated them since they were claimed
- * (EPOCHS, one per group from B's); release the claims either way.
+/* What an end block filled in pieces held before: its pieces P and
+ * checksum CSUM when the fill began, and what it holds with the new
+ * pieces added (MP, MCSUM), if HAVE.
  */
+struct merge {
+  bool have;
+  unsigned p, mp;
+  uint64_t csum, mcsum;
+};
+
+/* Block BLK was just written in pieces NP (a claimed block, so nobody
+ * else fills it meanwhile): if it held other pieces, work out the
+ * union, trusting the old pieces' hashes in the sums file only if they
+ * still match its checksum.
+ */
+static void
+merge_pieces (struct fsc_object *o, uint64_t blk, unsigned np,
+              struct merge *m)
+{
+  m->have = false;
+  pthread_mutex_lock (&o->lock);
+  struct group *g = grp (o, GROUP_OF (blk));
+  bool was = g && (g->present & BIT_OF (blk)) && g->pieces[IDX_OF (blk)];
+  if (was) {
+    m->p = g->pieces[IDX_OF (blk)];
+    m->csum = g->csum[IDX_OF (blk)];
+  }
+  pthread_mutex_unlock (&o->lock);
+  if (!was)
+    return;
+
+  const uint64_t bs = block_start (o, blk), be = block_end (o, blk);
+  const unsigned k = DIV_ROUND_UP (be - bs, SUB_SIZE);
+  unsigned char le[8 * MAX_SUBS];
+  uint64_t old[MAX_SUBS], cur[MAX_SUBS];
+  ssize_t r = fsc_io_pread (&o->cache->io, FSC_FILE_SUMS, o->sfd, le, 8 * k,
+                            sums_offset (o, blk));
+  if (r != (ssize_t) (8 * k))
+    return;                     /* keep only the new pieces */
+  for (unsigned j = 0; j < k; ++j)
+    old[j] = cur[j] = get_le64 (le + 8 * j);
+  /* The new pieces' hashes are in the file already: the old pieces
+   * that were fetched again hash the same unless the upstream changed
+   * under us, and then the old checksum fails and only the new
+   * pieces are kept.
+   */
+  fsc_sums_mask (o, old, k, m->p);
+  if (fsc_sums_csum (old, k) != m->csum)
+    return;
+  unsigned mp = m->p | np;
+  fsc_sums_mask (o, cur, k, mp);
+  m->mp = mp == full_pieces (o, blk) ? 0 : mp;
+  m->mcsum = fsc_sums_csum (cur, k);
+  m->have = true;
+}
+
 void
 fsc_fill_blocks (struct fsc_object *o, uint64_t b, uint64_t n,
-                 const unsigned char *data, const uint64_t *epochs,
-                 unsigned flags)
+                 const unsigned char *data, uint64_t start, uint64_t len,
+                 const uint64_t *epochs, unsigned flags)
 {
   const uint64_t g0 = GROUP_OF (b), g1 = GROUP_OF (b + n - 1);
   uint64_t csums[MAX_RUN_BLOCKS];
+  uint16_t pcs[MAX_RUN_BLOCKS];
+  struct merge m[2] = { { .have = false }, { .have = false } };
   bool fill_ok = false;
 
   if (data != NULL) {
     if (fsc_reserve_groups (o, g0, g1) == -1 ||
-        store_blocks (o, b, n, data, csums, flags & FSC_FILL_SCAN) == -1)
+        store_blocks (o, b, n, start, len, data, csums, pcs,
+                      flags & FSC_FILL_SCAN) == -1)
       fill_failed (o, errno);
-    else
+    else {
       fill_ok = true;
+      if (pcs[0])
+        merge_pieces (o, b, pcs[0], &m[0]);
+      if (n > 1 && pcs[n - 1])
+        merge_pieces (o, b + n - 1, pcs[n - 1], &m[1]);
+    }
   }
 
   bool kick = false;
@@ -135,15 +223,33 @@ fsc_fill_blocks (struct fsc_object *o, uint64_t b, uint64_t n,
     uint64_t blk = b + i;
     struct group *g = group_of (o, blk, false);
     g->fetching &= ~BIT_OF (blk);
-    if (fill_ok && o->state == FSC_OBJ_AVAILABLE &&
-        g->epoch == epochs[GROUP_OF (blk) - g0]) {
-      g->present |= BIT_OF (blk);
-      fsc_note_filled (o, blk, flags & FSC_FILL_PREFETCHED);
-      g->csum[IDX_OF (blk)] = csums[i];
-      o->data_dirty = true;
-      if (fsc_mark_dirty (o, GROUP_OF (blk), g) == -1)
-        fill_ok = false;
+    if (!fill_ok || o->state != FSC_OBJ_AVAILABLE ||
+        g->epoch != epochs[GROUP_OF (blk) - g0])
+      continue;
+    const unsigned x = IDX_OF (blk);
+    const bool was = g->present & BIT_OF (blk);
+    const struct merge *mm = i == 0 ? &m[0] : i == n - 1 ? &m[1] : NULL;
+    unsigned np = pcs[i];
+    uint64_t nc = csums[i];
+    if (was && g->pieces[x] == 0)
+      continue;                 /* whole already: nothing to add */
+    if (was && mm && mm->have && g->pieces[x] == mm->p &&
+        g->csum[x] == mm->csum) {
+      np = mm->mp;              /* the old pieces and the new */
+      nc = mm->mcsum;
     }
+    g->present |= BIT_OF (blk);
+    g->pieces[x] = np;
+    g->csum[x] = nc;
+    if (!was)
+      fsc_note_filled (o, blk, flags & FSC_FILL_PREFETCHED);
+    else if (!(flags & FSC_FILL_SCAN))
+      g->referenced |= BIT_OF (blk);    /* read again: a reuse */
+    if (np)
+      FSC_STAT_ADD (&o->cache->stats, piece_fills, 1);
+    o->data_dirty = true;
+    if (fsc_mark_dirty (o, GROUP_OF (blk), g) == -1)
+      fill_ok = false;
   }
   kick = o->ndirty >= DIRTY_KICK;
   pthread_cond_broadcast (&o->cond);
@@ -204,12 +310,15 @@ fsc_object_write_begin (struct fsc_object *o, uint64_t offset,
   uint64_t hcsum = 0, tcsum = 0;
   uint32_t hepoch = 0, tepoch = 0;
   bool want_head = false, want_tail = false;
-  if (keep && head_partial && present (o, b0)) {
+  /* Only whole blocks: one held in pieces is simply dropped. */
+  if (keep && head_partial && present (o, b0) &&
+      grp (o, GROUP_OF (b0))->pieces[IDX_OF (b0)] == 0) {
     want_head = true;
     hcsum = grp (o, GROUP_OF (b0))->csum[IDX_OF (b0)];
     hepoch = grp (o, GROUP_OF (b0))->epoch;
   }
-  if (keep && tail_partial && present (o, b1)) {
+  if (keep && tail_partial && present (o, b1) &&
+      grp (o, GROUP_OF (b1))->pieces[IDX_OF (b1)] == 0) {
     want_tail = true;
     tcsum = grp (o, GROUP_OF (b1))->csum[IDX_OF (b1)];
     tepoch = grp (o, GROUP_OF (b1))->epoch;
@@ -394,10 +503,14 @@ fsc_object_write_end (struct fsc_object *o, struct fsc_write *w,
         j++;
     }
     uint64_t *csums = malloc ((j - i) * sizeof *csums);
-    if (csums == NULL ||
-        store_blocks (o, blk, j - i, src, csums, false) == -1) {
+    uint16_t *pcs = malloc ((j - i) * sizeof *pcs);
+    uint64_t s = block_start (o, blk), e = block_end (o, b0 + j - 1);
+    if (csums == NULL || pcs == NULL ||
+        store_blocks (o, blk, j - i, s, e - s, src, csums, pcs,
+                      false) == -1) {
       fill_failed (o, errno);
       free (csums);
+      free (pcs);
       for (; i < nb; ++i)
         if (claimed[i] == 1)
           claimed[i] = 2;
@@ -414,6 +527,7 @@ fsc_object_write_end (struct fsc_object *o, struct fsc_write *w,
         g->present |= BIT_OF (bk);
         fsc_note_filled (o, bk, false);
         g->csum[IDX_OF (bk)] = csum;
+        g->pieces[IDX_OF (bk)] = 0;     /* stored whole */
         o->data_dirty = true;
         fsc_mark_dirty (o, GROUP_OF (bk), g);
         FSC_STAT_ADD (st, stored_blocks, 1);
@@ -423,6 +537,7 @@ fsc_object_write_end (struct fsc_object *o, struct fsc_write *w,
       claimed[k] = 0;
     }
     free (csums);
+    free (pcs);
     i = j;
   }
 

@@ -4,8 +4,10 @@
  * sums file; the index keeps, for each block, the XXH3-64 of its
  * sub-block hashes as little-endian bytes.  A whole-block hit hashes
  * what it read; a partial hit checks the block's sub-block hashes
- * against the index, then only the pieces it serves.  Written once here
- * so that the read, fill and write paths hash the same way.
+ * against the index, then only the sub-blocks it serves.  A block held
+ * in pieces (internal.h) counts the hashes of its absent pieces as 0.
+ * Written once here so that the read, fill and write paths hash the
+ * same way.
  */
 #include <config.h>
 
@@ -55,4 +57,17 @@ fsc_block_csum (const unsigned char *p, uint64_t len)
 {
   uint64_t sums[MAX_SUBS];
   return fsc_sums_csum (sums, fsc_sub_hashes (p, len, sums));
+}
+
+/* Zero the hashes of the sub-blocks outside pieces P. */
+void
+fsc_sums_mask (const struct fsc_object *o, uint64_t *sums, unsigned k,
+               unsigned p)
+{
+  if (p == 0)
+    return;
+  const unsigned per = 1u << (o->pshift - SUB_SHIFT);
+  for (unsigned i = 0; i < k; ++i)
+    if (!(p & (1u << (i / per))))
+      sums[i] = 0;
 }

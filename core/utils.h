@@ -55,6 +55,19 @@ fsc_cleanup_unlock (pthread_mutex_t **ptr)
 
 /* Explicit little-endian encoding of on-disk fields. */
 static inline void
+put_le16 (unsigned char *p, uint16_t v)
+{
+  v = htole16 (v);
+  memcpy (p, &v, 2);
+}
+static inline uint16_t
+get_le16 (const unsigned char *p)
+{
+  uint16_t v;
+  memcpy (&v, p, 2);
+  return le16toh (v);
+}
+static inline void
 put_le32 (unsigned char *p, uint32_t v)
 {
   v = htole32 (v);

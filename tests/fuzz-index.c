@@ -18,11 +18,13 @@
  *     cache is right exactly when its checksum in the index is that of
  *     the upstream block;
  *
- *  3. opens the object (block size 4096, size 1 MiB + 12345, verify on,
- *     validate=size), reads all of it twice through fsc_object_read in
- *     odd-sized pieces from an in-memory upstream and aborts if any
- *     byte differs from the upstream: a damaged or forged index may
- *     cost cache contents, never correctness;
+ *  3. opens the object (block size 4096, or 65536 if the input's first
+ *     superblock slot says so, so that blocks held in 4 KiB pieces are
+ *     fuzzed too; size 1 MiB + 12345, verify on, validate=size), reads
+ *     all of it twice through fsc_object_read in odd-sized pieces (as
+ *     random, near and sequential reads) from an in-memory upstream
+ *     and aborts if any byte differs from the upstream: a damaged or
+ *     forged index may cost cache contents, never correctness;
  *
  *  4. closes the object cleanly and, if it stayed available, opens it
  *     again: the index the core itself wrote must be accepted
@@ -78,8 +80,15 @@
 #define SB_CHECKSUM (FSC_SB_SIZE - 8)
 #define GR_CHECKSUM (FSC_GREC_SIZE - 8)
 #define GR_MAGIC 0x47435346u    /* "FSCG" */
+#define GR_PIECES (40 + 8 * FSC_GROUP_BLOCKS)
 
-static const struct fsc_object_params params = {
+/* The block size of the input being run: BS, or BIG_BS for inputs
+ * whose superblock slot 0 says so.
+ */
+#define BIG_BS 65536u
+static uint32_t bs = BS;
+static uint64_t nblocks = NBLOCKS;
+static struct fsc_object_params params = {
   .key = KEY, .key_len = KEY_LEN, .block_size = BS, .size = SIZE,
   .verify = true, .validate = FSC_VALIDATE_SIZE,
 };
@@ -143,6 +152,15 @@ le32_get (const unsigned char *p)
 static unsigned char *upstream;         /* changed by writes */
 static unsigned char *pristine;         /* as each input starts */
 static unsigned char *readbuf;
+
+/* Run the next input as an object of block size B. */
+static void
+set_geometry (uint32_t b)
+{
+  bs = b;
+  nblocks = (SIZE + b - 1) / b;
+  params.block_size = b;
+}
 
 static void
 make_upstream (void)
@@ -280,7 +298,7 @@ write_data (uint64_t h)
   uint64_t dsize = SIZE;
   if (rng_below (&s, 16) == 0) {
     if (rng_below (&s, 2))
-      dsize += BS;
+      dsize += bs;
     else
       dsize -= 1;
   }
@@ -290,12 +308,13 @@ write_data (uint64_t h)
     perror (data_path);
     abort ();
   }
-  /* The sums file: one XXH3 per 4 KiB sub-block (BS is 4 KiB, so one
-   * per block), matching whatever the data file holds, so that only
-   * the index decides what is trusted.
+  /* The sums file: one XXH3 per 4 KiB sub-block, matching whatever
+   * the data file holds, so that only the index decides what is
+   * trusted.  The data is chosen per 4 KiB too: with 64 KiB blocks, a
+   * block's pieces differ.
    */
   int sfd = open (sums_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (sfd == -1 || ftruncate (sfd, NBLOCKS * 8) == -1) {
+  if (sfd == -1 || ftruncate (sfd, nblocks * (bs / BS) * 8) == -1) {
     perror (sums_path);
     abort ();
   }
@@ -306,6 +325,7 @@ write_data (uint64_t h)
     uint64_t off = b * BS;
     uint64_t len = b == NBLOCKS - 1 ? SIZE - off : BS;
     unsigned what;              /* 0 hole, 1 garbage, 2 upstream, 3 near */
+    /* (The units are BS bytes whatever the block size.) */
     switch (mode) {
     case 0: what = 0; break;
     case 1: what = 1; break;
@@ -367,7 +387,11 @@ check_decoders (const uint8_t *data, size_t size)
           (sb->block_size & (sb->block_size - 1)) != 0 ||
           sb->nblocks != (sb->size + sb->block_size - 1) / sb->block_size)
         abort ();
+      /* An older version is written back as the current one, with
+       * every other field the same.
+       */
       fsc_sb_encode (sb, re);
+      sb->version = FSC_INDEX_VERSION;
       if (fsc_sb_decode (re, sb2) != FSC_OK ||
           memcmp (sb, sb2, sizeof *sb) != 0) {
         fprintf (stderr, "fuzz-index: superblock at %zu does not "
@@ -408,18 +432,23 @@ static void
 read_all (struct fsc_object *o, uint64_t s, const char *what)
 {
   memset (readbuf, 0xa5, SIZE);
+  static const unsigned flags[4] = {
+    0, 0, FSC_READ_NEAR, FSC_READ_SEQUENTIAL,
+  };
   uint64_t off = 0;
   while (off < SIZE) {
     uint64_t n;
-    switch (rng_below (&s, 4)) {
-    case 0: n = BS - off % BS; break;                   /* to a boundary */
-    case 1: n = 1 + rng_below (&s, 3 * BS); break;      /* small */
+    switch (rng_below (&s, 5)) {
+    case 0: n = bs - off % bs; break;                   /* to a boundary */
+    case 1: n = 1 + rng_below (&s, 3 * bs); break;      /* small */
     case 2: n = 1 + rng_below (&s, 70 * BS); break;     /* over groups */
+    case 3: n = 1 + rng_below (&s, 2 * BS); break;      /* a piece or two */
     default: n = SIZE; break;
     }
     if (n > SIZE - off)
       n = SIZE - off;
-    if (fsc_object_read (o, readbuf + off, n, off, &up, 0) == -1) {
+    if (fsc_object_read (o, readbuf + off, n, off, &up,
+                         flags[rng_below (&s, 4)]) == -1) {
       fprintf (stderr, "fuzz-index: %s: fsc_object_read (%" PRIu64
                ", %" PRIu64 "): %s\n", what, n, off, strerror (errno));
       abort ();
@@ -431,7 +460,7 @@ read_all (struct fsc_object *o, uint64_t s, const char *what)
     while (readbuf[i] == upstream[i])
       i++;
     fprintf (stderr, "fuzz-index: %s: WRONG DATA at offset %" PRIu64
-             " (block %" PRIu64 ")\n", what, i, i / BS);
+             " (block %" PRIu64 ")\n", what, i, i / bs);
     abort ();
   }
 }
@@ -494,6 +523,7 @@ LLVMFuzzerTestOneInput (const uint8_t *data, size_t size)
   check_decoders (data, size);
 
   uint64_t h = XXH3_64bits (data, size);
+  set_geometry (size >= 28 && le32_get (data + 24) == BIG_BS ? BIG_BS : BS);
   memcpy (upstream, pristine, SIZE);
   write_file (idx_path, data, size);
   write_data (h);
@@ -512,7 +542,7 @@ LLVMFuzzerTestOneInput (const uint8_t *data, size_t size)
     n_reused++;
     n_hits_blocks += info.present_blocks;
   }
-  if (info.present_blocks > NBLOCKS)
+  if (info.present_blocks > nblocks)
     abort ();
 
   read_all (o, h ^ 1, "first read");
@@ -531,7 +561,7 @@ LLVMFuzzerTestOneInput (const uint8_t *data, size_t size)
   }
   uint64_t npresent = 0;
   memset (present, 0, sizeof present);
-  for (uint64_t b = 0; b < NBLOCKS; ++b)
+  for (uint64_t b = 0; b < nblocks; ++b)
     if (fsc_object_block_present (o, b)) {
       present[b / 64] |= UINT64_C (1) << (b % 64);
       npresent++;
@@ -543,7 +573,7 @@ LLVMFuzzerTestOneInput (const uint8_t *data, size_t size)
    */
   o = open_object (&info);
   uint64_t lost = 0, gained = 0;
-  for (uint64_t b = 0; b < NBLOCKS; ++b) {
+  for (uint64_t b = 0; b < nblocks; ++b) {
     bool was = present[b / 64] & (UINT64_C (1) << (b % 64));
     bool is = fsc_object_block_present (o, b);
     lost += was && !is;
@@ -595,6 +625,9 @@ static const struct { uint16_t off, width; } sb_fields[] = {
 static const struct { uint16_t off, width; } gr_fields[] = {
   { 0, 4 }, { 4, 4 }, { 8, 8 }, { 16, 8 }, { 24, 8 }, { 32, 8 },
   { 40, 8 }, { 48, 8 }, { 40 + 8 * 63, 8 }, { GR_CHECKSUM, 8 },
+  /* Pieces (format version 2): the first blocks', the last. */
+  { GR_PIECES, 2 }, { GR_PIECES + 2, 2 }, { GR_PIECES + 4, 2 },
+  { GR_PIECES + 2 * 16, 2 }, { GR_PIECES + 2 * 63, 2 },
 };
 static const uint64_t interesting[] = {
   0, 1, 2, 3, 0x7f, 0x80, 0xff, 0x100, 0xffff, 0x7fffffff, 0x80000000,
@@ -612,6 +645,10 @@ put_width (unsigned char *p, unsigned width, uint64_t v)
 {
   if (width == 8)
     le64_put (p, v);
+  else if (width == 2) {
+    p[0] = v;
+    p[1] = v >> 8;
+  }
   else
     le32_put (p, (uint32_t) v);
 }
@@ -646,6 +683,8 @@ mutate_field (uint64_t *s, unsigned char *p, size_t n)
     memcpy (&cur, f, 8);
     cur = le64toh (cur);
   }
+  else if (width == 2)
+    cur = f[0] | (unsigned) f[1] << 8;
   else
     cur = le32_get (f);
   uint64_t v;
@@ -1108,6 +1147,54 @@ make_corpus (const char *dir)
   save (dir, "unclean.idx", p, n);
   free (p);
   fsc_object_close (o);
+
+  /* Format version 1 (what "clean" was before pieces): read as it is. */
+  p = slurp (idx_path, &n);
+  for (size_t off = 0; off < FSC_GROUPS_OFFSET && off + FSC_SB_SIZE <= n;
+       off += FSC_SB_SIZE)
+    if (memcmp (p + off, "NBDFSCIX", 8) == 0)
+      le32_put (p + off + 8, 1);
+  fix_checksums (p, n);
+  save (dir, "version1.idx", p, n);
+  free (p);
+
+  /* 64K blocks held in 4K pieces: small random reads, one block added
+   * to, one made whole by a near read, closed cleanly; then more
+   * pieces committed while still open, as after a crash.
+   */
+  unlink (idx_path);
+  unlink (data_path);
+  unlink (sums_path);
+  set_geometry (BIG_BS);
+  o = open_object (&info);
+  static const uint64_t at[] = {
+    5 * BS, 6 * BS, 20 * BS + 100, 47 * BS, 100 * BS, 255 * BS + 7,
+  };
+  for (size_t k = 0; k < sizeof at / sizeof at[0]; ++k)
+    read_range (o, at[k], 1000);
+  read_range (o, 3 * BIG_BS + 2 * BS, 3 * BS);  /* over three pieces */
+  if (fsc_object_read (o, readbuf, BS, 9 * BIG_BS, &up, FSC_READ_NEAR) == -1)
+    return 1;
+  read_range (o, SIZE - 100, 100);              /* the short last block */
+  fsc_object_close (o);
+  p = slurp (idx_path, &n);
+  save (dir, "pieces.idx", p, n);
+  free (p);
+  o = open_object (&info);
+  if (info.reason != FSC_OK || info.present_blocks == 0) {
+    fprintf (stderr, "fuzz-index: --make-corpus: reopen of pieces: %s\n",
+             fsc_reason_name (info.reason));
+    return 1;
+  }
+  read_range (o, 5 * BS + 10, 2 * BS);          /* added to */
+  read_range (o, 12 * BIG_BS + 5 * BS, 10);
+  if (fsc_object_commit (o) == -1)
+    return 1;
+  p = slurp (idx_path, &n);
+  save (dir, "pieces-unclean.idx", p, n);
+  free (p);
+  fsc_object_close (o);
+  set_geometry (BS);
 
   /* Empty: a brand new object. */
   save (dir, "empty.idx", (const unsigned char *) "", 0);

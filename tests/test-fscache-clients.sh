@@ -48,8 +48,13 @@ for net in unix tcp; do
     got=$(( $(log_read_bytes "$log") - b0 ))
     echo "fio $net $pass: $got bytes upstream"
     case $pass in
-      cold) [ "$got" -eq "$size" ] ||
-              fail "fio $net cold read $got bytes upstream, expected $size" ;;
+      # Each byte at least once; the random 4K pass fetches 4K pieces,
+      # but a random read that lands near the last two (plugin: two
+      # near reads in a row) takes its whole block, with pieces held
+      # already: a few blocks' worth more at most.
+      cold) [ "$got" -ge "$size" ] && [ "$got" -le $((size + size / 32)) ] ||
+              fail "fio $net cold read $got bytes upstream, expected" \
+                   "$size to $((size + size / 32))" ;;
       warm) [ "$got" -eq 0 ] ||
               fail "fio $net warm read $got bytes upstream, expected 0" ;;
     esac

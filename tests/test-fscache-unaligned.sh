@@ -3,8 +3,10 @@
 # straddling block boundaries, mixing cached and uncached blocks, and
 # covering the last, partial block of an export whose size is not a
 # multiple of the block size return exactly the upstream's bytes, cold
-# and warm.  Misses are fetched in whole blocks (clipped at the end of
-# the export), each block once.  A read past the end fails cleanly: the
+# and warm.  Misses fetch at least the bytes asked for and at most the
+# whole blocks touched (clipped at the end of the export); random reads
+# fetch exactly the 4 KiB pieces they cover (docs/format.md, "Pieces"),
+# counted to the byte below.  A read past the end fails cleanly: the
 # client gets an error, the connection and the proxy keep working.
 #
 # Truth: the upstream image file's bytes (read directly by Python), and
@@ -38,8 +40,9 @@ up_bytes () { log_read_bytes "$TMP/up.log"; }
 
 # The reads.  SET is "small ..." (many short reads) or "big ..." (reads
 # of nearly everything, then reads past the end).  Prints on stdout the
-# bytes a cold pass should fetch upstream if nothing was cached before:
-# the blocks touched, clipped at the end of the export, once each.
+# bounds of what a cold pass may fetch upstream if nothing was cached
+# before: the distinct bytes read, and the blocks touched (clipped at
+# the end of the export), once each.
 cat > "$TMP/reads.py" <<'PYEOF'
 import random, sys
 import nbd
@@ -80,6 +83,7 @@ h.connect_unix(sock)
 assert h.get_size() == size, (h.get_size(), size)
 
 blocks = set()
+spans = []
 for off, n in ranges:
     assert 0 <= off and n > 0 and off + n <= size, (off, n)
     got = h.pread(n, off)
@@ -88,6 +92,7 @@ for off, n in ranges:
         sys.exit("%s: read(offset=%d, count=%d) differs from upstream "
                  "at byte %d" % (what, off, n, off + i))
     blocks.update(range(off // bs, (off + n - 1) // bs + 1))
+    spans.append((off, off + n))
 
 if what.startswith("big"):
     # Reads past the end: an error for the client, not the end of the
@@ -113,7 +118,11 @@ if what.startswith("big"):
     assert h.pread(3, size - 3) == data[-3:]
 h.shutdown()
 
-print(sum(min(bs, size - b * bs) for b in blocks))
+end, distinct = 0, 0
+for lo, hi in sorted(spans):
+    distinct += max(0, hi - max(lo, end))
+    end = max(end, hi)
+print(distinct, sum(min(bs, size - b * bs) for b in blocks))
 PYEOF
 
 run_reads ()                    # SOCK SET
@@ -137,22 +146,36 @@ start_nbdkit -P "$TMP/px.pid" -U "$TMP/px.sock" \
   --filter="$FILTER" nbd socket="$TMP/up.sock" \
   fscache-dir="$TMP/cache" fscache-validate=size fscache-readahead=0
 
+expect_between ()               # WHAT BEFORE LOW HIGH
+{
+  local got=$(( $(up_bytes) - $2 ))
+  echo "$1: $got bytes upstream, expected $3 to $4"
+  if [ "$got" -lt "$3" ] || [ "$got" -gt "$4" ]; then
+    echo "$0: FAIL: $1: $got bytes read upstream, expected $3 to $4" >&2
+    exit 1
+  fi
+}
+
 b=$(up_bytes)
-small=$(run_reads "$TMP/px.sock" "small cold")
+read -r distinct small < <(run_reads "$TMP/px.sock" "small cold")
 # The short reads must leave blocks uncached for the next step.
 if [ "$small" -ge "$size" ]; then
   echo "$0: test bug: the short reads cover the whole export" >&2
   exit 1
 fi
-expect_up "short reads, cold" "$b" "$small"
+expect_between "short reads, cold" "$b" "$distinct" "$small"
+cold=$(( $(up_bytes) - b ))
 
 b=$(up_bytes)
 run_reads "$TMP/px.sock" "small warm" >/dev/null
 expect_up "short reads, warm" "$b" 0
 
+# What is not cached yet, once; and blocks held in pieces are fetched
+# whole again by the long read (but never more than everything).
 b=$(up_bytes)
 run_reads "$TMP/px.sock" "big, partly cached" >/dev/null
-expect_up "reads of everything, partly cached" "$b" $((size - small))
+expect_between "reads of everything, partly cached" "$b" $((size - cold)) \
+  "$size"
 
 b=$(up_bytes)
 run_reads "$TMP/px.sock" "big warm" >/dev/null
@@ -164,6 +187,56 @@ if ! kill -0 "$(cat "$TMP/px.pid")"; then
   exit 1
 fi
 stop_nbdkit "$TMP/px.pid"
+
+# ---- pieces: random reads fetch exactly what they cover ---------------
+# Each read on a connection of its own (so none is near another): the
+# 4K pieces it covers, to the byte, and nothing once they are cached.
+cat > "$TMP/pieces.py" <<'PYEOF'
+import sys
+import nbd
+sock, img = sys.argv[1], sys.argv[2]
+off, n = int(sys.argv[3]), int(sys.argv[4])
+data = open(img, "rb").read()
+h = nbd.NBD()
+h.connect_unix(sock)
+if h.pread(n, off) != data[off:off + n]:
+    sys.exit("pieces: read(offset=%d, count=%d) differs" % (off, n))
+h.shutdown()
+PYEOF
+start_nbdkit -P "$TMP/px3.pid" -U "$TMP/px3.sock" \
+  --filter="$FILTER" nbd socket="$TMP/up.sock" \
+  fscache-dir="$TMP/cache3" fscache-validate=size fscache-readahead=0
+P=4096
+last=$(( (size - 1) / BS * BS ))
+# name, offset, count, upstream bytes expected
+while read -r what off n want; do
+  b=$(up_bytes)
+  "$PY" "$TMP/pieces.py" "$TMP/px3.sock" "$TMP/upstream.img" "$off" "$n" ||
+    exit 1
+  expect_up "pieces: $what" "$b" "$want"
+done <<EOF
+one-piece $((100 * BS + 5 * P)) $P $P
+again $((100 * BS + 5 * P)) $P 0
+inside-it $((100 * BS + 5 * P + 7)) 100 0
+next-piece $((100 * BS + 6 * P)) $P $P
+both $((100 * BS + 5 * P)) $((2 * P)) 0
+odd-bytes $((120 * BS + 7)) 100 $P
+two-pieces $((140 * BS + P - 10)) 20 $((2 * P))
+two-blocks $((160 * BS - 10)) 20 $((2 * P))
+three-blocks $((200 * BS + 2 * P)) $((2 * BS)) $((2 * BS))
+middle-whole $((201 * BS)) $BS 0
+last-piece $((size - 5)) 5 $((size - last - 3 * P))
+tail-block $((180 * BS + 12 * P)) $((4 * P)) $((4 * P))
+rest-of-it $((180 * BS)) $((12 * P)) $((12 * P))
+lead-block $((190 * BS)) $((2 * P)) $((2 * P))
+whole-of-it $((190 * BS)) $BS $BS
+last-block $last $((size - last)) $((size - last))
+EOF
+# (A read needing pieces a block holds and others besides fetches all
+# it needs in one request, the pieces held included: whole-of-it and
+# last-block.  Pieces held that the read does not need are not fetched
+# again: rest-of-it.)
+stop_nbdkit "$TMP/px3.pid"
 
 # ---- default settings (readahead, sampling), and 4K blocks: data only -
 for extra in "" "fscache-block-size=4K"; do

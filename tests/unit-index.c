@@ -68,7 +68,9 @@ main (void)
   {
     unsigned char bad[FSC_SB_SIZE];
     memcpy (bad, buf, sizeof bad);
-    bad[8] = 2;
+    bad[8] = FSC_INDEX_VERSION + 1;
+    CHECK_EQ (fsc_sb_decode (bad, &out), FSC_REJ_VERSION);
+    bad[8] = 0;
     CHECK_EQ (fsc_sb_decode (bad, &out), FSC_REJ_VERSION);
   }
   /* Impossible geometry with a valid checksum is still refused. */

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "fscache.h"
+#include "index-patch.h"
 #include "keyenc.h"
 #include "unit.h"
 
@@ -114,6 +115,165 @@ reader_thread (void *arg)
 {
   read_all (arg);
   return NULL;
+}
+
+/* Read COUNT bytes at OFF with FLAGS; check them; return the upstream
+ * bytes it took.
+ */
+static uint64_t
+read_check (struct fsc_object *o, uint32_t count, uint64_t off,
+            unsigned flags)
+{
+  static unsigned char got[SIZE];
+  up_bytes = 0;
+  CHECK (fsc_object_read (o, got, count, off, &up, flags) == 0);
+  CHECK (memcmp (got, upstream + off, count) == 0);
+  return up_bytes;
+}
+
+/* Blocks held in pieces (64K blocks, 4K pieces): a random read fetches
+ * only the pieces it covers, later reads add pieces, the pieces
+ * persist and are verified, streams and prefetches take whole blocks,
+ * and an index of format version 1 is read and upgraded.
+ */
+static void
+test_pieces (void)
+{
+  const uint64_t B = 65536, P = 4096;
+  struct fsc_object_params pp = {
+    .key = "kp", .key_len = 2, .block_size = B, .size = SIZE,
+    .verify = true, .validate = FSC_VALIDATE_SIZE,
+  };
+  char name[FSC_NAME_MAX + 1], fan[FSC_FAN_MAX + 1], pd[512], pi[512];
+  struct fsc_cache *c;
+  struct fsc_object *o;
+  struct fsc_open_info info;
+  struct fsc_stats st;
+
+  fsc_key_encode ("kp", 2, name, fan);
+  snprintf (pd, sizeof pd, "%s/objects/%s/%s.data", dir, fan, name);
+  snprintf (pi, sizeof pi, "%s/objects/%s/%s.idx", dir, fan, name);
+
+  c = open_cache (NULL);
+  CHECK (fsc_object_open (c, &pp, &o, &info) == 0);
+  /* One piece, then again (hit), then part of it (hit). */
+  CHECK_EQ (read_check (o, P, 3 * B + 5 * P, 0), P);
+  CHECK_EQ (read_check (o, P, 3 * B + 5 * P, 0), 0);
+  CHECK_EQ (read_check (o, 100, 3 * B + 5 * P + 7, 0), 0);
+  fsc_cache_stats (c, &st);
+  CHECK_EQ (st.piece_fills, 1);
+  /* The next piece is added to the block; both hit together. */
+  CHECK_EQ (read_check (o, P, 3 * B + 6 * P, 0), P);
+  CHECK_EQ (read_check (o, 2 * P, 3 * B + 5 * P, 0), 0);
+  /* A read needing pieces 4..7 fetches them (4K-aligned, 16K). */
+  CHECK_EQ (read_check (o, 3 * P + 10, 3 * B + 4 * P + 5, 0), 4 * P);
+  CHECK_EQ (read_check (o, 4 * P, 3 * B + 4 * P, 0), 0);
+  /* A miss spanning two blocks: the pieces of each it covers. */
+  CHECK_EQ (read_check (o, 2 * P, 5 * B - P, 0), 2 * P);
+  CHECK_EQ (read_check (o, P, 4 * B + 15 * P, 0), 0);
+  CHECK_EQ (read_check (o, P, 5 * B, 0), 0);
+  /* Near the last read: the whole block, even though pieces are held. */
+  CHECK_EQ (read_check (o, P, 3 * B + 9 * P, FSC_READ_NEAR), B);
+  CHECK_EQ (read_check (o, B, 3 * B, 0), 0);
+  /* A sequential read too. */
+  CHECK_EQ (read_check (o, P, 6 * B, FSC_READ_SEQUENTIAL), B);
+  /* A prefetch completes a block held in pieces, without the pieces
+   * it holds at its start.
+   */
+  CHECK_EQ (read_check (o, P, 7 * B, 0), P);
+  up_bytes = 0;
+  CHECK (fsc_object_prefetch (o, 7 * B, B, &up) == 0);
+  CHECK_EQ (up_bytes, B - P);
+  CHECK_EQ (read_check (o, B, 7 * B, 0), 0);
+  /* So does a stream starting after them: a random read of a block's
+   * first piece, then reads continuing from it.
+   */
+  CHECK_EQ (read_check (o, P, 11 * B, 0), P);
+  CHECK_EQ (read_check (o, P, 11 * B + P, FSC_READ_SEQUENTIAL), B - P);
+  CHECK_EQ (read_check (o, B, 11 * B, 0), 0);
+  /* And one ending before the last pieces held. */
+  CHECK_EQ (read_check (o, 2 * P, 12 * B + 14 * P, 0), 2 * P);
+  CHECK_EQ (read_check (o, P, 12 * B + 13 * P, FSC_READ_NEAR), 14 * P);
+  CHECK_EQ (read_check (o, B, 12 * B, 0), 0);
+  /* The last block is short (12345 bytes): its last piece too. */
+  CHECK_EQ (read_check (o, 10, SIZE - 10, 0), SIZE - 16 * B - 3 * P);
+  CHECK_EQ (read_check (o, SIZE - 16 * B, 16 * B, 0), SIZE - 16 * B);
+  /* A write over a block held in pieces drops it. */
+  CHECK_EQ (read_check (o, P, 9 * B, 0), P);
+  CHECK (fsc_object_block_present (o, 9));
+  struct fsc_write w;
+  CHECK (fsc_object_write_begin (o, 9 * B + 8 * P, P, true, &w) == 0);
+  CHECK (!fsc_object_block_present (o, 9));
+  fsc_object_write_end (o, &w, upstream + 9 * B + 8 * P, true);
+  CHECK_EQ (read_check (o, P, 9 * B, 0), P);
+  /* Pieces of block 10, to find after a restart. */
+  CHECK_EQ (read_check (o, P, 10 * B, 0), P);
+  CHECK_EQ (read_check (o, P, 10 * B + 8 * P, 0), P);
+  fsc_object_close (o);
+  fsc_cache_close (c);
+
+  c = open_cache (NULL);
+  CHECK (fsc_object_open (c, &pp, &o, &info) == 0);
+  CHECK_EQ (info.reason, FSC_OK);
+  CHECK_EQ (info.old_version, 0);
+  CHECK_EQ (read_check (o, P, 10 * B, 0), 0);
+  CHECK_EQ (read_check (o, P, 10 * B + 8 * P, 0), 0);
+  CHECK_EQ (read_check (o, P, 10 * B + P, 0), P);
+  CHECK_EQ (read_check (o, 4 * P, 3 * B + 4 * P, 0), 0);
+  CHECK_EQ (read_check (o, B, 3 * B, 0), 0);
+  fsc_object_close (o);
+  fsc_cache_close (c);
+
+  /* A damaged held piece is detected and fetched again. */
+  int fd = open (pd, O_RDWR);
+  CHECK (fd >= 0);
+  CHECK (pwrite (fd, "Z", 1, 10 * B + 8 * P + 99) == 1);
+  close (fd);
+  c = open_cache (NULL);
+  CHECK (fsc_object_open (c, &pp, &o, &info) == 0);
+  CHECK_EQ (read_check (o, P, 10 * B, 0), 0);
+  CHECK_EQ (read_check (o, 200, 10 * B + 8 * P + 50, 0), P);
+  fsc_cache_stats (c, &st);
+  CHECK_EQ (st.verify_failures, 1);
+  CHECK_EQ (read_check (o, P, 10 * B + 8 * P, 0), 0);
+  fsc_object_close (o);
+  fsc_cache_close (c);
+
+  /* Format version 1: an index of whole blocks only. */
+  CHECK (unlink (pi) == 0);
+  c = open_cache (NULL);
+  CHECK (fsc_object_open (c, &pp, &o, &info) == 0);
+  CHECK_EQ (read_check (o, 4 * B, 0, FSC_READ_SEQUENTIAL), 4 * B);
+  fsc_object_close (o);
+  fsc_cache_close (c);
+  CHECK (set_index_version (pi, 1) == 0);
+  c = open_cache (NULL);
+  CHECK (fsc_object_open (c, &pp, &o, &info) == 0);
+  CHECK_EQ (info.reason, FSC_OK);
+  CHECK_EQ (info.old_version, 1);
+  CHECK_EQ (info.present_blocks, 4);
+  CHECK_EQ (read_check (o, 4 * B, 0, 0), 0);
+  CHECK_EQ (read_check (o, P, 5 * B, 0), P);
+  fsc_cache_stats (c, &st);
+  CHECK_EQ (st.objects_upgraded, 1);
+  fsc_object_close (o);
+  fsc_cache_close (c);
+  c = open_cache (NULL);
+  CHECK (fsc_object_open (c, &pp, &o, &info) == 0);
+  CHECK_EQ (info.reason, FSC_OK);
+  CHECK_EQ (info.old_version, 0);
+  CHECK_EQ (read_check (o, 4 * B, 0, 0), 0);
+  CHECK_EQ (read_check (o, P, 5 * B, 0), 0);
+  fsc_object_close (o);
+  fsc_cache_close (c);
+  /* A version no reader knows starts cold, saying so. */
+  CHECK (set_index_version (pi, 3) == 0);
+  c = open_cache (NULL);
+  CHECK (fsc_object_open (c, &pp, &o, &info) == 0);
+  CHECK_EQ (info.reason, FSC_REJ_VERSION);
+  CHECK_EQ (read_check (o, P, 5 * B, 0), P);
+  fsc_object_close (o);
+  fsc_cache_close (c);
 }
 
 int
@@ -424,10 +584,12 @@ main (void)
     CHECK (fsc_object_read (o, got, 4096, 2 * 65536 + 4096, &up, 0) == 0);
     CHECK (memcmp (got, upstream + 2 * 65536 + 4096, 4096) == 0);
     CHECK_EQ (up_bytes, 0);
-    /* A read touching sub-block 3 detects the damage and refetches. */
+    /* A read touching sub-block 3 detects the damage and refetches:
+     * a random read, so only the piece it needs.
+     */
     CHECK (fsc_object_read (o, got, 100, 2 * 65536 + 3 * 4096, &up, 0) == 0);
     CHECK (memcmp (got, upstream + 2 * 65536 + 3 * 4096, 100) == 0);
-    CHECK_EQ (up_bytes, 65536);
+    CHECK_EQ (up_bytes, 4096);
     fsc_cache_stats (c, &st);
     CHECK_EQ (st.verify_failures, 1);
     fsc_object_close (o);
@@ -443,7 +605,7 @@ main (void)
     up_bytes = 0;
     CHECK (fsc_object_read (o, got, 8192, 4 * 65536 + 100, &up, 0) == 0);
     CHECK (memcmp (got, upstream + 4 * 65536 + 100, 8192) == 0);
-    CHECK_EQ (up_bytes, 65536);
+    CHECK_EQ (up_bytes, 3 * 4096);      /* the three pieces it touches */
     /* The last, short block (12345 bytes past the last full 64K). */
     up_bytes = 0;
     CHECK (fsc_object_read (o, got, 5000, SIZE - 5000, &up, 0) == 0);
@@ -545,6 +707,8 @@ main (void)
     fsc_object_close (o);
     fsc_cache_close (c);
   }
+
+  test_pieces ();
 
   /* A world-writable cache directory is refused. */
   CHECK (chmod (dir, 0777) == 0);

@@ -19,6 +19,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,8 +31,13 @@
 #include "keyenc.h"
 #include "unit.h"
 
-#define BS 4096u
-#define SIZE (256u * BS + 777u)
+#define SIZE (256u * 4096u + 777u)
+#define MAX_BS 65536u
+
+/* The block size of this run: 4K (whole blocks only), then 64K, whose
+ * 4K pieces are fetched alone by small reads (docs/format.md).
+ */
+static uint32_t BS;
 #define KEY "powerloss\0export="
 #define KEYLEN 17
 #define STEPS 600
@@ -160,13 +166,12 @@ open_cache (const char *dir)
   return c;
 }
 
-int
-main (int argc, char *argv[])
+static void
+run (unsigned seed)
 {
   char dir[] = "/tmp/unit-powerloss-XXXXXX";
   char cdir[64], name[FSC_NAME_MAX + 1], fan[FSC_FAN_MAX + 1];
   char idx[512], data[512], sums[512], hdr[256];
-  unsigned seed = argc > 1 ? atoi (argv[1]) : 12345;
   struct fsc_open_info info;
 
   srand (seed);
@@ -199,18 +204,22 @@ main (int argc, char *argv[])
   /* The workload, recorded. */
   fsc_cache_set_trace (c, trace, NULL);
   struct fsc_upstream up = { .pread = up_pread, .opaque = upstream };
-  static unsigned char buf[3 * BS + 100];
+  static unsigned char buf[3 * MAX_BS + 100];
   static unsigned char got[64 * 1024];
   for (int step = 0; step < STEPS; ++step) {
     int what = rand () % 20;
     if (what < 10) {                    /* read: fills */
-      uint32_t n = 1 + rand () % sizeof got;
+      /* Small reads half the time: pieces, with 64K blocks. */
+      uint32_t n = 1 + rand () % (rand () % 2 ? 3 * 4096 : sizeof got);
       uint64_t off = rand () % (SIZE - n);
-      CHECK (fsc_object_read (o, got, n, off, &up, 0) == 0);
+      static const unsigned flags[4] = {
+        0, 0, FSC_READ_NEAR, FSC_READ_SEQUENTIAL,
+      };
+      CHECK (fsc_object_read (o, got, n, off, &up, flags[rand () % 4]) == 0);
       CHECK (memcmp (got, upstream + off, n) == 0);
     }
     else if (what < 17) {               /* write, maybe failing */
-      uint32_t n = 1 + rand () % sizeof buf;
+      uint32_t n = 1 + rand () % (3 * BS + 100);
       uint64_t off = rand () % (SIZE - n);
       if (rand () % 3 == 0)
         off &= ~(uint64_t) (BS - 1);
@@ -228,10 +237,16 @@ main (int argc, char *argv[])
     else
       CHECK (fsc_object_commit (o) == 0);
   }
+  struct fsc_stats wst;
+  fsc_cache_stats (c, &wst);
+  /* With 64K blocks, the workload must have held blocks in pieces. */
+  CHECK (BS == 4096 || wst.piece_fills > 0);
   fsc_object_close (o);
   fsc_cache_close (c);
-  fprintf (stderr, "unit-powerloss: seed %u, %zu events recorded\n",
-           seed, nev);
+  fprintf (stderr, "unit-powerloss: %" PRIu64 " piece fills\n",
+           wst.piece_fills);
+  fprintf (stderr, "unit-powerloss: block size %u, seed %u, %zu events "
+           "recorded\n", BS, seed, nev);
 
   /* Rebuild crash states and read each whole. */
   unsigned char *up_at = malloc (SIZE);
@@ -287,8 +302,10 @@ main (int argc, char *argv[])
     if (info.reason == FSC_OK)
       reused++;
     struct fsc_upstream up2 = { .pread = up_pread, .opaque = up_at };
-    for (uint64_t off = 0; off < SIZE; off += 65536) {
-      uint32_t n = SIZE - off < 65536 ? SIZE - off : 65536;
+    /* In reads of 4K and 64K in turn: 4K ones hit the pieces held. */
+    const uint32_t chunk = k % 4 < 2 ? 65536 : 4096;
+    for (uint64_t off = 0; off < SIZE; off += chunk) {
+      uint32_t n = SIZE - off < chunk ? SIZE - off : chunk;
       CHECK (fsc_object_read (o, all + off, n, off, &up2, 0) == 0);
     }
     for (uint64_t i = 0; i < SIZE; ++i)
@@ -306,8 +323,8 @@ main (int argc, char *argv[])
     fsc_object_close (o);
     fsc_cache_close (c);
   }
-  fprintf (stderr, "unit-powerloss: %d crash states, %llu reused the "
-           "index, %llu served hits, 0 wrong bytes\n", STATES,
+  fprintf (stderr, "unit-powerloss: block size %u: %d crash states, %llu "
+           "reused the index, %llu served hits, 0 wrong bytes\n", BS, STATES,
            (unsigned long long) reused, (unsigned long long) states_with_hits);
   /* The test means something only if crash states did reuse data. */
   CHECK (states_with_hits > STATES / 4);
@@ -320,9 +337,21 @@ main (int argc, char *argv[])
   for (size_t j = 0; j < nev; ++j)
     free (ev[j].data);
   free (ev);
+  ev = NULL;
+  nev = capev = 0;
   free (base_hdr);
   free (base_up);
   free (up_at);
   free (all);
+}
+
+int
+main (int argc, char *argv[])
+{
+  unsigned seed = argc > 1 ? atoi (argv[1]) : 12345;
+  BS = 4096;
+  run (seed);
+  BS = 65536;
+  run (seed);
   return 0;
 }
