@@ -7,7 +7,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include <xxhash.h>
+#include "xxh.h"
 
 #include "index.h"
 #include "utils.h"

@@ -6,7 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include <xxhash.h>
+#include "xxh.h"
 
 #include "keyenc.h"
 

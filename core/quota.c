@@ -4,7 +4,7 @@
 #include <errno.h>
 #include <string.h>
 
-#include <xxhash.h>
+#include "xxh.h"
 
 #include "quota.h"
 #include "utils.h"

@@ -39,7 +39,7 @@
 #include <unistd.h>
 
 #include <uuid/uuid.h>
-#include <xxhash.h>
+#include "xxh.h"
 
 #include "internal.h"
 #include "utils.h"

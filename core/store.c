@@ -38,7 +38,7 @@
 #include <unistd.h>
 
 #include <uuid/uuid.h>
-#include <xxhash.h>
+#include "xxh.h"
 
 #include "internal.h"
 #include "utils.h"
