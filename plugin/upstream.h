@@ -93,6 +93,15 @@ upstream_available (const struct upstream *u)
   return u->next != NULL;
 }
 
+/* True if calls on U may overlap (no gate): several at once from the
+ * caller's own threads cost one round trip, not several.
+ */
+static inline bool
+upstream_parallel (const struct upstream *u)
+{
+  return u->gate == NULL;
+}
+
 /* The data calls, gated.  Same contracts as nbdkit_next's; without an
  * upstream they fail with EIO.
  */
