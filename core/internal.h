@@ -112,6 +112,19 @@ struct group {
 struct gleaf { struct group *g[GT_LEAF]; };
 struct gmid { struct gleaf *l[GT_MID]; };
 
+/* A block's sub-block hashes, read from the sums file and checked
+ * against the index checksum CSUM (with PIECES), kept so that the next
+ * hit on part of the block need not read them again (sums.c).
+ */
+#define SCACHE_SUBS 16                  /* blocks up to 64 KiB */
+#define SCACHE_MAX 16384                /* entries per object */
+struct scache_entry {
+  uint64_t block;                       /* UINT64_MAX: empty */
+  uint64_t csum;
+  uint16_t pieces;
+  uint64_t sums[SCACHE_SUBS];
+};
+
 struct fsc_object {
   struct fsc_cache *cache;
   struct fsc_object *next;      /* cache->objects; under cache->lock */
@@ -176,6 +189,12 @@ struct fsc_object {
   bool quota_bad_said;          /* a bad quota record was noticed */
   struct timespec quota_mtime;  /* of the quota record last read */
   uint64_t quota_ino;
+
+  /* Checked sub-block hashes (sums.c), direct-mapped by block number;
+   * allocated on first use.  Under lock.
+   */
+  struct scache_entry *scache;
+  size_t nscache;                       /* a power of 2, or 0 */
 };
 
 /* object.c: if another process marked OBJ stale (it wrote upstream
@@ -405,6 +424,16 @@ extern uint64_t fsc_sums_csum (const uint64_t *sums, unsigned k);
 
 /* sums.c: the index checksum of a whole block of LEN bytes at P. */
 extern uint64_t fsc_block_csum (const unsigned char *p, uint64_t len);
+
+/* sums.c: copy into SUMS the K hashes of block B kept from an earlier
+ * check against CSUM with PIECES, and return true; or false if none are
+ * kept.  Remember them after a check.  Take o->lock.
+ */
+extern bool fsc_scache_get (struct fsc_object *o, uint64_t b, uint64_t csum,
+                            unsigned pieces, uint64_t *sums, unsigned k);
+extern void fsc_scache_put (struct fsc_object *o, uint64_t b, uint64_t csum,
+                            unsigned pieces, const uint64_t *sums,
+                            unsigned k);
 
 /* sums.c: zero the K sub-block hashes of a block at SUMS that lie in
  * none of its pieces P (0: the whole block, nothing to zero), as the

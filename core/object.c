@@ -277,6 +277,7 @@ free_object (struct fsc_object *o)
   free (o->punch);
   free (o->pq);
   free (o->gq);
+  free (o->scache);
   free (o->key);
   fsc_data_close (o);
   if (o->sfd >= 0) close (o->sfd);

@@ -131,21 +131,24 @@ hit_partial (struct fsc_object *o, uint64_t blk, void *buf, uint64_t offset,
    * pieces it does not hold count as 0).
    */
   const unsigned kb = DIV_ROUND_UP (be - bs, SUB_SIZE);
-  unsigned char le[8 * MAX_SUBS];
   uint64_t sums[MAX_SUBS];
-  r = fsc_io_pread (io, FSC_FILE_SUMS, o->sfd, le, 8 * kb,
-                    sums_offset (o, blk));
-  if (r == -1) {
-    read_failed (o, r);
-    return false;
-  }
-  memset (le + r, 0, 8 * kb - r);       /* short: fails the check */
-  for (unsigned i = 0; i < kb; ++i)
-    sums[i] = get_le64 (le + 8 * i);
-  fsc_sums_mask (o, sums, kb, pieces);
-  if (fsc_sums_csum (sums, kb) != csum) {
-    drop_bad (o, blk, csum);
-    return false;
+  if (!fsc_scache_get (o, blk, csum, pieces, sums, kb)) {
+    unsigned char le[8 * MAX_SUBS];
+    r = fsc_io_pread (io, FSC_FILE_SUMS, o->sfd, le, 8 * kb,
+                      sums_offset (o, blk));
+    if (r == -1) {
+      read_failed (o, r);
+      return false;
+    }
+    memset (le + r, 0, 8 * kb - r);     /* short: fails the check */
+    for (unsigned i = 0; i < kb; ++i)
+      sums[i] = get_le64 (le + 8 * i);
+    fsc_sums_mask (o, sums, kb, pieces);
+    if (fsc_sums_csum (sums, kb) != csum) {
+      drop_bad (o, blk, csum);
+      return false;
+    }
+    fsc_scache_put (o, blk, csum, pieces, sums, kb);
   }
 
   /* Only the sub-blocks we serve. */

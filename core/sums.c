@@ -8,6 +8,15 @@
  * in pieces (internal.h) counts the hashes of its absent pieces as 0.
  * Written once here so that the read, fill and write paths hash the
  * same way.
+ *
+ * A partial hit would read the block's hashes (128 bytes for 64 KiB)
+ * every time: a second system call beside the data's.  Once checked
+ * against the index they are kept in memory (the object's scache,
+ * direct-mapped by block number, at most SCACHE_MAX entries), keyed by
+ * the checksum and pieces they were checked against: hashes kept for a
+ * checksum are the ones that produce it, so an entry never needs
+ * invalidating, only matching.  The data served is still hashed and
+ * compared with them on every hit.
  */
 #include <config.h>
 
@@ -70,4 +79,52 @@ fsc_sums_mask (const struct fsc_object *o, uint64_t *sums, unsigned k,
   for (unsigned i = 0; i < k; ++i)
     if (!(p & (1u << (i / per))))
       sums[i] = 0;
+}
+
+static struct scache_entry *
+scache_slot (struct fsc_object *o, uint64_t b)
+{
+  return &o->scache[b & (o->nscache - 1)];
+}
+
+bool
+fsc_scache_get (struct fsc_object *o, uint64_t b, uint64_t csum,
+                unsigned pieces, uint64_t *sums, unsigned k)
+{
+  if (k > SCACHE_SUBS)
+    return false;
+  SCOPED_LOCK (&o->lock);
+  if (o->nscache == 0)
+    return false;
+  const struct scache_entry *e = scache_slot (o, b);
+  if (e->block != b || e->csum != csum || e->pieces != pieces)
+    return false;
+  memcpy (sums, e->sums, k * sizeof *sums);
+  return true;
+}
+
+void
+fsc_scache_put (struct fsc_object *o, uint64_t b, uint64_t csum,
+                unsigned pieces, const uint64_t *sums, unsigned k)
+{
+  if (k > SCACHE_SUBS)
+    return;
+  SCOPED_LOCK (&o->lock);
+  if (o->nscache == 0) {
+    /* Room for every block of a small export, SCACHE_MAX at most. */
+    size_t n = 1;
+    while (n < SCACHE_MAX && n < o->nblocks)
+      n *= 2;
+    o->scache = malloc (n * sizeof *o->scache);
+    if (o->scache == NULL)
+      return;                   /* no memory: read them each time */
+    for (size_t i = 0; i < n; ++i)
+      o->scache[i].block = UINT64_MAX;
+    o->nscache = n;
+  }
+  struct scache_entry *e = scache_slot (o, b);
+  e->block = b;
+  e->csum = csum;
+  e->pieces = pieces;
+  memcpy (e->sums, sums, k * sizeof *sums);
 }

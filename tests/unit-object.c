@@ -206,6 +206,24 @@ test_pieces (void)
   CHECK (!fsc_object_block_present (o, 9));
   fsc_object_write_end (o, &w, upstream + 9 * B + 8 * P, true);
   CHECK_EQ (read_check (o, P, 9 * B, 0), P);
+  /* Once a block's hashes are kept in memory (after a first partial
+   * hit), what is served is still checked: damage to the data file of
+   * a running object is caught on the next hit.
+   */
+  CHECK_EQ (read_check (o, P, 13 * B + 2 * P, 0), P);
+  CHECK_EQ (read_check (o, 100, 13 * B + 2 * P + 50, 0), 0);
+  fsc_cache_stats (c, &st);
+  uint64_t vf = st.verify_failures;
+  {
+    int dfd = open (pd, O_RDWR);
+    CHECK (dfd >= 0);
+    CHECK (pwrite (dfd, "Q", 1, 13 * B + 2 * P + 60) == 1);
+    close (dfd);
+  }
+  CHECK_EQ (read_check (o, 100, 13 * B + 2 * P + 50, 0), P);
+  fsc_cache_stats (c, &st);
+  CHECK_EQ (st.verify_failures, vf + 1);
+  CHECK_EQ (read_check (o, P, 13 * B + 2 * P, 0), 0);
   /* Pieces of block 10, to find after a restart. */
   CHECK_EQ (read_check (o, P, 10 * B, 0), P);
   CHECK_EQ (read_check (o, P, 10 * B + 8 * P, 0), P);
