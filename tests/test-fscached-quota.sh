@@ -104,6 +104,12 @@ echo "quota records: $nq, budgets:$budgets"
 [ "$(echo $budgets | tr ' ' '\n' | sort -u | wc -l)" -eq 1 ] ||
   fail "the budgets differ: $budgets (expected one fair share)"
 
+# While every object is in use nothing may be culled (the quotas do
+# the work): the daemon's counters, rewritten every 2 s, at this point.
+# (Once the proxies stop, the objects are idle, and culling one of them
+# to get back under the thresholds is the daemon's job: not counted.)
+stats="$cache/nbd-fscached.stats"
+culled_in_use=$(stat_value "$stats" culled_objects)
 stop_readers
 for i in 1 2 3; do
   stop_nbdkit "$TMP/px$i.pid"
@@ -124,7 +130,9 @@ wait_until grep -q 'quotas lifted' "$dlog" ||
 stop_daemon
 # The counters as the daemon wrote them at exit (during the run the
 # file is rewritten every 2 s).
-stats="$cache/nbd-fscached.stats"
-[ "$(stat_value "$stats" culled_objects)" -eq 0 ] || fail "objects in use were culled"
+[ "$culled_in_use" -eq 0 ] ||
+  { grep -i cull "$dlog" | tail -5 >&2; fail "objects in use were culled"; }
+echo "culled while in use: $culled_in_use; in all:" \
+     "$(stat_value "$stats" culled_objects)"
 [ "$(stat_value "$stats" quota_writes)" -ge 3 ] || fail "quota_writes < 3"
 echo "$0: PASS"
