@@ -131,6 +131,17 @@ read_check (struct fsc_object *o, uint32_t count, uint64_t off,
   return up_bytes;
 }
 
+/* Close O and its cache C (cleanly), then open both again with P. */
+static void
+reopen (struct fsc_cache **c, struct fsc_object **o,
+        const struct fsc_object_params *p, struct fsc_open_info *info)
+{
+  fsc_object_close (*o);
+  fsc_cache_close (*c);
+  *c = open_cache (NULL);
+  CHECK (fsc_object_open (*c, p, o, info) == 0);
+}
+
 /* Blocks held in pieces (64K blocks, 4K pieces): a random read fetches
  * only the pieces it covers, later reads add pieces, the pieces
  * persist and are verified, streams and prefetches take whole blocks,
@@ -227,11 +238,7 @@ test_pieces (void)
   /* Pieces of block 10, to find after a restart. */
   CHECK_EQ (read_check (o, P, 10 * B, 0), P);
   CHECK_EQ (read_check (o, P, 10 * B + 8 * P, 0), P);
-  fsc_object_close (o);
-  fsc_cache_close (c);
-
-  c = open_cache (NULL);
-  CHECK (fsc_object_open (c, &pp, &o, &info) == 0);
+  reopen (&c, &o, &pp, &info);
   CHECK_EQ (info.reason, FSC_OK);
   CHECK_EQ (info.old_version, 0);
   CHECK_EQ (read_check (o, P, 10 * B, 0), 0);
@@ -274,10 +281,7 @@ test_pieces (void)
   CHECK_EQ (read_check (o, P, 5 * B, 0), P);
   fsc_cache_stats (c, &st);
   CHECK_EQ (st.objects_upgraded, 1);
-  fsc_object_close (o);
-  fsc_cache_close (c);
-  c = open_cache (NULL);
-  CHECK (fsc_object_open (c, &pp, &o, &info) == 0);
+  reopen (&c, &o, &pp, &info);
   CHECK_EQ (info.reason, FSC_OK);
   CHECK_EQ (info.old_version, 0);
   CHECK_EQ (read_check (o, 4 * B, 0, 0), 0);
