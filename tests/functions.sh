@@ -224,6 +224,31 @@ passes ()
   cat "$TMP/passes$1" 2>/dev/null || echo 0
 }
 
+# mark_passes: remember how many passes each running reader has made.
+# readers_passed N: true once every running reader has made N more
+# passes since the last mark (since it started, without one).
+_pass_marks=""
+mark_passes ()
+{
+  local n
+  _pass_marks=""
+  for n in $_readers; do
+    _pass_marks="$_pass_marks $n:$(passes "$n")"
+  done
+}
+
+readers_passed ()
+{
+  local n m base
+  for n in $_readers; do
+    base=0
+    for m in $_pass_marks; do
+      [ "${m%%:*}" = "$n" ] && base="${m#*:}"
+    done
+    [ "$(passes "$n")" -ge $((base + $1)) ] || return 1
+  done
+}
+
 stop_readers ()
 {
   local n

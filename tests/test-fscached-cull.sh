@@ -80,9 +80,8 @@ touch -d '2 days ago' "$(idx_of 3)"
 touch -d '1 day ago' "$(idx_of 4)"
 
 # Readers of 5 and 6: whole passes, each checked, until told to stop.
-made_passes () { [ "$(passes 5)" -ge "$1" ] && [ "$(passes 6)" -ge "$2" ]; }
 start_readers seq 5 6
-wait_until made_passes 1 1 ||
+wait_until readers_passed 1 ||
   fail "the readers made no pass"
 # Their connections are open and serve hits only, so nothing rewrites
 # their indexes: make them the least recently used of all.
@@ -153,8 +152,8 @@ order=$(sed -n 's/.*culled objects\/@..\/kobj\([0-9]\)=00export=3d:.*/\1/p' "$dl
 # The in-use indexes were never touched (the daemon took no lock).
 [ "$(ls -tr "$cache"/objects/@*/*.idx | head -2 | sed 's/.*kobj\([0-9]\).*/\1/' |
     sort | tr -d '\n')" = 56 ] || fail "the in-use indexes changed"
-p5=$(passes 5); p6=$(passes 6)
-wait_until made_passes $((p5 + 2)) $((p6 + 2)) ||
+mark_passes
+wait_until readers_passed 2 ||
   fail "the readers stalled after the cull"
 stop_readers
 for i in 5 6; do

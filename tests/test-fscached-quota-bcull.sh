@@ -51,8 +51,7 @@ start_readers random 1 2 3
 # Every object is in use (its reader connected and reading) before the
 # daemon starts: otherwise an object between its warming and its
 # reader's connection is idle, and culling it is right.
-all_reading () { [ "$(passes 1)" -ge 1 ] && [ "$(passes 2)" -ge 1 ] && [ "$(passes 3)" -ge 1 ]; }
-wait_until all_reading || fail "the readers made no pass"
+wait_until readers_passed 1 || fail "the readers made no pass"
 
 cat > "$TMP/d.conf" <<EOF2
 dir $cache
@@ -69,7 +68,7 @@ wait_until above_bcull ||
 took=$(seconds_since "$t0")
 echo "converged: $(free_pct)% free after $took s"
 
-p1=$(passes 1); p2=$(passes 2); p3=$(passes 3)
+mark_passes
 low=100
 held ()
 {
@@ -77,8 +76,7 @@ held ()
   f=$(free_pct)
   [ "$f" -lt "$low" ] && low=$f
   [ "$f" -ge 40 ] || fail "${f}% free after convergence, bcull 40%"
-  [ "$(passes 1)" -ge $((p1 + 3)) ] && [ "$(passes 2)" -ge $((p2 + 3)) ] &&
-    [ "$(passes 3)" -ge $((p3 + 3)) ]
+  readers_passed 3
 }
 wait_until held || fail "the readers stalled under quotas"
 echo "held: lowest ${low}% free over three more passes of each reader"

@@ -57,8 +57,7 @@ start_readers random 1 2 3
 # Every object is in use (its reader connected and reading) before the
 # daemon starts: otherwise an object between its warming and its
 # reader's connection is idle, and culling it is right.
-all_reading () { [ "$(passes 1)" -ge 1 ] && [ "$(passes 2)" -ge 1 ] && [ "$(passes 3)" -ge 1 ]; }
-wait_until all_reading || fail "the readers made no pass"
+wait_until readers_passed 1 || fail "the readers made no pass"
 
 cat > "$TMP/d.conf" <<EOF
 dir $cache
@@ -80,7 +79,7 @@ took=$(seconds_since "$t0")
 echo "converged: $(cached) bytes cached after $took s"
 
 # Stay under it for three more passes of every reader.
-p1=$(passes 1); p2=$(passes 2); p3=$(passes 3)
+mark_passes
 peak=0
 held ()
 {
@@ -89,8 +88,7 @@ held ()
   [ "$c" -gt "$peak" ] && peak=$c
   [ "$c" -le "$MAX" ] ||
     { cat "$dlog" >&2; fail "$c bytes cached after convergence, max-size $MAX"; }
-  [ "$(passes 1)" -ge $((p1 + 3)) ] && [ "$(passes 2)" -ge $((p2 + 3)) ] &&
-    [ "$(passes 3)" -ge $((p3 + 3)) ]
+  readers_passed 3
 }
 wait_until held || fail "the readers stalled under quotas"
 echo "held: peak $peak bytes over three more passes of each reader"
