@@ -329,8 +329,8 @@ fetch_run (struct fsc_object *o, uint64_t b, uint64_t n, void *buf,
 
 /* Can present block B serve its part of [OFFSET, END)?  Yes if it is
  * held whole, or holds the pieces that part needs, unless WHOLE (a
- * prefetch, which wants whole blocks).  Sets *PIECES and *CSUM.
- * Caller holds o->lock.
+ * prefetch, which wants whole blocks).  Sets *PIECES and *CSUM unless
+ * they are NULL.  Caller holds o->lock.
  */
 static bool
 holds (struct fsc_object *o, uint64_t b, uint64_t offset, uint64_t end,
@@ -347,8 +347,10 @@ holds (struct fsc_object *o, uint64_t b, uint64_t offset, uint64_t end,
     if ((p & want) != want)
       return false;
   }
-  *pieces = p;
-  *csum = g->csum[IDX_OF (b)];
+  if (pieces)
+    *pieces = p;
+  if (csum)
+    *csum = g->csum[IDX_OF (b)];
   return true;
 }
 
@@ -430,7 +432,7 @@ do_read (struct fsc_object *o, void *buf, uint32_t count, uint64_t offset,
       if (g == NULL || time (NULL) < o->nofill_until) {
         kind = RUN_UNCACHED;
         while (b + n <= last && n < max_run &&
-               !holds (o, b + n, offset, end, !buf, &pieces[0], &csums[0]))
+               !holds (o, b + n, offset, end, !buf, NULL, NULL))
           n++;
       }
       else {
@@ -443,7 +445,7 @@ do_read (struct fsc_object *o, void *buf, uint32_t count, uint64_t offset,
           uint64_t nb = b + n;
           struct group *ng = group_of (o, nb, true);
           if (ng == NULL || (ng->fetching & BIT_OF (nb)) ||
-              holds (o, nb, offset, end, !buf, &pieces[0], &csums[0]))
+              holds (o, nb, offset, end, !buf, NULL, NULL))
             break;
           ng->fetching |= BIT_OF (nb);
           epochs[GROUP_OF (nb) - g0] = claim_epoch (ng);

@@ -91,7 +91,8 @@ block_sums (const struct fsc_object *o, uint64_t blk, uint64_t start,
  * BLK (at SRC: whole blocks, or only some pieces of the end blocks)
  * and their sub-block hashes into the cache files, and compute each
  * block's index checksum into CSUMS and the pieces written into PCS
- * (0: the whole block).  SCAN: see fsc_make_room.  Returns 0 or -1
+ * (0: the whole block; PCS may be NULL when only whole blocks are
+ * written).  SCAN: see fsc_make_room.  Returns 0 or -1
  * with errno.
  */
 static int
@@ -129,7 +130,9 @@ store_blocks (struct fsc_object *o, uint64_t blk, uint64_t nb,
   for (uint64_t i = 0; i < nb; ++i) {
     uint64_t vec[MAX_SUBS];
     unsigned kb;
-    pcs[i] = block_sums (o, blk + i, start, len, sums, vec, &kb);
+    unsigned p = block_sums (o, blk + i, start, len, sums, vec, &kb);
+    if (pcs)
+      pcs[i] = p;
     csums[i] = fsc_sums_csum (vec, kb);
   }
   FSC_STAT_ADD (&o->cache->stats, fill_bytes, len);
@@ -503,14 +506,12 @@ fsc_object_write_end (struct fsc_object *o, struct fsc_write *w,
         j++;
     }
     uint64_t *csums = malloc ((j - i) * sizeof *csums);
-    uint16_t *pcs = malloc ((j - i) * sizeof *pcs);
     uint64_t s = block_start (o, blk), e = block_end (o, b0 + j - 1);
-    if (csums == NULL || pcs == NULL ||
-        store_blocks (o, blk, j - i, s, e - s, src, csums, pcs,
+    if (csums == NULL ||
+        store_blocks (o, blk, j - i, s, e - s, src, csums, NULL,
                       false) == -1) {
       fill_failed (o, errno);
       free (csums);
-      free (pcs);
       for (; i < nb; ++i)
         if (claimed[i] == 1)
           claimed[i] = 2;
@@ -537,7 +538,6 @@ fsc_object_write_end (struct fsc_object *o, struct fsc_write *w,
       claimed[k] = 0;
     }
     free (csums);
-    free (pcs);
     i = j;
   }
 
