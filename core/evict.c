@@ -426,6 +426,12 @@ punch_queued (struct fsc_object *o)
     }
     g->fetching |= todo;                /* claimed: no fill meanwhile */
     g->evicted &= ~todo;
+    /* Evicted blocks a fetch claimed before us: a fill in pieces
+     * punches its own (store.c); one that fails leaves the bytes to
+     * a later pass.
+     */
+    if (g->evicted)
+      queue_punch (o, gi);
     pthread_mutex_unlock (&o->lock);
 
     while (todo && r == 0) {
@@ -661,6 +667,41 @@ fsc_reclaim_unnamed (struct fsc_object *o)
   if (after < before)
     FSC_STAT_ADD (&o->cache->stats, reclaimed_bytes, before - after);
   return r;
+}
+
+/* What the present blocks hold of data, in bytes (at open: no lock
+ * needed, nobody else sees the object yet).
+ */
+static uint64_t
+held_total (const struct fsc_object *o)
+{
+  uint64_t total = 0;
+  for (uint64_t gi = fsc_grp_next (o, 0); gi < o->ngroups;
+       gi = fsc_grp_next (o, gi + 1)) {
+    const struct group *g = grp (o, gi);
+    for (uint64_t t = g->present; t; t &= t - 1) {
+      unsigned x = __builtin_ctzll (t);
+      total += held_bytes (o, gi * FSC_GROUP_BLOCKS + x, g->pieces[x]);
+    }
+  }
+  return total;
+}
+
+int
+fsc_reclaim_if_leaked (struct fsc_object *o)
+{
+  /* A clean close leaves no unnamed space, but space an older build
+   * leaked (or a punch that failed) would count against a cap forever
+   * and be freed by no eviction: sweep it when the data files hold
+   * clearly more than the blocks do.  The walk costs a seek per extent,
+   * so it runs only then.
+   */
+  uint64_t held = held_total (o);
+  uint64_t alloc = fsc_data_allocated (o);
+  uint64_t margin = MAX (held / 16, 16 * (uint64_t) o->block_size);
+  if (alloc <= held || alloc - held <= margin)
+    return 0;
+  return fsc_reclaim_unnamed (o);
 }
 
 /* Read NAME.quota if it changed since the last look; set o->quota

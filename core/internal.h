@@ -545,6 +545,8 @@ extern uint64_t fsc_budget_of (const struct fsc_object *o);
 
 /* evict.c: O's allocated bytes (its three files, as du counts them). */
 extern uint64_t fsc_object_allocated (struct fsc_object *o);
+/* At a clean open: reclaim unnamed data space if there is much. */
+extern int fsc_reclaim_if_leaked (struct fsc_object *o);
 
 /* store.c: store N claimed blocks from B and publish those nothing
  * invalidated since EPOCHS (one per group from B's) were taken.  DATA

@@ -383,11 +383,12 @@ lookup (struct fsc_object *o, const struct fsc_object_params *p,
      * none but sums pages (evict.c).  Leaked space only costs room:
      * failing to punch it is no reason to refuse the object.
      */
-    if (info->unclean) {
-      int e = errno;
+    int e = errno;
+    if (info->unclean)
       (void) fsc_reclaim_unnamed (o);
-      errno = e;
-    }
+    else
+      (void) fsc_reclaim_if_leaked (o);
+    errno = e;
   }
   else {
     o->state = FSC_OBJ_CREATING;

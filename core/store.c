@@ -195,6 +195,39 @@ merge_pieces (struct fsc_object *o, uint64_t blk, unsigned np,
   m->have = true;
 }
 
+/* An evicted block keeps its bytes until the punch (evict.c) gets to
+ * it, and a fetch may claim it first.  Filled whole, its old bytes are
+ * overwritten; filled in pieces, those the pieces leave out would stay
+ * allocated under a present block, counted by du against the cap but
+ * freed by no eviction.  So the claimant punches an end block of the
+ * run [B, B+N) that it fills in part before writing it (blocks within
+ * the run are filled whole).  Returns 0, or -1 with errno.
+ */
+static int
+punch_stale_ends (struct fsc_object *o, uint64_t b, uint64_t n,
+                  uint64_t start, uint64_t len)
+{
+  const uint64_t ends[2] = { b, b + n - 1 };
+  for (unsigned i = 0; i < (n > 1 ? 2u : 1u); ++i) {
+    const uint64_t blk = ends[i];
+    const uint64_t bs = block_start (o, blk), be = block_end (o, blk);
+    if (start <= bs && start + len >= be)
+      continue;                         /* whole: overwritten */
+    pthread_mutex_lock (&o->lock);
+    struct group *g = grp (o, GROUP_OF (blk));
+    bool stale = g && (g->evicted & ~g->present & BIT_OF (blk));
+    pthread_mutex_unlock (&o->lock);
+    if (!stale)
+      continue;
+    if (fsc_data_punch (o, bs, be - bs) == -1)
+      return -1;
+    pthread_mutex_lock (&o->lock);
+    g->evicted &= ~BIT_OF (blk);        /* ours, claimed: nobody refilled */
+    pthread_mutex_unlock (&o->lock);
+  }
+  return 0;
+}
+
 void
 fsc_fill_blocks (struct fsc_object *o, uint64_t b, uint64_t n,
                  const unsigned char *data, uint64_t start, uint64_t len,
@@ -208,6 +241,7 @@ fsc_fill_blocks (struct fsc_object *o, uint64_t b, uint64_t n,
 
   if (data != NULL) {
     if (fsc_reserve_groups (o, g0, g1) == -1 ||
+        punch_stale_ends (o, b, n, start, len) == -1 ||
         store_blocks (o, b, n, start, len, data, csums, pcs,
                       flags & FSC_FILL_SCAN) == -1)
       fill_failed (o, errno);

@@ -85,13 +85,22 @@ nq=$(ls "$cache"/objects/@*/*.quota 2>/dev/null | wc -l)
 [ "$nq" -eq 3 ] || fail "$nq quota records, expected one per object in use (3)"
 
 stop_readers
+# The filters, not the daemon, freed the space.  Not necessarily all
+# three: the fair share is recomputed as objects shrink, and once the
+# first ones have evicted (down to their quota and a slack below it)
+# the last may already fit in the share it is given then.
+evicted=0
 for i in 1 2 3; do
   stop_nbdkit "$TMP/px$i.pid"
   [ "$(stat_value "$TMP/px$i.stats" verify_failures)" -eq 0 ] ||
     fail "obj$i: verify failures"
-  [ "$(stat_value "$TMP/px$i.stats" evicted_bytes)" -gt 0 ] ||
-    fail "obj$i: the filter evicted nothing"
+  e=$(stat_value "$TMP/px$i.stats" evicted_bytes)
+  echo "obj$i: the filter evicted $e bytes"
+  evicted=$((evicted + e))
 done
+[ "$evicted" -ge $((8 * 1024 * 1024)) ] ||
+  fail "the filters evicted $evicted bytes in all, less than the 8 MiB" \
+       "that free space had to grow by"
 
 stop_daemon
 # The counters as the daemon wrote them at exit (during the run the
