@@ -24,8 +24,13 @@ enum {
   SB_GROUP_BLOCKS = 96, SB_GREC_SIZE = 100, SB_GEN_LEN = 104,
   SB_KEY_PREFIX_LEN = 108, SB_GENERATION = 112,
   SB_KEY_PREFIX = SB_GENERATION + FSC_GEN_MAX + 1,
+  SB_NCOUNTERS = SB_KEY_PREFIX + FSC_SB_KEY_PREFIX,    /* 3440 */
+  SB_LAST_REASON = SB_NCOUNTERS + 4, SB_COUNTERS_TIME = SB_NCOUNTERS + 8,
+  SB_COUNTERS = SB_NCOUNTERS + 16,                      /* 3456 */
   SB_CHECKSUM = FSC_SB_SIZE - 8,
 };
+_Static_assert (SB_COUNTERS + 8 * FSC_OSTATS_MAX <= SB_CHECKSUM,
+                "object counters overlap the checksum");
 _Static_assert (SB_KEY_PREFIX + FSC_SB_KEY_PREFIX <= SB_CHECKSUM,
                 "superblock fields overlap the checksum");
 
@@ -56,6 +61,7 @@ static const char *reason_names[FSC_REASONS] = {
   [FSC_REJ_VALIDATE] = "validate-mode-changed",
   [FSC_REJ_IO] = "index-io-error",
   [FSC_REJ_FOREIGN] = "written-by-another-process",
+  [FSC_REJ_INVALIDATED] = "invalidated",
 };
 
 const char *
@@ -93,6 +99,13 @@ fsc_sb_encode (const struct fsc_sb *sb, unsigned char *buf)
   uint32_t kl = MIN (sb->key_prefix_len, (uint32_t) FSC_SB_KEY_PREFIX);
   put_le32 (buf + SB_KEY_PREFIX_LEN, kl);
   memcpy (buf + SB_KEY_PREFIX, sb->key_prefix, kl);
+  uint32_t nc = MAX (sb->ncounters, (uint32_t) FSC_OSTATS_COUNT);
+  nc = MIN (nc, (uint32_t) FSC_OSTATS_MAX);
+  put_le32 (buf + SB_NCOUNTERS, nc);
+  put_le32 (buf + SB_LAST_REASON, sb->ostats.last_reason);
+  put_le64 (buf + SB_COUNTERS_TIME, sb->counters_time);
+  for (uint32_t i = 0; i < nc; ++i)
+    put_le64 (buf + SB_COUNTERS + 8 * i, sb->ostats.v[i]);
   put_le64 (buf + SB_CHECKSUM, XXH3_64bits (buf, SB_CHECKSUM));
 }
 
@@ -146,6 +159,17 @@ fsc_sb_decode (const unsigned char *buf, struct fsc_sb *sb)
   memcpy (sb->generation, buf + SB_GENERATION, sb->gen_len);
   sb->generation[sb->gen_len] = '\0';
   memcpy (sb->key_prefix, buf + SB_KEY_PREFIX, sb->key_prefix_len);
+  /* Counters are statistics: nonsense there (more than fit) costs the
+   * counters, never the cached data.
+   */
+  uint32_t nc = get_le32 (buf + SB_NCOUNTERS);
+  if (nc <= FSC_OSTATS_MAX) {
+    sb->ncounters = nc;
+    sb->ostats.last_reason = get_le32 (buf + SB_LAST_REASON);
+    sb->counters_time = get_le64 (buf + SB_COUNTERS_TIME);
+    for (uint32_t i = 0; i < nc; ++i)
+      sb->ostats.v[i] = get_le64 (buf + SB_COUNTERS + 8 * i);
+  }
   return FSC_OK;
 }
 

@@ -25,6 +25,7 @@
 #include <stdint.h>
 
 #include "io.h"
+#include "ostats.h"
 
 #define FSC_INDEX_VERSION 2     /* saved on disk; 2 added pieces */
 #define FSC_INDEX_VERSION_MIN 1 /* oldest still read: a version 1
@@ -50,8 +51,9 @@ enum fsc_validate {
   FSC_VALIDATE_SAMPLE = 2,
 };
 
-/* Why an index, or a whole object, was not trusted.  Saved in stats
- * and logs, never on disk; keep fsc_reason_name in step.
+/* Why an index, or a whole object, was not trusted.  Saved on disk as
+ * an object's last invalidation reason (docs/format.md, "Object
+ * counters"): append only; keep fsc_reason_name in step.
  */
 enum fsc_reason {
   FSC_OK = 0,
@@ -72,6 +74,7 @@ enum fsc_reason {
   FSC_REJ_IO,               /* could not read the index */
   FSC_REJ_FOREIGN,          /* another process wrote upstream while
                              * this object was locked by us */
+  FSC_REJ_INVALIDATED,      /* discarded by nbd-fscache invalidate */
   FSC_REASONS
 };
 
@@ -97,6 +100,14 @@ struct fsc_sb {
   char generation[FSC_GEN_MAX + 1];
   uint32_t key_prefix_len;
   unsigned char key_prefix[FSC_SB_KEY_PREFIX];
+  /* Object counters (ostats.h): NCOUNTERS of them were on disk (0 for
+   * an index written before they existed), as of COUNTERS_TIME (unix
+   * seconds).  Always written as FSC_OSTATS_COUNT, or more if a newer
+   * build left more (kept as they were).
+   */
+  uint32_t ncounters;
+  uint64_t counters_time;
+  struct fsc_ostats ostats;
 };
 
 struct fsc_grec {
