@@ -346,6 +346,15 @@ fscache_config_complete (nbdkit_next_config_complete *next,
     derived_len = n;
   }
 
+  /* Created now (before the cache, so that a refused start creates no
+   * cache directory), so that a trace that cannot be written is an
+   * error at start-up rather than a silent loss.
+   */
+  if (trace_file && fsc_trace_open (trace_file, trace_max, &trace) == -1) {
+    nbdkit_error ("fscache-trace=%s: %m", trace_file);
+    return -1;
+  }
+
   struct fsc_cache_config cfg = {
     .dir = dir,
     .create = true,
@@ -372,13 +381,6 @@ fscache_config_complete (nbdkit_next_config_complete *next,
       nbdkit_error ("fscache-dir=%s: cannot create or open the cache "
                     "directory: %m", dir);
     }
-    return -1;
-  }
-  /* Created now, so that a trace that cannot be written is an error
-   * at start-up rather than a silent loss.
-   */
-  if (trace_file && fsc_trace_open (trace_file, trace_max, &trace) == -1) {
-    nbdkit_error ("fscache-trace=%s: %m", trace_file);
     return -1;
   }
   return next (nxdata);
