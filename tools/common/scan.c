@@ -1,4 +1,4 @@
-/* nbd-fscached: one scan of DIR/objects.
+/* tools/common: one scan of DIR/objects.
  *
  * Every fan-out directory @00 .. @ff is read, and every regular file
  * in it stat'ed (never followed: AT_SYMLINK_NOFOLLOW).  Files are
@@ -36,7 +36,7 @@
 #include <sys/sysmacros.h>
 #include <unistd.h>
 
-#include "fscached.h"
+#include "objects.h"
 
 /* ---- /proc/locks ------------------------------------------------- */
 
