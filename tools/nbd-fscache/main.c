@@ -115,7 +115,7 @@ tool_getopt (const char *cmd, const char *usage_text, int argc, char **argv,
 {
   int c;
 
-  optind = 1;
+  optind = 0;                   /* glibc: start again, permuting */
   opterr = 0;
   while ((c = getopt_long (argc, argv, shortopts, longopts, NULL)) != -1) {
     switch (c) {
