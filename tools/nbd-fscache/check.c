@@ -279,7 +279,7 @@ check_one (struct check *ck, struct tool_cache *c, struct tool_object *o,
     }
   }
   progress (ck, true);
-  if (ck->problems == before)
+  if (ck->problems == before && !ck->io_error)
     printf ("%s: ok (%s, %" PRIu64 " blocks verified)\n", o->f.name, o->key,
             in.present_blocks);
 }
