@@ -4,7 +4,9 @@
 #  1. Two 8 MiB exports (keys inv1, inv2) cached whole by real proxies.
 #  2. invalidate inv1: its files are gone, inv2's are not; a new proxy
 #     reads all of inv1 from upstream (8 MiB in the log filter's
-#     count) and none of inv2 (0 bytes), both identical to the images.
+#     count) and none of inv2 (0 bytes), both identical to the images;
+#     inv1's counters went on (NAME.stats kept as its history):
+#     invalidations 1, last_reason invalidated, both opens counted.
 #  3. While a client holds inv2, invalidate inv2 refuses (exit 1, "in
 #     use") and leaves it whole: the holder's proxy still serves it
 #     from the cache.
@@ -39,7 +41,15 @@ read_through ()          # N: a new proxy, a full read; upstream bytes -> $up
   cmp "$TMP/out" "$TMP/img$1" || fail "run $run: inv$1 differs"
   up=$(log_read_bytes "$log")
 }
-files_of () { find "$cache/objects" -name "kinv$1=*" -type f | wc -l; }
+# The object's files; NAME.stats stays behind as its history.
+files_of () { find "$cache/objects" -name "kinv$1=*" ! -name '*.stats' -type f | wc -l; }
+counter ()               # N COUNTER: from stat --json
+{
+  tool --dir "$cache" stat "inv$1" --json | "$PYTHON" -c '
+import json, sys
+o = json.load(sys.stdin)["objects"][0]
+print(o["last_reason"] if sys.argv[1] == "last_reason" else o["counters"][sys.argv[1]])' "$2"
+}
 
 # ---- 1. fill -------------------------------------------------------------------
 read_through 1; [ "$up" -eq $SIZE ] || fail "fill inv1: $up bytes upstream"
@@ -52,6 +62,10 @@ tool --dir "$cache" invalidate inv1 || fail "invalidate inv1 exited $?"
 [ "$(files_of 2)" -ge 3 ] || fail "inv2's files went too"
 [ -z "$(ls -A "$cache/graveyard")" ] || fail "the graveyard is not empty"
 read_through 1; [ "$up" -eq $SIZE ] || fail "inv1 after invalidate: $up bytes upstream, expected all $SIZE"
+# Its history went on: the invalidation counted, the earlier opens kept.
+[ "$(counter 1 invalidations)" = 1 ] && [ "$(counter 1 last_reason)" = invalidated ] &&
+  [ "$(counter 1 opens)" = 2 ] && [ "$(counter 1 miss_bytes)" = $((2 * SIZE)) ] ||
+  { tool --dir "$cache" stat inv1 >&2; fail "inv1: the invalidation was not counted"; }
 read_through 2; [ "$up" -eq 0 ] || fail "inv2: $up bytes upstream, expected none"
 
 # ---- 3. refused while held -----------------------------------------------------------
@@ -76,7 +90,7 @@ stop_nbdkit "$TMP/px2.pid"
 
 # ---- 4. --all ----------------------------------------------------------------------
 tool --dir "$cache" invalidate --all || fail "invalidate --all exited $?"
-[ -z "$(find "$cache/objects" -type f)" ] || fail "objects left after --all"
+[ -z "$(find "$cache/objects" -type f ! -name '*.stats')" ] || fail "objects left after --all"
 [ -z "$(ls -A "$cache/graveyard")" ] || fail "the graveyard is not empty"
 tool --dir "$cache" ls --json | "$PYTHON" -c '
 import json, sys

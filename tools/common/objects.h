@@ -44,6 +44,8 @@ extern void fscd_debug (unsigned level, const char *fmt, ...)
 #define FSCD_F_STALE  8u
 #define FSCD_F_QUOTA 16u
 #define FSCD_F_OTHER 32u        /* anything else named NAME.* */
+#define FSCD_F_STATS 64u        /* NAME.stats: live counters, or the
+                                 * history of a discarded object */
 
 /* One object found by a scan: the files NAME.* of one fan-out dir. */
 struct fscd_object {

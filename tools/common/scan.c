@@ -239,6 +239,7 @@ suffix_bit (const char *suffix)
   if (strcmp (suffix, ".sums") == 0) return FSCD_F_SUMS;
   if (strcmp (suffix, ".stale") == 0) return FSCD_F_STALE;
   if (strcmp (suffix, ".quota") == 0) return FSCD_F_QUOTA;
+  if (strcmp (suffix, ".stats") == 0) return FSCD_F_STATS;
   return FSCD_F_OTHER;
 }
 

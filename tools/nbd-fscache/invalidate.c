@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "nbd-fscache.h"
@@ -63,6 +64,40 @@ tool_discard (struct tool_cache *c, struct tool_object *o, struct fscd_grave *g)
     r = fscd_cull (c->objdirfd, g, &o->f, &freed, &nfiles);
   }
   return r;
+}
+
+/* Leave O's counters in NAME.stats, with this invalidation counted,
+ * for the object's next incarnation to carry on (the filter reads them
+ * when it creates an object without an index: core/live.c).  Best
+ * effort: without them the history starts again from zero.
+ */
+static void
+keep_history (struct tool_cache *c, struct tool_object *o)
+{
+  if (o->err || o->info.reason != FSC_OK)
+    return;
+  struct fsc_ostats s = o->ctr;
+  struct timespec now;
+  clock_gettime (CLOCK_REALTIME, &now);
+  s.v[FSC_OSTAT_invalidations]++;
+  s.v[FSC_OSTAT_last_invalidation] = now.tv_sec;
+  s.v[FSC_OSTAT_present_blocks] = s.v[FSC_OSTAT_cached_bytes] = 0;
+  s.last_reason = FSC_REJ_INVALIDATED;
+  struct fsc_live_head h = {
+    .pid = (long) getpid (),
+    .updated_ms = (uint64_t) now.tv_sec * 1000 + now.tv_nsec / 1000000,
+    .open = false,
+    .key_hash_hi = o->info.sb.key_hash_hi,
+    .key_hash_lo = o->info.sb.key_hash_lo,
+    .incarnation = o->info.sb.incarnation,
+    .size = o->info.sb.size,
+    .block_size = o->info.sb.block_size,
+  };
+  int fanfd = tool_open_fan (c, o);
+  if (fanfd == -1 || fsc_live_write (fanfd, o->f.name, &h, &s) == -1)
+    tool_error ("invalidate: %s: its counters are lost: %m", o->f.name);
+  if (fanfd >= 0)
+    close (fanfd);
 }
 
 int
@@ -121,6 +156,7 @@ fscache_cmd_invalidate (int argc, char **argv)
   for (size_t k = 0; go && k < n; ++k) {
     switch (tool_discard (&c, v[k], &g)) {
     case FSCD_CULLED:
+      keep_history (&c, v[k]);
       printf ("%s: invalidated (%s)\n", v[k]->key, v[k]->f.name);
       break;
     case FSCD_CULL_BUSY:

@@ -11,8 +11,7 @@
  * stats file of another incarnation (the object was recreated since)
  * is ignored.
  *
- * The file is read whole (it is small), lines of "name value"; lines
- * not known are skipped, as the format allows.
+ * The file is parsed by core/live.c, as the filter reads it back.
  */
 #include <config.h>
 
@@ -25,8 +24,6 @@
 #include <unistd.h>
 
 #include "nbd-fscache.h"
-
-#define STATS_MAX 65536         /* a stats file is far smaller */
 
 /* Kinds and sentences, by counter name; names not here are counters. */
 static const struct {
@@ -95,80 +92,52 @@ tool_source_name (enum counters_source s)
 }
 
 struct stats_file {
-  bool open;
-  double updated;
-  uint64_t incarnation;
-  bool have_incarnation;
+  struct fsc_live_head h;
   struct fsc_ostats ctr;
 };
 
-/* Read FANFD/NAME.stats.  0, or -1 if absent or not a stats file. */
+/* Read FANFD/NAME.stats (core/live.c parses it as the filter does).
+ * 0, or -1 if absent or not a stats file.
+ */
 static int
 read_stats (int fanfd, const char *name, struct stats_file *sf)
 {
   char path[FSC_NAME_MAX + 16];
-  CLEANUP_FREE char *buf = malloc (STATS_MAX + 1);
-  bool format_ok = false;
-
-  memset (sf, 0, sizeof *sf);
-  if (buf == NULL)
-    return -1;
   snprintf (path, sizeof path, "%s.stats", name);
   int fd = openat (fanfd, path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY);
   if (fd == -1)
     return -1;
-  ssize_t n = read (fd, buf, STATS_MAX);
-  close (fd);
-  if (n <= 0)
+  FILE *fp = fdopen (fd, "r");
+  if (fp == NULL) {
+    close (fd);
     return -1;
-  buf[n] = '\0';
-  for (char *line = strtok (buf, "\n"); line; line = strtok (NULL, "\n")) {
-    char key[64], val[128];
-    if (line[0] == '#' || sscanf (line, "%63s %127s", key, val) != 2)
-      continue;
-    int i;
-    if (strcmp (key, "format") == 0)
-      format_ok = strcmp (val, "1") == 0;
-    else if (strcmp (key, "open") == 0)
-      sf->open = strcmp (val, "1") == 0;
-    else if (strcmp (key, "updated") == 0)
-      sf->updated = strtod (val, NULL);
-    else if (strcmp (key, "incarnation") == 0) {
-      sf->incarnation = strtoull (val, NULL, 16);
-      sf->have_incarnation = true;
-    }
-    else if (strcmp (key, "last_reason") == 0) {
-      for (int r = 0; r < FSC_REASONS; ++r)
-        if (strcmp (fsc_reason_name (r), val) == 0)
-          sf->ctr.last_reason = r;
-    }
-    else if ((i = fsc_ostat_index (key)) >= 0)
-      sf->ctr.v[i] = strtoull (val, NULL, 10);
   }
-  return format_ok ? 0 : -1;
+  int r = fsc_live_parse (fp, &sf->h, &sf->ctr);
+  fclose (fp);
+  return r;
 }
 
 void
 tool_load_counters (int fanfd, struct tool_object *o)
 {
-  struct stats_file sf;
+  struct stats_file sf = { .h.open = false };
   bool sb_ok = o->err == 0 && o->info.reason == FSC_OK;
   bool have = read_stats (fanfd, o->f.name, &sf) == 0 &&
-    (!sb_ok || !sf.have_incarnation ||
-     sf.incarnation == o->info.sb.incarnation);
+    (!sb_ok || sf.h.incarnation == o->info.sb.incarnation);
+  double updated = sf.h.updated_ms / 1000.0;
 
   memset (&o->ctr, 0, sizeof o->ctr);
   o->src = SRC_NONE;
   o->ctr_time = 0;
-  if (have && o->f.locked && sf.open) {
+  if (have && o->f.locked && sf.h.open) {
     o->ctr = sf.ctr;
     o->src = SRC_LIVE;
-    o->ctr_time = sf.updated;
+    o->ctr_time = updated;
   }
-  else if (have && (!sb_ok || sf.updated > (double) o->info.sb.counters_time)) {
+  else if (have && (!sb_ok || updated > (double) o->info.sb.counters_time)) {
     o->ctr = sf.ctr;
     o->src = SRC_STATS;
-    o->ctr_time = sf.updated;
+    o->ctr_time = updated;
   }
   else if (sb_ok) {
     o->ctr = o->info.sb.ostats;

@@ -159,6 +159,17 @@ tool_cache_open (const char *cmd, const char *dir, struct tool_cache *c)
     c->v[s.ncand + i].f = s.pinned[i];
   s.ncand = s.npinned = 0;
   fscd_scan_free (&s);
+  /* NAME.stats alone is the history a discarded object leaves for
+   * its next incarnation (invalidate.c), not an object.
+   */
+  size_t kept = 0;
+  for (size_t i = 0; i < c->n; ++i) {
+    if (c->v[i].f.files == FSCD_F_STATS)
+      free (c->v[i].f.name);
+    else
+      c->v[kept++] = c->v[i];
+  }
+  c->n = kept;
   qsort (c->v, c->n, sizeof *c->v, by_name);
   for (size_t i = 0; i < c->n; ++i)
     load (c, &c->v[i]);
