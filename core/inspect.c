@@ -53,24 +53,16 @@ push (uint64_t **v, size_t *n, size_t *cap, uint64_t x)
 }
 
 /* Open NAME+SUFFIX of the fan-out directory without creating it; only
- * our own regular file with one link, as the filter requires.
+ * our own regular file with one link, as the filter requires (a
+ * symlink counts as not ours).
  */
 static int
 open_file (const struct fsc_inspect *ins, const char *suffix, bool writable)
 {
-  char buf[FILE_NAME_MAX];
-  struct stat st;
-  int fd = openat (ins->o.fandirfd, fsc_file_name (&ins->o, suffix, buf),
-                   (writable ? O_RDWR : O_RDONLY) | O_NOFOLLOW | O_CLOEXEC |
-                   O_NOCTTY);
-  if (fd == -1)
-    return errno == ELOOP ? (errno = EPERM, -1) : -1;
-  if (fstat (fd, &st) == -1 || !S_ISREG (st.st_mode) ||
-      st.st_uid != geteuid () || st.st_nlink != 1) {
-    close (fd);
+  int fd = fsc_open_file_flags (&ins->o, suffix,
+                                (writable ? O_RDWR : O_RDONLY) | O_NOCTTY);
+  if (fd == -1 && errno == ELOOP)
     errno = EPERM;
-    return -1;
-  }
   return fd;
 }
 
