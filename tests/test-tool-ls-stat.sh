@@ -14,6 +14,8 @@
 #     left), passes promtool check metrics when promtool exists and the
 #     strict parser tests/prom-check.py always, and its hit_bytes
 #     counter is the JSON's.
+#  4. The proxy killed (-9) while the client holds the export: its
+#     index is left without CLEAN, and ls says "needs check".
 
 source "${top_srcdir:-$(dirname "$0")/..}/tests/functions.sh"
 
@@ -134,5 +136,12 @@ grep -qx 'nbd_fscache_objects{} 1' "$TMP/m.samples" ||
   fail "prometheus: wrong object count"
 grep -q '^nbd_fscache_last_use_timestamp_seconds{' "$TMP/m.samples" ||
   fail "prometheus: no last_use gauge"
+
+# ---- 4. a crash leaves it needing a check -----------------------------------
+hold_export "$uri" "$TMP/stop-hold2"
+wait_until in_use || fail "ls never said in use again"
+kill9_nbdkit "$pid"
+needs_check () { tool --dir "$cache" ls | grep -q '^lsstat .* needs check$'; }
+wait_until needs_check || { tool --dir "$cache" ls >&2; fail "ls: not 'needs check' after a crash"; }
 
 echo "$0: PASS"

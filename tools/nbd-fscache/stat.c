@@ -93,7 +93,8 @@ print_json (FILE *fp, const struct tool_cache *c, struct tool_object *const *v,
                PRIu32, o->info.sb.size, o->info.sb.block_size);
     fprintf (fp, ",\n      \"allocated_bytes\": %" PRIu64
              ",\n      \"last_reason\": ", o->f.bytes);
-    json_str (fp, fsc_reason_name (o->ctr.last_reason));
+    json_str (fp, o->ctr.last_reason ? fsc_reason_name (o->ctr.last_reason)
+                                       : "none");
     fprintf (fp, ",\n      \"counters\": ");
     json_counters (fp, &o->ctr, "      ");
     fprintf (fp, "\n    }");
@@ -129,8 +130,8 @@ print_text (FILE *fp, const struct tool_cache *c, struct tool_object *const *v,
       fprintf (fp, "%-22s %" PRIu64 "\n%-22s %" PRIu32 "\n", "size",
                o->info.sb.size, "block_size", o->info.sb.block_size);
     fprintf (fp, "%-22s %" PRIu64 "\n", "object_allocated_bytes", o->f.bytes);
-    fprintf (fp, "%-22s %s\n", "last_reason",
-             fsc_reason_name (o->ctr.last_reason));
+    fprintf (fp, "%-22s %s\n", "last_reason", o->ctr.last_reason
+             ? fsc_reason_name (o->ctr.last_reason) : "none");
   }
   for (unsigned i = 0; i < FSC_OSTATS_COUNT; ++i)
     fprintf (fp, "%-22s %" PRIu64 "\n", fsc_ostat_name (i), sum.v[i]);
