@@ -233,12 +233,12 @@ fsc_live_parse (FILE *fp, struct fsc_live_head *h, struct fsc_ostats *out)
 }
 
 int
-fsc_live_load (struct fsc_object *o, struct fsc_ostats *out,
-               uint64_t *incarnation, uint64_t *updated)
+fsc_live_read (int dirfd, const char *name, struct fsc_live_head *h,
+               struct fsc_ostats *out)
 {
   char file[FSC_NAME_MAX + 8];
-  snprintf (file, sizeof file, "%s.stats", o->name);
-  int fd = openat (o->fandirfd, file, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+  snprintf (file, sizeof file, "%s.stats", name);
+  int fd = openat (dirfd, file, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
   if (fd == -1)
     return -1;
   FILE *fp = fdopen (fd, "r");
@@ -246,14 +246,22 @@ fsc_live_load (struct fsc_object *o, struct fsc_ostats *out,
     close (fd);
     return -1;
   }
-  uint64_t lo, hi;
-  fsc_key_hash (o->key, o->key_len, &lo, &hi);
+  int r = fsc_live_parse (fp, h, out);
+  fclose (fp);
+  return r;
+}
 
+int
+fsc_live_load (struct fsc_object *o, struct fsc_ostats *out,
+               uint64_t *incarnation, uint64_t *updated)
+{
   struct fsc_live_head h;
   struct fsc_ostats s;
-  int r = fsc_live_parse (fp, &h, &s);
-  fclose (fp);
-  if (r == -1 || !h.have_key || h.key_hash_lo != lo || h.key_hash_hi != hi)
+  uint64_t lo, hi;
+
+  fsc_key_hash (o->key, o->key_len, &lo, &hi);
+  if (fsc_live_read (o->fandirfd, o->name, &h, &s) == -1 ||
+      !h.have_key || h.key_hash_lo != lo || h.key_hash_hi != hi)
     return -1;
   *out = s;
   if (incarnation)

@@ -101,4 +101,11 @@ extern int fsc_live_write (int dirfd, const char *name,
 extern int fsc_live_parse (FILE *fp, struct fsc_live_head *h,
                            struct fsc_ostats *s);
 
+/* live.c: open DIRFD/NAME.stats (never following a symlink) and
+ * parse it as fsc_live_parse does.  0, or -1 (absent, unreadable or
+ * not a stats file).
+ */
+extern int fsc_live_read (int dirfd, const char *name,
+                          struct fsc_live_head *h, struct fsc_ostats *s);
+
 #endif /* FSC_OSTATS_H */

@@ -11,7 +11,8 @@
  * stats file of another incarnation (the object was recreated since)
  * is ignored.
  *
- * The file is parsed by core/live.c, as the filter reads it back.
+ * The file is read by core/live.c (fsc_live_read), as the filter reads
+ * it back.
  */
 #include <config.h>
 
@@ -96,33 +97,12 @@ struct stats_file {
   struct fsc_ostats ctr;
 };
 
-/* Read FANFD/NAME.stats (core/live.c parses it as the filter does).
- * 0, or -1 if absent or not a stats file.
- */
-static int
-read_stats (int fanfd, const char *name, struct stats_file *sf)
-{
-  char path[FSC_NAME_MAX + 16];
-  snprintf (path, sizeof path, "%s.stats", name);
-  int fd = openat (fanfd, path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY);
-  if (fd == -1)
-    return -1;
-  FILE *fp = fdopen (fd, "r");
-  if (fp == NULL) {
-    close (fd);
-    return -1;
-  }
-  int r = fsc_live_parse (fp, &sf->h, &sf->ctr);
-  fclose (fp);
-  return r;
-}
-
 void
 tool_load_counters (int fanfd, struct tool_object *o)
 {
   struct stats_file sf = { .h.open = false };
   bool sb_ok = o->err == 0 && o->info.reason == FSC_OK;
-  bool have = read_stats (fanfd, o->f.name, &sf) == 0 &&
+  bool have = fsc_live_read (fanfd, o->f.name, &sf.h, &sf.ctr) == 0 &&
     (!sb_ok || sf.h.incarnation == o->info.sb.incarnation);
   double updated = sf.h.updated_ms / 1000.0;
 
