@@ -20,6 +20,8 @@ packages=(
   # The kernel nbd-client test: a guest kernel under qemu TCG.
   qemu-system-x86 linux-image-amd64 busybox-static nbd-client cpio
   e2fsprogs kmod
+  # promtool, which checks nbd-fscache stat --prometheus.
+  prometheus
 )
 
 install_deps () {

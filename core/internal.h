@@ -374,6 +374,11 @@ punch_hole (int fd, uint64_t off, uint64_t len)
  * link.  Returns the descriptor or -1 with errno.
  */
 extern int fsc_open_file (struct fsc_object *o, const char *suffix);
+/* object.c: the same with open FLAGS of the caller's (O_RDONLY, say:
+ * tools that must not create anything, inspect.c).
+ */
+extern int fsc_open_file_flags (const struct fsc_object *o,
+                                const char *suffix, int flags);
 
 /* groups.c: set up and free O's group table; allocate group GI (and
  * its path) if absent, returning it or NULL (no memory); the first

@@ -83,34 +83,9 @@ now_ms (void)
 }
 
 void
-fsc_live_publish (struct fsc_object *o, bool open, bool force)
+fsc_live_format (FILE *fp, const struct fsc_live_head *h,
+                 const struct fsc_ostats *s)
 {
-  const uint64_t now = now_ms ();
-  const uint64_t interval = o->cache->commit_interval_ms;
-
-  /* Only while we hold the object (ifd, with its flock): an object
-   * another process holds is that process's to publish.
-   */
-  if (o->fandirfd < 0 || o->ifd < 0 || o->gtop == NULL)
-    return;
-  pthread_mutex_lock (&o->lock);
-  bool due = force || now >= o->live_next;
-  if (due)
-    o->live_next = now + interval;
-  uint64_t inc = o->sb.incarnation;
-  uint64_t klo = o->sb.key_hash_lo, khi = o->sb.key_hash_hi;
-  pthread_mutex_unlock (&o->lock);
-  if (!due)
-    return;
-
-  struct fsc_ostats s;
-  fsc_ostats_snapshot (o, &s);
-  int e = errno;
-  char *text = NULL;
-  size_t len = 0;
-  FILE *fp = open_memstream (&text, &len);
-  if (fp == NULL)
-    goto out;
   fprintf (fp, "# nbd-fscache object statistics, format 1\n"
            "format 1\n"
            "pid %ld\n"
@@ -121,20 +96,32 @@ fsc_live_publish (struct fsc_object *o, bool open, bool force)
            "incarnation %016" PRIx64 "\n"
            "size %" PRIu64 "\n"
            "block_size %" PRIu32 "\n",
-           (long) getpid (), now / 1000, now % 1000,
-           (interval + 999) / 1000, open ? 1 : 0, khi, klo, inc,
-           o->size, o->block_size);
+           h->pid, h->updated_ms / 1000, h->updated_ms % 1000,
+           h->interval_s, h->open ? 1 : 0, h->key_hash_hi, h->key_hash_lo,
+           h->incarnation, h->size, h->block_size);
   for (unsigned i = 0; i < FSC_OSTATS_COUNT; ++i)
-    fprintf (fp, "%s %" PRIu64 "\n", fsc_ostat_name (i), s.v[i]);
+    fprintf (fp, "%s %" PRIu64 "\n", fsc_ostat_name (i), s->v[i]);
   fprintf (fp, "last_reason %s\n",
-           s.last_reason ? fsc_reason_name (s.last_reason) : "none");
+           s->last_reason ? fsc_reason_name (s->last_reason) : "none");
+}
+
+int
+fsc_live_write (int dirfd, const char *name, const struct fsc_live_head *h,
+                const struct fsc_ostats *s)
+{
+  char *text = NULL;
+  size_t len = 0;
+  int r = -1;
+  FILE *fp = open_memstream (&text, &len);
+  if (fp == NULL)
+    return -1;
+  fsc_live_format (fp, h, s);
   if (fclose (fp) != 0)
     goto out;
-
   char tmp[FSC_NAME_MAX + 32], dst[FSC_NAME_MAX + 8];
-  snprintf (tmp, sizeof tmp, "%s.stats.tmp.%ld", o->name, (long) getpid ());
-  snprintf (dst, sizeof dst, "%s.stats", o->name);
-  int fd = openat (o->fandirfd, tmp,
+  snprintf (tmp, sizeof tmp, "%s.stats.tmp.%ld", name, (long) getpid ());
+  snprintf (dst, sizeof dst, "%s.stats", name);
+  int fd = openat (dirfd, tmp,
                    O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC,
                    0600);
   if (fd == -1)
@@ -145,20 +132,113 @@ fsc_live_publish (struct fsc_object *o, bool open, bool force)
    */
   bool ok = write (fd, text, len) == (ssize_t) len;
   close (fd);
-  if (!ok || renameat (o->fandirfd, tmp, o->fandirfd, dst) == -1)
-    unlinkat (o->fandirfd, tmp, 0);
+  if (!ok || renameat (dirfd, tmp, dirfd, dst) == -1) {
+    int e = errno;
+    unlinkat (dirfd, tmp, 0);
+    errno = e;
+    goto out;
+  }
+  r = 0;
  out:
   free (text);
+  return r;
+}
+
+void
+fsc_live_publish (struct fsc_object *o, bool open, bool force)
+{
+  const uint64_t now = now_ms ();
+  const uint64_t interval = o->cache->commit_interval_ms;
+  /* Only while we hold the object (ifd, with its flock): an object
+   * another process holds is that process's to publish.
+   */
+  if (o->fandirfd < 0 || o->ifd < 0 || o->gtop == NULL)
+    return;
+  pthread_mutex_lock (&o->lock);
+  bool due = force || now >= o->live_next;
+  if (due)
+    o->live_next = now + interval;
+  struct fsc_live_head h = {
+    .pid = (long) getpid (), .updated_ms = now,
+    .interval_s = (interval + 999) / 1000, .open = open,
+    .key_hash_hi = o->sb.key_hash_hi, .key_hash_lo = o->sb.key_hash_lo,
+    .incarnation = o->sb.incarnation, .size = o->size,
+    .block_size = o->block_size,
+  };
+  pthread_mutex_unlock (&o->lock);
+  if (!due)
+    return;
+  struct fsc_ostats s;
+  fsc_ostats_snapshot (o, &s);
+  int e = errno;
+  fsc_live_write (o->fandirfd, o->name, &h, &s);
   errno = e;
 }
 
 int
-fsc_live_load (struct fsc_object *o, struct fsc_ostats *out,
-               uint64_t *incarnation, uint64_t *updated)
+fsc_live_parse (FILE *fp, struct fsc_live_head *h, struct fsc_ostats *out)
 {
-  char file[FSC_NAME_MAX + 8], line[256], want[40];
-  snprintf (file, sizeof file, "%s.stats", o->name);
-  int fd = openat (o->fandirfd, file, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+  char line[256];
+  bool format = false;
+
+  memset (h, 0, sizeof *h);
+  memset (out, 0, sizeof *out);
+  while (fgets (line, sizeof line, fp)) {
+    char name[64], val[64], *end;
+    if (sscanf (line, "%63s %63s", name, val) != 2)
+      continue;
+    if (strcmp (name, "format") == 0)
+      format = strcmp (val, "1") == 0;
+    else if (strcmp (name, "key_hash") == 0) {
+      char hi[17];
+      if (strlen (val) == 32) {
+        memcpy (hi, val, 16);
+        hi[16] = '\0';
+        h->key_hash_hi = strtoull (hi, NULL, 16);
+        h->key_hash_lo = strtoull (val + 16, NULL, 16);
+        h->have_key = true;
+      }
+    }
+    else if (strcmp (name, "pid") == 0)
+      h->pid = strtol (val, NULL, 10);
+    else if (strcmp (name, "open") == 0)
+      h->open = strcmp (val, "1") == 0;
+    else if (strcmp (name, "incarnation") == 0)
+      h->incarnation = strtoull (val, NULL, 16);
+    else if (strcmp (name, "updated") == 0) {
+      h->updated_ms = strtoull (val, &end, 10) * 1000;
+      if (*end == '.')
+        h->updated_ms += strtoull (end + 1, NULL, 10) % 1000;
+    }
+    else if (strcmp (name, "interval") == 0)
+      h->interval_s = strtoull (val, NULL, 10);
+    else if (strcmp (name, "size") == 0)
+      h->size = strtoull (val, NULL, 10);
+    else if (strcmp (name, "block_size") == 0)
+      h->block_size = strtoul (val, NULL, 10);
+    else if (strcmp (name, "last_reason") == 0) {
+      for (int r = 1; r < FSC_REASONS; ++r)
+        if (strcmp (val, fsc_reason_name (r)) == 0)
+          out->last_reason = r;
+    }
+    else {
+      int i = fsc_ostat_index (name);
+      errno = 0;
+      unsigned long long v = strtoull (val, &end, 10);
+      if (i >= 0 && *end == '\0' && errno == 0)
+        out->v[i] = v;
+    }
+  }
+  return format ? 0 : -1;
+}
+
+int
+fsc_live_read (int dirfd, const char *name, struct fsc_live_head *h,
+               struct fsc_ostats *out)
+{
+  char file[FSC_NAME_MAX + 8];
+  snprintf (file, sizeof file, "%s.stats", name);
+  int fd = openat (dirfd, file, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
   if (fd == -1)
     return -1;
   FILE *fp = fdopen (fd, "r");
@@ -166,46 +246,27 @@ fsc_live_load (struct fsc_object *o, struct fsc_ostats *out,
     close (fd);
     return -1;
   }
-  uint64_t lo, hi;
-  fsc_key_hash (o->key, o->key_len, &lo, &hi);
-  snprintf (want, sizeof want, "%016" PRIx64 "%016" PRIx64, hi, lo);
-
-  struct fsc_ostats s = { .last_reason = 0 };
-  bool format = false, key = false;
-  uint64_t inc = 0, upd = 0;
-  while (fgets (line, sizeof line, fp)) {
-    char name[64], val[64];
-    if (sscanf (line, "%63s %63s", name, val) != 2)
-      continue;
-    if (strcmp (name, "format") == 0)
-      format = strcmp (val, "1") == 0;
-    else if (strcmp (name, "key_hash") == 0)
-      key = strcmp (val, want) == 0;
-    else if (strcmp (name, "incarnation") == 0)
-      inc = strtoull (val, NULL, 16);
-    else if (strcmp (name, "updated") == 0)
-      upd = strtoull (val, NULL, 10);   /* whole seconds */
-    else if (strcmp (name, "last_reason") == 0) {
-      for (int r = 1; r < FSC_REASONS; ++r)
-        if (strcmp (val, fsc_reason_name (r)) == 0)
-          s.last_reason = r;
-    }
-    else {
-      int i = fsc_ostat_index (name);
-      char *end;
-      errno = 0;
-      unsigned long long v = strtoull (val, &end, 10);
-      if (i >= 0 && *end == '\0' && errno == 0)
-        s.v[i] = v;
-    }
-  }
+  int r = fsc_live_parse (fp, h, out);
   fclose (fp);
-  if (!format || !key)
+  return r;
+}
+
+int
+fsc_live_load (struct fsc_object *o, struct fsc_ostats *out,
+               uint64_t *incarnation, uint64_t *updated)
+{
+  struct fsc_live_head h;
+  struct fsc_ostats s;
+  uint64_t lo, hi;
+
+  fsc_key_hash (o->key, o->key_len, &lo, &hi);
+  if (fsc_live_read (o->fandirfd, o->name, &h, &s) == -1 ||
+      !h.have_key || h.key_hash_lo != lo || h.key_hash_hi != hi)
     return -1;
   *out = s;
   if (incarnation)
-    *incarnation = inc;
+    *incarnation = h.incarnation;
   if (updated)
-    *updated = upd;
+    *updated = h.updated_ms / 1000;     /* whole seconds */
   return 0;
 }

@@ -167,15 +167,16 @@ load_group (void *opaque, const struct fsc_grec *rec, int slot)
   return 0;
 }
 
-/* Open (creating if needed) one of the object's files (internal.h). */
+/* Open one of the object's files (internal.h). */
 int
-fsc_open_file (struct fsc_object *o, const char *suffix)
+fsc_open_file_flags (const struct fsc_object *o, const char *suffix,
+                     int flags)
 {
   char buf[FILE_NAME_MAX];
   struct stat st;
 
   int fd = openat (o->fandirfd, fsc_file_name (o, suffix, buf),
-                   O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+                   flags | O_NOFOLLOW | O_CLOEXEC, 0600);
   if (fd == -1)
     return -1;
   if (fstat (fd, &st) == -1 || !S_ISREG (st.st_mode) ||
@@ -185,6 +186,12 @@ fsc_open_file (struct fsc_object *o, const char *suffix)
     return -1;
   }
   return fd;
+}
+
+int
+fsc_open_file (struct fsc_object *o, const char *suffix)
+{
+  return fsc_open_file_flags (o, suffix, O_RDWR | O_CREAT);
 }
 
 static uint64_t

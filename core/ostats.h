@@ -14,8 +14,10 @@
 #ifndef FSC_OSTATS_H
 #define FSC_OSTATS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #define FSC_OSTATS_FIELDS(X)                                              \
   X (opens)               /* times the object was opened */               \
@@ -65,5 +67,45 @@ extern const char *fsc_ostat_name (unsigned i);
 
 /* The counter named NAME, or -1. */
 extern int fsc_ostat_index (const char *name);
+
+/* The rest of a NAME.stats file (docs/format.md, "Live statistics"). */
+struct fsc_live_head {
+  long pid;                     /* the process that wrote it */
+  uint64_t updated_ms;          /* when, ms since the epoch */
+  uint64_t interval_s;          /* seconds between rewrites while open */
+  bool open;                    /* the object is open */
+  bool have_key;                /* key_hash was there (parse only) */
+  uint64_t key_hash_hi, key_hash_lo;
+  uint64_t incarnation;
+  uint64_t size;
+  uint32_t block_size;
+};
+
+/* live.c: the text of a NAME.stats file with H and the counters S,
+ * to FP.  Also for tools that write an object's history.
+ */
+extern void fsc_live_format (FILE *fp, const struct fsc_live_head *h,
+                             const struct fsc_ostats *s);
+
+/* live.c: write that text to DIRFD/NAME.stats (NAME without suffix)
+ * through NAME.stats.tmp.PID and rename, so that readers see a whole
+ * file.  0, or -1 with errno.
+ */
+extern int fsc_live_write (int dirfd, const char *name,
+                           const struct fsc_live_head *h,
+                           const struct fsc_ostats *s);
+
+/* live.c: read a NAME.stats file from FP into *H and *S (lines not
+ * known are skipped).  0, or -1 if it is not a format 1 stats file.
+ */
+extern int fsc_live_parse (FILE *fp, struct fsc_live_head *h,
+                           struct fsc_ostats *s);
+
+/* live.c: open DIRFD/NAME.stats (never following a symlink) and
+ * parse it as fsc_live_parse does.  0, or -1 (absent, unreadable or
+ * not a stats file).
+ */
+extern int fsc_live_read (int dirfd, const char *name,
+                          struct fsc_live_head *h, struct fsc_ostats *s);
 
 #endif /* FSC_OSTATS_H */

@@ -32,6 +32,9 @@
 #                              background ($dpid, messages in $dlog), once
 #                              its pid file exists
 #   stop_daemon                SIGTERM it; fail unless it exits 0
+#   hold_export URI STOPFILE   keep one client connection to URI open
+#                              (its object in use) until STOPFILE exists
+#   tool ARGS...               nbd-fscache ARGS ($TOOL)
 #
 # $FILTER is the fscache filter to pass to --filter=, $PYTHON the python3
 # with the libnbd bindings, $TMP a private
@@ -287,6 +290,26 @@ stop_daemon ()
   kill -TERM "$dpid"
   wait "$dpid" || st=$?
   [ "$st" -eq 0 ] || { cat "$dlog" >&2; fail "daemon exit status $st"; }
+}
+
+TOOL="$top_builddir/tools/nbd-fscache/nbd-fscache"
+tool ()
+{
+  "$TOOL" "$@"
+}
+
+hold_export ()
+{
+  "$PYTHON" -c '
+import nbd, os, sys, time
+h = nbd.NBD()
+h.connect_uri(sys.argv[1])
+h.pread(4096, 0)
+while not os.path.exists(sys.argv[2]):
+    time.sleep(0.05)
+h.shutdown()
+' "$1" "$2" &
+  cleanup_fn "touch '$2'; kill $! 2>/dev/null; wait $! 2>/dev/null"
 }
 
 wait_until ()

@@ -121,50 +121,6 @@ parse_uint (const char *s, unsigned *out)
   return 0;
 }
 
-/* Check that DIR is a cache directory, as libfscache sees it. */
-static int
-check_dir (const char *dir, char *why, size_t whylen)
-{
-  struct stat st;
-  struct fsc_cache *cache;
-  struct fsc_cache_config cc = { .dir = dir, .existing = true };
-
-  if (stat (dir, &st) == -1) {
-    snprintf (why, whylen, "%s: %s", dir, strerror (errno));
-    return -1;
-  }
-  if (!S_ISDIR (st.st_mode)) {
-    snprintf (why, whylen, "%s: not a directory", dir);
-    return -1;
-  }
-  if (fsc_cache_open (&cc, &cache) == -1) {
-    switch (errno) {
-    case ENOENT:
-      snprintf (why, whylen, "%s: not a cache directory "
-                "(no fscache.hdr or no objects/)", dir);
-      break;
-    case EBADMSG:
-      snprintf (why, whylen, "%s: not a cache directory "
-                "(fscache.hdr is damaged or not a cache header)", dir);
-      break;
-    case EPERM:
-      snprintf (why, whylen, "%s: refused: the directory or its objects/ "
-                "is owned by another user or writable by others", dir);
-      break;
-    case EPROTONOSUPPORT:
-      snprintf (why, whylen, "%s: the cache was written by a newer "
-                "version of nbd-fscache", dir);
-      break;
-    default:
-      snprintf (why, whylen, "%s: %s", dir, strerror (errno));
-      break;
-    }
-    return -1;
-  }
-  fsc_cache_close (cache);
-  return 0;
-}
-
 /* Check one threshold triple, RUN, CULL, STOP indexes into pct[]. */
 static int
 check_triple (const struct fscd_config *cfg, int run, int cull, int stop,
@@ -362,7 +318,7 @@ fscd_config_read (const char *file, struct fscd_config *cfg,
     snprintf (err, errlen, "%s:%u: no 'dir' command", file, lineno);
     goto fail;
   }
-  if (check_dir (cfg->dir, why, sizeof why) == -1) {
+  if (fscd_check_dir (cfg->dir, why, sizeof why) == -1) {
     snprintf (err, errlen, "%s:%u: %s", file, cfg->dir_line, why);
     goto fail;
   }

@@ -3,8 +3,9 @@
  *
  *   config.c    the configuration file: parsing, ranges, the cache check
  *   log.c       messages to syslog or stderr, by debug level
- *   scan.c      one pass over DIR/objects: sizes, last use, in-use hints
- *   cull.c      culling one object into DIR/graveyard, emptying it
+ *   ../common/  shared with nbd-fscache(1) (objects.h): scan.c, one pass
+ *               over DIR/objects; cull.c, culling one object into
+ *               DIR/graveyard; cachedir.c, checking a cache directory
  *   quota.c     NAME.quota records and the fair-share rule
  *   policy.c    one tick: thresholds, culling, quotas, the stop mark
  *   counters.c  the counters and DIR/nbd-fscached.stats
@@ -26,6 +27,8 @@
 #include <time.h>
 #include <sys/types.h>
 #include <syslog.h>
+
+#include "objects.h"
 
 #define PROG "nbd-fscached"
 
@@ -81,96 +84,7 @@ extern int fscd_parse_size (const char *s, uint64_t *out);
 extern void fscd_log_setup (bool to_stderr, unsigned level, const char *tag);
 extern unsigned fscd_log_level (void);
 
-/* Log at PRIO (LOG_ERR, LOG_WARNING, LOG_NOTICE, LOG_INFO). */
-extern void fscd_log (int prio, const char *fmt, ...)
-  __attribute__ ((format (printf, 2, 3)));
-/* Log at LOG_DEBUG if the debug level is at least LEVEL (1..3). */
-extern void fscd_debug (unsigned level, const char *fmt, ...)
-  __attribute__ ((format (printf, 2, 3)));
-
-/* ---- scan.c ------------------------------------------------------ */
-
-/* Which of an object's files exist (struct fscd_object.files). */
-#define FSCD_F_IDX    1u
-#define FSCD_F_DATA   2u
-#define FSCD_F_SUMS   4u
-#define FSCD_F_STALE  8u
-#define FSCD_F_QUOTA 16u
-#define FSCD_F_OTHER 32u        /* anything else named NAME.* */
-
-/* One object found by a scan: the files NAME.* of one fan-out dir. */
-struct fscd_object {
-  unsigned fan;                 /* its fan-out directory, @00 .. @ff */
-  char *name;                   /* NAME, without suffix */
-  unsigned files;               /* FSCD_F_* */
-  uint64_t bytes;               /* allocated bytes of all its files */
-  struct timespec mtime;        /* of NAME.idx (else its newest file) */
-  dev_t dev;                    /* NAME.idx's device and inode */
-  ino_t ino;
-  bool locked;                  /* NAME.idx is in /proc/locks: in use */
-  bool busy;                    /* found locked when we tried: in use */
-  bool gone;                    /* culled by this tick */
-};
-
-/* A scan's result.  Objects in use (by /proc/locks) or with a quota
- * record are all kept in PINNED; of the others, only the 2^culltable
- * least recently used are kept, in CAND, oldest first.
- */
-struct fscd_scan {
-  struct fscd_object *cand;
-  size_t ncand, candcap;
-  bool truncated;               /* more idle objects than CAND holds */
-  struct fscd_object *pinned;
-  size_t npinned, pinnedcap;
-  uint64_t total_bytes;         /* every file under objects/ */
-  uint64_t nobjects;
-  uint64_t nfiles;
-  bool locks_known;             /* /proc/locks could be read */
-  double seconds;               /* how long the scan took */
-};
-
-/* Open fan-out directory FAN (0..255) of OBJDIRFD, never following a
- * symlink; its name "@xx" goes to NAME.  The descriptor, or -1 with
- * errno.
- */
-extern int fscd_open_fan (int objdirfd, unsigned fan, char name[4]);
-
-/* Scan OBJDIRFD (DIR/objects) into *S, keeping at most CANDMAX
- * candidates.  Returns 0, or -1 with errno if objects/ itself cannot
- * be read (an unreadable fan-out directory is logged and skipped).
- */
-extern int fscd_scan (int objdirfd, size_t candmax, struct fscd_scan *s);
-extern void fscd_scan_free (struct fscd_scan *s);
-
-/* ---- cull.c ------------------------------------------------------ */
-
-struct fscd_grave {
-  int fd;                       /* DIR/graveyard */
-  uint64_t seq;                 /* for unique names */
-  unsigned pause_ms;            /* NBD_FSCACHED_TEST_PAUSE_MS */
-};
-
-/* Open (creating it mode 0700 if needed) DIR/graveyard and remove
- * everything in it.  Returns 0 or -1 with errno.
- */
-extern int fscd_grave_open (int dirfd, struct fscd_grave *g);
-extern void fscd_grave_close (struct fscd_grave *g);
-
-/* Outcomes of fscd_cull. */
-enum fscd_cull_result {
-  FSCD_CULLED = 0,              /* its files are gone */
-  FSCD_CULL_BUSY = 1,           /* locked: in use */
-  FSCD_CULL_CHANGED = 2,        /* used or replaced since the scan */
-  FSCD_CULL_ERROR = 3,          /* an error, logged */
-};
-
-/* Cull the idle object O (see the design comment of cull.c): with its
- * index locked, rename its files into the graveyard, index last, then
- * unlink them.  *FREED gets the allocated bytes removed.
- */
-extern enum fscd_cull_result fscd_cull (int objdirfd, struct fscd_grave *g,
-                                        const struct fscd_object *o,
-                                        uint64_t *freed, unsigned *nfiles);
+/* fscd_log and fscd_debug: in objects.h (shared with nbd-fscache). */
 
 /* ---- quota.c ----------------------------------------------------- */
 

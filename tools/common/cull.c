@@ -1,4 +1,4 @@
-/* nbd-fscached: culling one object, and the graveyard.
+/* tools/common: culling one object, and the graveyard.
  *
  * The invariant (docs/format.md, "Culling"): no proxy ever opens a
  * half-deleted object.  It holds by three rules, in this order:
@@ -44,7 +44,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "fscached.h"
+#include "objects.h"
 
 #define GRAVEYARD "graveyard"
 #define MAX_FILES 1100          /* NAME.* files handled per object: the

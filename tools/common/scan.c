@@ -1,4 +1,4 @@
-/* nbd-fscached: one scan of DIR/objects.
+/* tools/common: one scan of DIR/objects.
  *
  * Every fan-out directory @00 .. @ff is read, and every regular file
  * in it stat'ed (never followed: AT_SYMLINK_NOFOLLOW).  Files are
@@ -36,7 +36,7 @@
 #include <sys/sysmacros.h>
 #include <unistd.h>
 
-#include "fscached.h"
+#include "objects.h"
 
 /* ---- /proc/locks ------------------------------------------------- */
 
@@ -239,6 +239,7 @@ suffix_bit (const char *suffix)
   if (strcmp (suffix, ".sums") == 0) return FSCD_F_SUMS;
   if (strcmp (suffix, ".stale") == 0) return FSCD_F_STALE;
   if (strcmp (suffix, ".quota") == 0) return FSCD_F_QUOTA;
+  if (strcmp (suffix, ".stats") == 0) return FSCD_F_STATS;
   return FSCD_F_OTHER;
 }
 

@@ -1,0 +1,133 @@
+/* Shared by the programs under tools/ (nbd-fscached, nbd-fscache):
+ * what they do to the objects of a cache directory from outside the
+ * filter, without the filter's library opening them.
+ *
+ *   scan.c      one pass over DIR/objects: every object's files, sizes,
+ *               last use, and whether it is in use (/proc/locks, read
+ *               without taking any lock)
+ *   cull.c      removing one idle object safely: its index locked, its
+ *               files moved into DIR/graveyard (index last), unlinked
+ *   cachedir.c  checking that a directory is a cache, with a message
+ *
+ * The contract with the filter is docs/format.md, "Culling: last use,
+ * the graveyard, quotas and the stop mark".  These files print
+ * nothing themselves: they report through fscd_log and fscd_debug,
+ * which each program defines (to syslog or stderr for the daemon,
+ * "nbd-fscache: ..." on stderr for the tool).
+ */
+#ifndef FSC_TOOLS_OBJECTS_H
+#define FSC_TOOLS_OBJECTS_H
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <time.h>
+#include <sys/types.h>
+#include <syslog.h>
+
+/* ---- defined by each program ------------------------------------- */
+
+/* Log at PRIO (LOG_ERR, LOG_WARNING, LOG_NOTICE, LOG_INFO). */
+extern void fscd_log (int prio, const char *fmt, ...)
+  __attribute__ ((format (printf, 2, 3)));
+/* Log at LOG_DEBUG if the debug level is at least LEVEL (1..3). */
+extern void fscd_debug (unsigned level, const char *fmt, ...)
+  __attribute__ ((format (printf, 2, 3)));
+
+/* ---- scan.c ------------------------------------------------------ */
+
+/* Which of an object's files exist (struct fscd_object.files). */
+#define FSCD_F_IDX    1u
+#define FSCD_F_DATA   2u
+#define FSCD_F_SUMS   4u
+#define FSCD_F_STALE  8u
+#define FSCD_F_QUOTA 16u
+#define FSCD_F_OTHER 32u        /* anything else named NAME.* */
+#define FSCD_F_STATS 64u        /* NAME.stats: live counters, or the
+                                 * history of a discarded object */
+
+/* One object found by a scan: the files NAME.* of one fan-out dir. */
+struct fscd_object {
+  unsigned fan;                 /* its fan-out directory, @00 .. @ff */
+  char *name;                   /* NAME, without suffix */
+  unsigned files;               /* FSCD_F_* */
+  uint64_t bytes;               /* allocated bytes of all its files */
+  struct timespec mtime;        /* of NAME.idx (else its newest file) */
+  dev_t dev;                    /* NAME.idx's device and inode */
+  ino_t ino;
+  bool locked;                  /* NAME.idx is in /proc/locks: in use */
+  bool busy;                    /* found locked when we tried: in use */
+  bool gone;                    /* culled by this tick */
+};
+
+/* A scan's result.  Objects in use (by /proc/locks) or with a quota
+ * record are all kept in PINNED; of the others, only the 2^culltable
+ * least recently used are kept, in CAND, oldest first.
+ */
+struct fscd_scan {
+  struct fscd_object *cand;
+  size_t ncand, candcap;
+  bool truncated;               /* more idle objects than CAND holds */
+  struct fscd_object *pinned;
+  size_t npinned, pinnedcap;
+  uint64_t total_bytes;         /* every file under objects/ */
+  uint64_t nobjects;
+  uint64_t nfiles;
+  bool locks_known;             /* /proc/locks could be read */
+  double seconds;               /* how long the scan took */
+};
+
+/* Open fan-out directory FAN (0..255) of OBJDIRFD, never following a
+ * symlink; its name "@xx" goes to NAME.  The descriptor, or -1 with
+ * errno.
+ */
+extern int fscd_open_fan (int objdirfd, unsigned fan, char name[4]);
+
+/* Scan OBJDIRFD (DIR/objects) into *S, keeping at most CANDMAX
+ * candidates.  Returns 0, or -1 with errno if objects/ itself cannot
+ * be read (an unreadable fan-out directory is logged and skipped).
+ */
+extern int fscd_scan (int objdirfd, size_t candmax, struct fscd_scan *s);
+extern void fscd_scan_free (struct fscd_scan *s);
+
+/* ---- cull.c ------------------------------------------------------ */
+
+struct fscd_grave {
+  int fd;                       /* DIR/graveyard */
+  uint64_t seq;                 /* for unique names */
+  unsigned pause_ms;            /* NBD_FSCACHED_TEST_PAUSE_MS */
+};
+
+/* Open (creating it mode 0700 if needed) DIR/graveyard and remove
+ * everything in it.  Returns 0 or -1 with errno.
+ */
+extern int fscd_grave_open (int dirfd, struct fscd_grave *g);
+extern void fscd_grave_close (struct fscd_grave *g);
+
+/* Outcomes of fscd_cull. */
+enum fscd_cull_result {
+  FSCD_CULLED = 0,              /* its files are gone */
+  FSCD_CULL_BUSY = 1,           /* locked: in use */
+  FSCD_CULL_CHANGED = 2,        /* used or replaced since the scan */
+  FSCD_CULL_ERROR = 3,          /* an error, logged */
+};
+
+/* Cull the idle object O (see the design comment of cull.c): with its
+ * index locked, rename its files into the graveyard, index last, then
+ * unlink them.  *FREED gets the allocated bytes removed.
+ */
+extern enum fscd_cull_result fscd_cull (int objdirfd, struct fscd_grave *g,
+                                        const struct fscd_object *o,
+                                        uint64_t *freed, unsigned *nfiles);
+
+/* ---- cachedir.c -------------------------------------------------- */
+
+/* Check that DIR is an existing cache directory (a valid fscache.hdr
+ * and objects/, ours and not writable by others), opening it as the
+ * filter would but changing nothing.  Returns 0, or -1 with a message
+ * "DIR: why" in WHY.
+ */
+extern int fscd_check_dir (const char *dir, char *why, size_t whylen);
+
+#endif /* FSC_TOOLS_OBJECTS_H */

@@ -1,0 +1,222 @@
+/* nbd-fscache stat: every counter of one object, or summed over the
+ * cache, with the cache's own facts (objects, allocated bytes, the
+ * file system's free space).
+ *
+ * Summing: counters and gauges add up; times (last_use,
+ * last_invalidation) take the latest.  Output as "name value" lines,
+ * as JSON (--json) or in Prometheus' text format (--prometheus, in
+ * prom.c), to stdout or, with --output FILE, to FILE.tmp.PID renamed
+ * to FILE, so that a textfile collector never reads half a file.
+ */
+#include <config.h>
+
+#include <errno.h>
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <sys/statvfs.h>
+
+#include "nbd-fscache.h"
+
+#define STAT_USAGE \
+  "stat [--dir DIR] [OBJECT] [--json | --prometheus [--output FILE]]"
+
+struct stat_opts {
+  bool json, prom;
+  const char *output;
+};
+
+static int
+stat_opt (int c, const char *arg, void *opaque)
+{
+  struct stat_opts *so = opaque;
+  switch (c) {
+  case 'j': so->json = true; return 0;
+  case 'p': so->prom = true; return 0;
+  case 'o': so->output = arg; return 0;
+  default: return -1;
+  }
+}
+
+static void
+sum_counters (struct tool_object *const *v, size_t n, struct fsc_ostats *sum)
+{
+  memset (sum, 0, sizeof *sum);
+  for (size_t k = 0; k < n; ++k)
+    for (unsigned i = 0; i < FSC_OSTATS_COUNT; ++i) {
+      uint64_t x = v[k]->ctr.v[i];
+      if (tool_ostat_kind (i) == 't')
+        sum->v[i] = MAX (sum->v[i], x);
+      else if (ADD_OVERFLOW (sum->v[i], x, &sum->v[i]))
+        sum->v[i] = UINT64_MAX;
+    }
+}
+
+static void
+json_counters (FILE *fp, const struct fsc_ostats *ctr, const char *indent)
+{
+  fprintf (fp, "{");
+  for (unsigned i = 0; i < FSC_OSTATS_COUNT; ++i)
+    fprintf (fp, "%s\n%s  \"%s\": %" PRIu64, i ? "," : "", indent,
+             fsc_ostat_name (i), ctr->v[i]);
+  fprintf (fp, "\n%s}", indent);
+}
+
+static void
+print_json (FILE *fp, const struct tool_cache *c, struct tool_object *const *v,
+            size_t n, uint64_t fs_free, uint64_t fs_size)
+{
+  struct fsc_ostats sum;
+  sum_counters (v, n, &sum);
+  fprintf (fp, "{\n  \"cache\": {\n    \"dir\": ");
+  json_str (fp, c->dir);
+  fprintf (fp, ",\n    \"objects\": %zu,\n    \"allocated_bytes\": %" PRIu64
+           ",\n    \"filesystem_free_bytes\": %" PRIu64
+           ",\n    \"filesystem_size_bytes\": %" PRIu64 "\n  },\n",
+           c->n, c->total_bytes, fs_free, fs_size);
+  fprintf (fp, "  \"objects\": [");
+  for (size_t k = 0; k < n; ++k) {
+    const struct tool_object *o = v[k];
+    fprintf (fp, "%s\n    {\n      \"name\": ", k ? "," : "");
+    json_str (fp, o->f.name);
+    fprintf (fp, ",\n      \"key\": ");
+    json_str (fp, o->key);
+    fprintf (fp, ",\n      \"state\": ");
+    json_str (fp, tool_state (o));
+    fprintf (fp, ",\n      \"source\": ");
+    json_str (fp, tool_source_name (o->src));
+    fprintf (fp, ",\n      \"counters_time\": %.3f", o->ctr_time);
+    if (o->err == 0 && o->info.reason == FSC_OK)
+      fprintf (fp, ",\n      \"size\": %" PRIu64 ",\n      \"block_size\": %"
+               PRIu32, o->info.sb.size, o->info.sb.block_size);
+    fprintf (fp, ",\n      \"allocated_bytes\": %" PRIu64
+             ",\n      \"last_reason\": ", o->f.bytes);
+    json_str (fp, o->ctr.last_reason ? fsc_reason_name (o->ctr.last_reason)
+                                       : "none");
+    fprintf (fp, ",\n      \"counters\": ");
+    json_counters (fp, &o->ctr, "      ");
+    fprintf (fp, "\n    }");
+  }
+  fprintf (fp, "%s],\n  \"total\": ", n ? "\n  " : "");
+  json_counters (fp, &sum, "  ");
+  fprintf (fp, "\n}\n");
+}
+
+static void
+print_text (FILE *fp, const struct tool_cache *c, struct tool_object *const *v,
+            size_t n, bool one, uint64_t fs_free, uint64_t fs_size)
+{
+  struct fsc_ostats sum;
+  char s[16];
+  sum_counters (v, n, &sum);
+  fprintf (fp, "%-22s %s\n", "dir", c->dir);
+  fprintf (fp, "%-22s %zu\n", "objects", c->n);
+  fprintf (fp, "%-22s %" PRIu64 " (%s)\n", "allocated_bytes", c->total_bytes,
+           fmt_size (c->total_bytes, s));
+  fprintf (fp, "%-22s %" PRIu64 " (%s)\n", "filesystem_free_bytes", fs_free,
+           fmt_size (fs_free, s));
+  fprintf (fp, "%-22s %" PRIu64 "\n", "filesystem_size_bytes", fs_size);
+  if (one) {
+    const struct tool_object *o = v[0];
+    char t[32];
+    fprintf (fp, "%-22s %s\n", "object", o->f.name);
+    fprintf (fp, "%-22s %s\n", "key", o->key);
+    fprintf (fp, "%-22s %s\n", "state", tool_state (o));
+    fprintf (fp, "%-22s %s, %s\n", "counters_from", tool_source_name (o->src),
+             fmt_time ((uint64_t) o->ctr_time, t));
+    if (o->err == 0 && o->info.reason == FSC_OK)
+      fprintf (fp, "%-22s %" PRIu64 "\n%-22s %" PRIu32 "\n", "size",
+               o->info.sb.size, "block_size", o->info.sb.block_size);
+    fprintf (fp, "%-22s %" PRIu64 "\n", "object_allocated_bytes", o->f.bytes);
+    fprintf (fp, "%-22s %s\n", "last_reason", o->ctr.last_reason
+             ? fsc_reason_name (o->ctr.last_reason) : "none");
+  }
+  for (unsigned i = 0; i < FSC_OSTATS_COUNT; ++i)
+    fprintf (fp, "%-22s %" PRIu64 "\n", fsc_ostat_name (i), sum.v[i]);
+}
+
+int
+fscache_cmd_stat (int argc, char **argv)
+{
+  static const struct option longopts[] = {
+    { "dir", required_argument, NULL, 'd' },
+    { "help", no_argument, NULL, 'h' },
+    { "json", no_argument, NULL, 'j' },
+    { "prometheus", no_argument, NULL, 'p' },
+    { "output", required_argument, NULL, 'o' },
+    { NULL, 0, NULL, 0 },
+  };
+  struct stat_opts so = { false, false, NULL };
+  struct tool_cache c;
+  struct statvfs sv;
+  int ret = EXIT_USAGE;
+
+  int i = tool_getopt ("stat", STAT_USAGE, argc, argv, "d:hjpo:", longopts,
+                       stat_opt, &so);
+  if (argc - i > 1 || (so.json && so.prom) || (so.output && !so.prom)) {
+    tool_error ("stat: %s", argc - i > 1 ? "more than one OBJECT"
+                : so.output ? "--output goes with --prometheus"
+                : "--json and --prometheus exclude each other");
+    fprintf (stderr, "usage: " PROG " " STAT_USAGE "\n");
+    return EXIT_USAGE;
+  }
+  if (tool_cache_open ("stat", tool_dir (), &c) == -1) {
+    tool_error ("stat: %s: %m", tool_dir ());
+    return EXIT_USAGE;
+  }
+  uint64_t fs_free = 0, fs_size = 0;
+  if (fstatvfs (c.dirfd, &sv) == 0) {
+    fs_free = (uint64_t) sv.f_bavail * sv.f_frsize;
+    fs_size = (uint64_t) sv.f_blocks * sv.f_frsize;
+  }
+  CLEANUP_FREE struct tool_object **v = calloc (c.n ? c.n : 1, sizeof *v);
+  size_t n = 0;
+  if (v == NULL) {
+    tool_error ("stat: %m");
+    goto out;
+  }
+  if (i < argc) {
+    if ((v[0] = tool_find ("stat", &c, argv[i])) == NULL) {
+      ret = EXIT_FINDING;
+      goto out;
+    }
+    n = 1;
+  }
+  else
+    for (; n < c.n; ++n)
+      v[n] = &c.v[n];
+
+  CLEANUP_FREE char *tmp = NULL;
+  FILE *fp = stdout;
+  if (so.output) {
+    if (asprintf (&tmp, "%s.tmp.%ld", so.output, (long) getpid ()) == -1 ||
+        (fp = fopen (tmp, "we")) == NULL) {
+      tool_error ("stat: %s: %m", tmp ? tmp : so.output);
+      goto out;
+    }
+  }
+  if (so.prom)
+    tool_prometheus (fp, &c, v, n, fs_free, fs_size);
+  else if (so.json)
+    print_json (fp, &c, v, n, fs_free, fs_size);
+  else
+    print_text (fp, &c, v, n, i < argc, fs_free, fs_size);
+  if (so.output) {
+    if (fflush (fp) != 0 || fsync (fileno (fp)) == -1 || fclose (fp) != 0 ||
+        rename (tmp, so.output) == -1) {
+      tool_error ("stat: %s: %m", so.output);
+      unlink (tmp);
+      goto out;
+    }
+  }
+  else if (fflush (stdout) != 0) {
+    tool_error ("stat: stdout: %m");
+    goto out;
+  }
+  ret = EXIT_SUCCESS;
+ out:
+  tool_cache_close (&c);
+  return ret;
+}
