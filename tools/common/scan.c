@@ -110,10 +110,16 @@ is_locked (const struct lock_set *ls, dev_t dev, ino_t ino)
 
 /* ---- the candidate heap ------------------------------------------ */
 
-/* Cull order: unusable objects first, then by last use. */
+/* Cull order: unusable objects first, then by last use.  A lone
+ * NAME.stats is not broken but the history of an invalidated object
+ * (nbd-fscache invalidate leaves it for the next open to carry on):
+ * it ages like an object, by its own mtime.
+ */
 static bool
 unusable (const struct fscd_object *o)
 {
+  if ((o->files & ~FSCD_F_QUOTA) == FSCD_F_STATS)
+    return false;
   return !(o->files & FSCD_F_IDX) ||
     (o->files & (FSCD_F_DATA | FSCD_F_SUMS)) != (FSCD_F_DATA | FSCD_F_SUMS);
 }
