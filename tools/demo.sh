@@ -14,6 +14,8 @@
 #
 # Environment (all optional):
 #   FILTER          the fscache filter (default: the one built here)
+#   TOOL            nbd-fscache(1), to show the cache at the end
+#                   (default: the one built here; skipped if absent)
 #   DEMO_SIZE_MIB   size of the image in MiB (default 256)
 #   DEMO_RATE       upstream bandwidth in bits/s, nbdkit syntax
 #                   (default 100M, about 12.5 MiB/s: ~20 s cold)
@@ -28,6 +30,7 @@ set -euo pipefail
 prog=demo.sh
 here="$(cd "$(dirname "$0")" && pwd)"
 FILTER="${FILTER:-$here/../plugin/.libs/nbdkit-fscache-filter.so}"
+TOOL="${TOOL:-$here/nbd-fscache/nbd-fscache}"
 size_mib="${DEMO_SIZE_MIB:-256}"
 rate="${DEMO_RATE:-100M}"
 delay="${DEMO_DELAY:-2ms}"
@@ -226,4 +229,18 @@ if [ "${upbytes[1]}" -gt 0 ] || [ "${upbytes[2]}" -gt 0 ]; then
   echo "  (warm reads still read a few KiB upstream: opening the export"
   echo "   samples up to 32 KiB to check the upstream has not changed,"
   echo "   see fscache-validate in nbdkit-fscache-filter(1))"
+fi
+
+if [ -x "$TOOL" ]; then
+  echo
+  echo "The cache as nbd-fscache(1) sees it:"
+  echo
+  echo "  \$ nbd-fscache --dir \$cache ls"
+  "$TOOL" --dir "$cache" ls | sed 's/^/  /'
+  echo
+  echo "  \$ nbd-fscache --dir \$cache stat"
+  "$TOOL" --dir "$cache" stat | sed 's/^/  /'
+  echo
+  echo "  \$ nbd-fscache --dir \$cache check"
+  "$TOOL" --dir "$cache" check 2>&1 | sed 's/^/  /'
 fi
