@@ -323,8 +323,15 @@ each_object (struct fsc_cache *cache, bool budgets)
   for (size_t i = 0; i < n; ++i) {
     if (budgets)
       fsc_object_check_budget (objs[i]);
-    if (fsc_object_has_dirty (objs[i]))
-      fsc_object_commit (objs[i]);
+    /* The counters ride on commits: an object only read from (hits)
+     * gets no index writes of its own, and its index's mtime keeps
+     * meaning its last change (nbd-fscached's age).  NAME.stats has
+     * them every round.
+     */
+    if (fsc_object_has_dirty (objs[i]) && fsc_object_commit (objs[i]) == 0)
+      fsc_object_save_counters (objs[i]);
+    if (budgets)
+      fsc_live_publish (objs[i], true, false);
     fsc_object_close (objs[i]);
   }
   free (objs);

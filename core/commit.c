@@ -82,13 +82,23 @@ fsc_write_sb (struct fsc_object *o, uint32_t set_flags, uint32_t clear_flags,
           const uint64_t *fingerprint)
 {
   unsigned char buf[FSC_SB_SIZE];
+  struct fsc_ostats ost;
 
+  fsc_ostats_snapshot (o, &ost);
   pthread_mutex_lock (&o->lock);
   if (o->state == FSC_OBJ_WITHDRAWN) {
     pthread_mutex_unlock (&o->lock);
     return -1;
   }
   io_claim (o);
+  /* The counters go with every superblock (docs/format.md, "Object
+   * counters"); those a newer build left past ours are kept.
+   */
+  for (unsigned i = 0; i < FSC_OSTATS_COUNT; ++i)
+    o->sb.ostats.v[i] = ost.v[i];
+  o->sb.ostats.last_reason = ost.last_reason;
+  o->sb.ncounters = MAX (o->sb.ncounters, (uint32_t) FSC_OSTATS_COUNT);
+  o->sb.counters_time = (uint64_t) time (NULL);
   o->sb.flags = (o->sb.flags | set_flags) & ~clear_flags;
   if (fingerprint)
     o->sb.fingerprint = *fingerprint;
@@ -110,6 +120,7 @@ fsc_write_sb (struct fsc_object *o, uint32_t set_flags, uint32_t clear_flags,
   pthread_mutex_unlock (&o->lock);
   if (r == -1) {
     FSC_STAT_ADD (&o->cache->stats, commit_errors, 1);
+    FSC_OSTAT_ADD (o, io_errors, 1);
     fsc_withdraw (o, e);
   }
   return r;
@@ -208,10 +219,29 @@ fsc_commit_upto (struct fsc_object *o, uint64_t target)
   FSC_STAT_ADD (st, commits, 1);
   if (r == -1) {
     FSC_STAT_ADD (st, commit_errors, 1);
+    FSC_OSTAT_ADD (o, io_errors, 1);
     fsc_withdraw (o, e);
     return -1;
   }
   return 0;
+}
+
+int
+fsc_object_save_counters (struct fsc_object *o)
+{
+  /* Only when a counter moved since the last superblock.  The
+   * gauges follow the counters that move them.
+   */
+  bool changed = false;
+  pthread_mutex_lock (&o->lock);
+  for (unsigned i = 0; i < FSC_OSTAT_last_use && !changed; ++i)
+    changed = __atomic_load_n (&o->ostats.v[i], __ATOMIC_RELAXED) !=
+      o->sb.ostats.v[i];
+  bool avail = o->state == FSC_OBJ_AVAILABLE;
+  pthread_mutex_unlock (&o->lock);
+  if (!changed || !avail)
+    return 0;
+  return fsc_write_sb (o, 0, 0, NULL);
 }
 
 int

@@ -304,6 +304,8 @@ evict_bits (struct fsc_object *o, uint64_t gi, uint64_t taken)
   fsc_note_gone (o, g, taken);
   FSC_STAT_ADD (&o->cache->stats, evicted_blocks, __builtin_popcountll (taken));
   FSC_STAT_ADD (&o->cache->stats, evicted_bytes, bytes);
+  FSC_OSTAT_ADD (o, evicted_blocks, __builtin_popcountll (taken));
+  FSC_OSTAT_ADD (o, evicted_bytes, bytes);
   return bytes;
 }
 

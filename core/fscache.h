@@ -247,6 +247,12 @@ extern unsigned fsc_object_take_notices (struct fsc_object *obj, int *err);
 /* Introspection. */
 extern int fsc_object_state (struct fsc_object *obj);
 extern uint64_t fsc_object_present_blocks (struct fsc_object *obj);
+
+/* OBJ's own counters (ostats.h: persistent across opens, unlike the
+ * cache's), with the gauges counted now.
+ */
+extern void fsc_object_counters (struct fsc_object *obj,
+                                 struct fsc_ostats *out);
 extern bool fsc_object_block_present (struct fsc_object *obj, uint64_t blk);
 
 #endif /* FSC_FSCACHE_H */

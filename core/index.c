@@ -99,8 +99,7 @@ fsc_sb_encode (const struct fsc_sb *sb, unsigned char *buf)
   uint32_t kl = MIN (sb->key_prefix_len, (uint32_t) FSC_SB_KEY_PREFIX);
   put_le32 (buf + SB_KEY_PREFIX_LEN, kl);
   memcpy (buf + SB_KEY_PREFIX, sb->key_prefix, kl);
-  uint32_t nc = MAX (sb->ncounters, (uint32_t) FSC_OSTATS_COUNT);
-  nc = MIN (nc, (uint32_t) FSC_OSTATS_MAX);
+  uint32_t nc = MIN (sb->ncounters, (uint32_t) FSC_OSTATS_MAX);
   put_le32 (buf + SB_NCOUNTERS, nc);
   put_le32 (buf + SB_LAST_REASON, sb->ostats.last_reason);
   put_le64 (buf + SB_COUNTERS_TIME, sb->counters_time);
@@ -159,17 +158,17 @@ fsc_sb_decode (const unsigned char *buf, struct fsc_sb *sb)
   memcpy (sb->generation, buf + SB_GENERATION, sb->gen_len);
   sb->generation[sb->gen_len] = '\0';
   memcpy (sb->key_prefix, buf + SB_KEY_PREFIX, sb->key_prefix_len);
-  /* Counters are statistics: nonsense there (more than fit) costs the
-   * counters, never the cached data.
+  /* Counters are statistics, but a superblock whose checksum holds
+   * and which claims more of them than fit was not written by us.
    */
   uint32_t nc = get_le32 (buf + SB_NCOUNTERS);
-  if (nc <= FSC_OSTATS_MAX) {
-    sb->ncounters = nc;
-    sb->ostats.last_reason = get_le32 (buf + SB_LAST_REASON);
-    sb->counters_time = get_le64 (buf + SB_COUNTERS_TIME);
-    for (uint32_t i = 0; i < nc; ++i)
-      sb->ostats.v[i] = get_le64 (buf + SB_COUNTERS + 8 * i);
-  }
+  if (nc > FSC_OSTATS_MAX)
+    return FSC_REJ_GEOMETRY;
+  sb->ncounters = nc;
+  sb->ostats.last_reason = get_le32 (buf + SB_LAST_REASON);
+  sb->counters_time = get_le64 (buf + SB_COUNTERS_TIME);
+  for (uint32_t i = 0; i < nc; ++i)
+    sb->ostats.v[i] = get_le64 (buf + SB_COUNTERS + 8 * i);
   return FSC_OK;
 }
 

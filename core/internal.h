@@ -190,12 +190,56 @@ struct fsc_object {
   struct timespec quota_mtime;  /* of the quota record last read */
   uint64_t quota_ino;
 
+  /* The object's own counters (ostats.h), with relaxed atomics; saved
+   * in the superblock (commit.c) and published in NAME.stats (live.c).
+   */
+  struct fsc_ostats ostats;
+  uint64_t live_next;           /* ms: when NAME.stats is next due */
+
   /* Checked sub-block hashes (sums.c), direct-mapped by block number;
    * allocated on first use.  Under lock.
    */
   struct scache_entry *scache;
   size_t nscache;                       /* a power of 2, or 0 */
 };
+
+#define FSC_OSTAT_ADD(o, field, n)                                       \
+  __atomic_add_fetch (&(o)->ostats.v[FSC_OSTAT_##field], (n),           \
+                      __ATOMIC_RELAXED)
+#define FSC_OSTAT_SET(o, field, n)                                       \
+  __atomic_store_n (&(o)->ostats.v[FSC_OSTAT_##field], (n),             \
+                    __ATOMIC_RELAXED)
+
+/* A client read just used OBJ (its last_use, in seconds). */
+static inline void
+fsc_note_use (struct fsc_object *o)
+{
+  FSC_OSTAT_SET (o, last_use, (uint64_t) time (NULL));
+}
+
+/* live.c: copy OBJ's counters, with the gauges computed now, into
+ * OUT.  Takes obj->lock.
+ */
+extern void fsc_ostats_snapshot (struct fsc_object *obj,
+                                 struct fsc_ostats *out);
+
+/* live.c: rewrite NAME.stats (OPEN: the object is still open) if it
+ * is due, or always if FORCE.  Failing costs only the statistics.
+ */
+extern void fsc_live_publish (struct fsc_object *obj, bool open, bool force);
+
+/* commit.c: write the superblock if a counter changed since the last
+ * one was written.  Returns 0, or -1 (object withdrawn).
+ */
+extern int fsc_object_save_counters (struct fsc_object *obj);
+
+/* live.c: read the counters of OBJ's NAME.stats into OUT if it is
+ * there, readable and of OBJ's key, with the incarnation and the time
+ * (seconds) it gives if those are not NULL.  Returns 0, or -1 (nothing
+ * set).
+ */
+extern int fsc_live_load (struct fsc_object *obj, struct fsc_ostats *out,
+                          uint64_t *incarnation, uint64_t *updated);
 
 /* object.c: if another process marked OBJ stale (it wrote upstream
  * while we held the object), withdraw it.  Returns true if it did.

@@ -85,6 +85,7 @@ fsc_withdraw (struct fsc_object *o, int err)
   pthread_mutex_unlock (&o->lock);
 
   FSC_STAT_ADD (&o->cache->stats, withdrawals, 1);
+  FSC_OSTAT_ADD (o, withdrawals, 1);
   /* The index may name blocks whose upstream content will change while
    * we are not tracking writes any more: remove it so that nobody can
    * trust it later.  Best effort: if even unlink fails the disk is
@@ -331,14 +332,17 @@ lookup (struct fsc_object *o, const struct fsc_object_params *p,
   int slot = 0;
   struct stat ist;
   int reason;
+  bool sb_ours = false;         /* a readable superblock of this key */
   if (fstat (o->ifd, &ist) == -1)
     return -1;
   if (ist.st_size == 0)
     reason = FSC_REJ_NEW;
   else {
     reason = fsc_sb_load (&c->io, o->ifd, &sb, &slot);
-    if (reason == FSC_OK)
+    if (reason == FSC_OK) {
       reason = check_sb (o, &sb, p, data_ok, sst.st_size);
+      sb_ours = reason != FSC_REJ_KEY;
+    }
   }
 
   if (reason == FSC_OK && stale_marked (o))
@@ -375,6 +379,16 @@ lookup (struct fsc_object *o, const struct fsc_object_params *p,
   info->reason = reason;
 
   if (reason == FSC_OK) {
+    o->ostats = sb.ostats;
+    /* After a crash the superblock's counters are those of the last
+     * commit; NAME.stats may be a few rounds newer.
+     */
+    struct fsc_ostats live;
+    uint64_t inc, upd;
+    if (info->unclean &&
+        fsc_live_load (o, &live, &inc, &upd) == 0 &&
+        inc == sb.incarnation && upd > sb.counters_time)
+      o->ostats = live;
     FSC_STAT_ADD (st, objects_reused, 1);
     if (info->unclean)
       FSC_STAT_ADD (st, unclean_opens, 1);
@@ -398,7 +412,22 @@ lookup (struct fsc_object *o, const struct fsc_object_params *p,
     if (create_cold (o, p) == -1)
       return -1;
     unlink_file (o, ".stale");
+    /* The object's history outlives its data: its counters go on from
+     * the old superblock, or else from the last NAME.stats, and the
+     * discard counts as an invalidation (docs/format.md, "Object
+     * counters").
+     */
+    if (reason != FSC_REJ_NEW) {
+      if (sb_ours)
+        o->ostats = sb.ostats;
+      else
+        (void) fsc_live_load (o, &o->ostats, NULL, NULL);
+      FSC_OSTAT_ADD (o, invalidations, 1);
+      FSC_OSTAT_SET (o, last_invalidation, (uint64_t) time (NULL));
+      o->ostats.last_reason = reason;
+    }
   }
+  FSC_OSTAT_ADD (o, opens, 1);
   /* Room for both superblock slots, so that no later superblock write
    * (the clean mark at close, above all) can fail for want of space.
    */
@@ -613,6 +642,8 @@ fsc_object_close (struct fsc_object *o)
     fsc_punch_pending (o);
     fsc_write_sb (o, FSC_SB_CLEAN, 0, NULL);
   }
+  /* The last word, while we still hold the lock on the index. */
+  fsc_live_publish (o, false, true);
   fsc_data_close (o);
   if (o->sfd >= 0) { close (o->sfd); o->sfd = -1; }
   if (o->ifd >= 0) { close (o->ifd); o->ifd = -1; }   /* drops the flock */

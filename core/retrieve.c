@@ -83,6 +83,7 @@ static void
 drop_bad (struct fsc_object *o, uint64_t bad, uint64_t csum)
 {
   FSC_STAT_ADD (&o->cache->stats, verify_failures, 1);
+  FSC_OSTAT_ADD (o, verify_failures, 1);
   pthread_mutex_lock (&o->lock);
   struct group *g = group_of (o, bad, false);
   if (g && (g->present & BIT_OF (bad)) && g->csum[IDX_OF (bad)] == csum) {
@@ -102,6 +103,7 @@ static void
 read_failed (struct fsc_object *o, ssize_t r)
 {
   FSC_STAT_ADD (&o->cache->stats, read_errors, 1);
+  FSC_OSTAT_ADD (o, io_errors, 1);
   fsc_withdraw (o, r == -1 ? errno : EIO);
 }
 
@@ -211,8 +213,9 @@ hit_run (struct fsc_object *o, uint64_t b, uint64_t n, void *buf,
         break;
       }
     }
-    FSC_STAT_ADD (st, hit_bytes,
-                  (good == n ? end : block_start (o, b + good)) - start);
+    uint64_t hb = (good == n ? end : block_start (o, b + good)) - start;
+    FSC_STAT_ADD (st, hit_bytes, hb);
+    FSC_OSTAT_ADD (o, hit_bytes, hb);
     return good;
   }
 
@@ -229,6 +232,7 @@ hit_run (struct fsc_object *o, uint64_t b, uint64_t n, void *buf,
     if (!hit_partial (o, b + i, buf, offset, lo, hi, csums[i], pieces[i]))
       return i;
     FSC_STAT_ADD (st, hit_bytes, hi - lo);
+    FSC_OSTAT_ADD (o, hit_bytes, hi - lo);
   }
   return n;
 }
@@ -246,7 +250,7 @@ static int
 fetch_run (struct fsc_object *o, uint64_t b, uint64_t n, void *buf,
            uint64_t offset, uint32_t count, const struct fsc_upstream *up,
            const uint64_t *epochs, unsigned rflags, unsigned held_first,
-           unsigned held_last)
+           unsigned held_last, uint64_t *missed)
 {
   const unsigned fflags = buf == NULL
     ? FSC_FILL_PREFETCHED | FSC_FILL_SCAN
@@ -292,17 +296,25 @@ fetch_run (struct fsc_object *o, uint64_t b, uint64_t n, void *buf,
     r = up->pread (up->opaque, dst, len, start);
     e = errno;
     FSC_STAT_ADD (st, upstream_reads, 1);
-    if (r == 0)
+    FSC_OSTAT_ADD (o, upstream_reads, 1);
+    if (r == 0) {
       FSC_STAT_ADD (st, upstream_read_bytes, len);
+      FSC_OSTAT_ADD (o, upstream_bytes, len);
+    }
   }
   if (r == 0) {
     if (buf) {
       if (dst != (unsigned char *) buf + (start - offset))
         copy_out (buf, offset, count, dst, start, end);
-      FSC_STAT_ADD (st, miss_bytes, overlap (start, end, offset, count));
+      uint64_t mb = overlap (start, end, offset, count);
+      FSC_STAT_ADD (st, miss_bytes, mb);
+      FSC_OSTAT_ADD (o, miss_bytes, mb);
+      *missed += mb;
     }
-    else
+    else {
       FSC_STAT_ADD (st, prefetch_bytes, len);
+      FSC_OSTAT_ADD (o, prefetch_bytes, len);
+    }
   }
 
   if (f && r == 0) {
@@ -354,10 +366,12 @@ holds (struct fsc_object *o, uint64_t b, uint64_t offset, uint64_t end,
   return true;
 }
 
-/* The read path shared by reads (BUF != NULL) and prefetch. */
+/* The read path shared by reads (BUF != NULL) and prefetch.  Adds the
+ * bytes of BUF served from upstream to *MISSED.
+ */
 static int
 do_read (struct fsc_object *o, void *buf, uint32_t count, uint64_t offset,
-         const struct fsc_upstream *up, unsigned flags)
+         const struct fsc_upstream *up, unsigned flags, uint64_t *missed)
 {
   struct fsc_stats *st = &o->cache->stats;
   uint64_t end;
@@ -472,7 +486,7 @@ do_read (struct fsc_object *o, void *buf, uint32_t count, uint64_t offset,
 
     case RUN_MISS:
       if (fetch_run (o, b, n, buf, offset, count, up, epochs, flags,
-                     held_first, held_last) == -1)
+                     held_first, held_last, missed) == -1)
         return -1;
       b += n;
       break;
@@ -484,10 +498,14 @@ do_read (struct fsc_object *o, void *buf, uint32_t count, uint64_t offset,
         int r = up->pread (up->opaque, (unsigned char *) buf + (lo - offset),
                            hi - lo, lo);
         FSC_STAT_ADD (st, upstream_reads, 1);
+        FSC_OSTAT_ADD (o, upstream_reads, 1);
         if (r == -1)
           return -1;
         FSC_STAT_ADD (st, upstream_read_bytes, hi - lo);
         FSC_STAT_ADD (st, miss_bytes, hi - lo);
+        FSC_OSTAT_ADD (o, upstream_bytes, hi - lo);
+        FSC_OSTAT_ADD (o, miss_bytes, hi - lo);
+        *missed += hi - lo;
       }
       b += n;
       break;
@@ -501,8 +519,18 @@ fsc_object_read (struct fsc_object *o, void *buf, uint32_t count,
                  uint64_t offset, const struct fsc_upstream *up,
                  unsigned flags)
 {
+  uint64_t missed = 0;
   FSC_STAT_ADD (&o->cache->stats, read_requests, 1);
-  return do_read (o, buf, count, offset, up, flags);
+  int r = do_read (o, buf, count, offset, up, flags, &missed);
+  /* A request is a hit if nothing of it came from upstream (a failed
+   * one counts as a miss).
+   */
+  if (missed || r == -1)
+    FSC_OSTAT_ADD (o, miss_requests, 1);
+  else
+    FSC_OSTAT_ADD (o, hit_requests, 1);
+  fsc_note_use (o);
+  return r;
 }
 
 int
@@ -516,7 +544,8 @@ fsc_object_prefetch (struct fsc_object *o, uint64_t offset, uint64_t count,
   count = MIN (count, o->size - offset);
   while (count > 0) {
     uint32_t n = MIN (count, (uint64_t) MAX_FETCH_BYTES);
-    if (do_read (o, NULL, n, offset, up, 0) == -1)
+    uint64_t missed = 0;
+    if (do_read (o, NULL, n, offset, up, 0, &missed) == -1)
       return -1;
     offset += n;
     count -= n;

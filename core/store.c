@@ -53,6 +53,7 @@ fill_failed (struct fsc_object *o, int err)
   if (err == EAGAIN)
     return;
   FSC_STAT_ADD (&o->cache->stats, fill_errors, 1);
+  FSC_OSTAT_ADD (o, io_errors, 1);
   if (err == ENOSPC || err == EDQUOT) {
     FSC_STAT_ADD (&o->cache->stats, nofill_events, 1);
     pthread_mutex_lock (&o->lock);
@@ -136,6 +137,7 @@ store_blocks (struct fsc_object *o, uint64_t blk, uint64_t nb,
     csums[i] = fsc_sums_csum (vec, kb);
   }
   FSC_STAT_ADD (&o->cache->stats, fill_bytes, len);
+  FSC_OSTAT_ADD (o, stored_bytes, len);
   return 0;
 }
 
@@ -284,6 +286,7 @@ fsc_fill_blocks (struct fsc_object *o, uint64_t b, uint64_t n,
       g->referenced |= BIT_OF (blk);    /* read again: a reuse */
     if (np)
       FSC_STAT_ADD (&o->cache->stats, piece_fills, 1);
+    FSC_OSTAT_ADD (o, stored_blocks, 1);
     o->data_dirty = true;
     if (fsc_mark_dirty (o, GROUP_OF (blk), g) == -1)
       fill_ok = false;
@@ -316,6 +319,8 @@ fsc_object_write_begin (struct fsc_object *o, uint64_t offset,
   memset (w, 0, sizeof *w);
   w->offset = offset;
   w->count = count;
+  FSC_OSTAT_ADD (o, write_requests, 1);
+  FSC_OSTAT_ADD (o, write_bytes, count);
   if (count == 0 || offset >= o->size)
     return 0;
   count = MIN (count, o->size - offset);
@@ -431,6 +436,7 @@ fsc_object_write_begin (struct fsc_object *o, uint64_t offset,
       g->present &= ~mask;
       fsc_note_gone (o, g, dropped);
       FSC_STAT_ADD (st, invalidated_blocks, __builtin_popcountll (dropped));
+      FSC_OSTAT_ADD (o, invalidated_blocks, __builtin_popcountll (dropped));
       fsc_note_dropped (o, gi, dropped);      /* punch later, if capped */
     }
     if (g->disk_max & mask) {
@@ -566,6 +572,7 @@ fsc_object_write_end (struct fsc_object *o, struct fsc_write *w,
         o->data_dirty = true;
         fsc_mark_dirty (o, GROUP_OF (bk), g);
         FSC_STAT_ADD (st, stored_blocks, 1);
+        FSC_OSTAT_ADD (o, stored_blocks, 1);
       }
       pthread_cond_broadcast (&o->cond);
       pthread_mutex_unlock (&o->lock);

@@ -298,6 +298,104 @@ test_pieces (void)
   fsc_cache_close (c);
 }
 
+/* The object's own counters: exact for what was done, saved with the
+ * index across a clean close, carried over (with an invalidation and
+ * its reason) when a coherency change discards the data, published in
+ * NAME.stats, and taken from there when the index is lost.
+ */
+static void
+test_counters (void)
+{
+  struct fsc_object_params pc = {
+    .key = "counted", .key_len = 7, .block_size = BS, .size = SIZE,
+    .verify = true, .validate = FSC_VALIDATE_SIZE, .generation = "g1",
+  };
+  struct fsc_open_info info;
+  struct fsc_ostats s;
+  struct fsc_object *o;
+  static unsigned char got[SIZE];
+  char name[FSC_NAME_MAX + 1], fan[FSC_FAN_MAX + 1], live[512], cidx[512];
+  fsc_key_encode ("counted", 7, name, fan);
+  snprintf (live, sizeof live, "%s/objects/%s/%s.stats", dir, fan, name);
+  snprintf (cidx, sizeof cidx, "%s/objects/%s/%s.idx", dir, fan, name);
+
+  struct fsc_cache *c = open_cache (NULL);
+  CHECK (fsc_object_open (c, &pc, &o, &info) == 0);
+  /* 10 blocks cold, the same 10 warm, one 3-block read half cached. */
+  CHECK (fsc_object_read (o, got, 10 * BS, 0, &up, 0) == 0);
+  CHECK (fsc_object_read (o, got, 10 * BS, 0, &up, 0) == 0);
+  CHECK (fsc_object_read (o, got, 3 * BS, 9 * BS, &up, 0) == 0);
+  fsc_object_counters (o, &s);
+  CHECK_EQ (s.v[FSC_OSTAT_opens], 1);
+  CHECK_EQ (s.v[FSC_OSTAT_hit_requests], 1);
+  CHECK_EQ (s.v[FSC_OSTAT_miss_requests], 2);
+  CHECK_EQ (s.v[FSC_OSTAT_hit_bytes], 11 * BS);
+  CHECK_EQ (s.v[FSC_OSTAT_miss_bytes], 12 * BS);
+  CHECK_EQ (s.v[FSC_OSTAT_upstream_bytes], 12 * BS);
+  CHECK_EQ (s.v[FSC_OSTAT_present_blocks], 12);
+  CHECK_EQ (s.v[FSC_OSTAT_cached_bytes], 12 * BS);
+  CHECK (s.v[FSC_OSTAT_last_use] >= (uint64_t) time (NULL) - 5);
+  fsc_object_close (o);
+  fsc_cache_close (c);
+
+  /* NAME.stats says the same, closed. */
+  FILE *fp = fopen (live, "r");
+  CHECK (fp != NULL);
+  char line[256];
+  bool saw_open0 = false, saw_hits = false;
+  while (fgets (line, sizeof line, fp)) {
+    saw_open0 |= strcmp (line, "open 0\n") == 0;
+    saw_hits |= strcmp (line, "hit_bytes 45056\n") == 0;
+  }
+  fclose (fp);
+  CHECK (saw_open0 && saw_hits);
+
+  /* Reopened: the counters go on from the superblock. */
+  c = open_cache (NULL);
+  CHECK (fsc_object_open (c, &pc, &o, &info) == 0);
+  CHECK_EQ (info.reason, FSC_OK);
+  CHECK (fsc_object_read (o, got, BS, 0, &up, 0) == 0);
+  fsc_object_counters (o, &s);
+  CHECK_EQ (s.v[FSC_OSTAT_opens], 2);
+  CHECK_EQ (s.v[FSC_OSTAT_hit_requests], 2);
+  CHECK_EQ (s.v[FSC_OSTAT_hit_bytes], 12 * BS);
+  CHECK_EQ (s.v[FSC_OSTAT_invalidations], 0);
+  fsc_object_close (o);
+  fsc_cache_close (c);
+
+  /* A new generation discards the data, not the history. */
+  pc.generation = "g2";
+  c = open_cache (NULL);
+  CHECK (fsc_object_open (c, &pc, &o, &info) == 0);
+  CHECK_EQ (info.reason, FSC_REJ_GENERATION);
+  fsc_object_counters (o, &s);
+  CHECK_EQ (s.v[FSC_OSTAT_opens], 3);
+  CHECK_EQ (s.v[FSC_OSTAT_hit_bytes], 12 * BS);
+  CHECK_EQ (s.v[FSC_OSTAT_invalidations], 1);
+  CHECK_EQ (s.last_reason, FSC_REJ_GENERATION);
+  CHECK_EQ (s.v[FSC_OSTAT_present_blocks], 0);
+  CHECK (s.v[FSC_OSTAT_last_invalidation] > 0);
+  fsc_object_close (o);
+  fsc_cache_close (c);
+
+  /* A garbled index: the history comes from NAME.stats. */
+  int fd = open (cidx, O_WRONLY);
+  CHECK (fd >= 0);
+  static unsigned char zero[2 * 4096];
+  CHECK (pwrite (fd, zero, sizeof zero, 0) == (ssize_t) sizeof zero);
+  close (fd);
+  c = open_cache (NULL);
+  CHECK (fsc_object_open (c, &pc, &o, &info) == 0);
+  CHECK (info.reason != FSC_OK && info.reason != FSC_REJ_NEW);
+  fsc_object_counters (o, &s);
+  CHECK_EQ (s.v[FSC_OSTAT_opens], 4);
+  CHECK_EQ (s.v[FSC_OSTAT_hit_bytes], 12 * BS);
+  CHECK_EQ (s.v[FSC_OSTAT_invalidations], 2);
+  CHECK_EQ (s.last_reason, (uint32_t) info.reason);
+  fsc_object_close (o);
+  fsc_cache_close (c);
+}
+
 int
 main (void)
 {
@@ -758,6 +856,7 @@ main (void)
   }
 
   test_pieces ();
+  test_counters ();
 
   /* A world-writable cache directory is refused. */
   CHECK (chmod (dir, 0777) == 0);
