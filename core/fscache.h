@@ -183,13 +183,20 @@ extern int fsc_object_read (struct fsc_object *obj, void *buf,
                             uint32_t count, uint64_t offset,
                             const struct fsc_upstream *up, unsigned flags);
 
+/* Flags of fsc_object_prefetch. */
+#define FSC_PREFETCH_EXACT 4u   /* fetch only the pieces the range
+                                 * covers in its end blocks, as a
+                                 * random read would (NBD_CMD_CACHE of a
+                                 * recorded trace); else whole blocks */
+
 /* Make [OFFSET, OFFSET+COUNT) present without copying it anywhere
  * (NBD_CMD_CACHE, readahead).  Blocks already present or being
  * fetched are skipped.  Returns 0 or -1 with errno (upstream error).
  */
 extern int fsc_object_prefetch (struct fsc_object *obj, uint64_t offset,
                                 uint64_t count,
-                                const struct fsc_upstream *up);
+                                const struct fsc_upstream *up,
+                                unsigned flags);
 
 /* Make every change so far durable (client FLUSH).  Returns 0, or -1
  * if the cache failed (the object is then withdrawn).

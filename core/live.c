@@ -42,15 +42,25 @@ fsc_ostats_snapshot (struct fsc_object *o, struct fsc_ostats *out)
   for (unsigned i = 0; i < FSC_OSTATS_MAX; ++i)
     out->v[i] = __atomic_load_n (&o->ostats.v[i], __ATOMIC_RELAXED);
   out->last_reason = o->ostats.last_reason;
-  if (o->gtop) {
-    for (uint64_t gi = fsc_grp_next (o, 0); gi < o->ngroups;
-         gi = fsc_grp_next (o, gi + 1)) {
-      const struct group *g = grp (o, gi);
-      blocks += __builtin_popcountll (g->present);
-      for (uint64_t t = g->present; t; t &= t - 1) {
-        unsigned x = __builtin_ctzll (t);
-        bytes += held_bytes (o, gi * FSC_GROUP_BLOCKS + x, g->pieces[x]);
-      }
+  /* The gauges walk the allocated groups: a few hundred thousand for a
+   * TiB cached, so the lock is let go every GAUGE_BATCH groups rather
+   * than held for the walk (readers wait on it).  The sum may then mix
+   * instants, which statistics may.
+   */
+  enum { GAUGE_BATCH = 1024 };
+  uint64_t gi = o->gtop ? fsc_grp_next (o, 0) : UINT64_MAX;
+  for (unsigned k = 0; o->gtop && gi < o->ngroups;
+       gi = fsc_grp_next (o, gi + 1)) {
+    const struct group *g = grp (o, gi);
+    blocks += __builtin_popcountll (g->present);
+    for (uint64_t t = g->present; t; t &= t - 1) {
+      unsigned x = __builtin_ctzll (t);
+      bytes += held_bytes (o, gi * FSC_GROUP_BLOCKS + x, g->pieces[x]);
+    }
+    if (++k == GAUGE_BATCH) {
+      k = 0;
+      pthread_mutex_unlock (&o->lock);
+      pthread_mutex_lock (&o->lock);
     }
   }
   pthread_mutex_unlock (&o->lock);

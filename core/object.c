@@ -426,6 +426,13 @@ lookup (struct fsc_object *o, const struct fsc_object_params *p,
       FSC_OSTAT_SET (o, last_invalidation, (uint64_t) time (NULL));
       o->ostats.last_reason = reason;
     }
+    else {
+      /* No index, but maybe its history: a withdrawal unlinks the
+       * index and leaves NAME.stats; so does nbd-fscache invalidate,
+       * which counts its invalidation there.
+       */
+      (void) fsc_live_load (o, &o->ostats, NULL, NULL);
+    }
   }
   FSC_OSTAT_ADD (o, opens, 1);
   /* Room for both superblock slots, so that no later superblock write

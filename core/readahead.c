@@ -54,7 +54,7 @@ worker (void *arg)
     pthread_mutex_unlock (&ra->lock);
 
     /* Errors only mean the client's own read will miss. */
-    fsc_object_prefetch (ra->obj, r.offset, r.count, &ra->up);
+    fsc_object_prefetch (ra->obj, r.offset, r.count, &ra->up, 0);
   }
 }
 

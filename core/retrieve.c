@@ -242,8 +242,9 @@ hit_run (struct fsc_object *o, uint64_t b, uint64_t n, void *buf,
  * runs and has room, so that the reply does not wait for local writes
  * (others missing on these blocks wait for the fill as for a fetch);
  * else here.  A read that is neither sequential nor near the last one
- * fetches only the pieces of the end blocks it covers; prefetches and
- * streams fetch whole blocks.  EPOCHS holds the claim epoch of each
+ * fetches only the pieces of the end blocks it covers, and so does an
+ * exact prefetch (FSC_PREFETCH_EXACT); other prefetches and streams
+ * fetch whole blocks.  EPOCHS holds the claim epoch of each
  * group from B's.  Returns 0 or -1 (upstream error).
  */
 static int
@@ -261,9 +262,11 @@ fetch_run (struct fsc_object *o, uint64_t b, uint64_t n, void *buf,
   /* What the client's window needs of the run, in whole pieces (all of
    * it for a prefetch).
    */
-  const uint64_t wlo = buf ? MAX (start, offset & ~(ps - 1)) : end;
-  const uint64_t whi = buf ? MIN (end, ROUND_UP (offset + count, ps)) : start;
-  if (buf && !(rflags & (FSC_READ_SEQUENTIAL | FSC_READ_NEAR))) {
+  const bool exact = !buf && (rflags & FSC_PREFETCH_EXACT);
+  const uint64_t wlo = buf || exact ? MAX (start, offset & ~(ps - 1)) : end;
+  const uint64_t whi = buf || exact
+    ? MIN (end, ROUND_UP (offset + count, ps)) : start;
+  if ((buf && !(rflags & (FSC_READ_SEQUENTIAL | FSC_READ_NEAR))) || exact) {
     start = wlo;
     end = whi;
   }
@@ -375,6 +378,8 @@ do_read (struct fsc_object *o, void *buf, uint32_t count, uint64_t offset,
 {
   struct fsc_stats *st = &o->cache->stats;
   uint64_t end;
+  /* A prefetch wants whole blocks, unless exact. */
+  const bool whole = !buf && !(flags & FSC_PREFETCH_EXACT);
 
   if (count == 0)
     return 0;
@@ -403,10 +408,10 @@ do_read (struct fsc_object *o, void *buf, uint32_t count, uint64_t offset,
       kind = RUN_UNCACHED;
       n = last - b + 1;
     }
-    else if (holds (o, b, offset, end, !buf, &pieces[0], &csums[0])) {
+    else if (holds (o, b, offset, end, whole, &pieces[0], &csums[0])) {
       kind = RUN_HIT;
       while (b + n <= last && n < max_hit &&
-             holds (o, b + n, offset, end, !buf, &pieces[n], &csums[n]))
+             holds (o, b + n, offset, end, whole, &pieces[n], &csums[n]))
         n++;
       /* The run spans at most two groups (n <= FSC_GROUP_BLOCKS):
        * count the hit in flight in each, so that eviction does not
@@ -446,7 +451,7 @@ do_read (struct fsc_object *o, void *buf, uint32_t count, uint64_t offset,
       if (g == NULL || time (NULL) < o->nofill_until) {
         kind = RUN_UNCACHED;
         while (b + n <= last && n < max_run &&
-               !holds (o, b + n, offset, end, !buf, NULL, NULL))
+               !holds (o, b + n, offset, end, whole, NULL, NULL))
           n++;
       }
       else {
@@ -459,7 +464,7 @@ do_read (struct fsc_object *o, void *buf, uint32_t count, uint64_t offset,
           uint64_t nb = b + n;
           struct group *ng = group_of (o, nb, true);
           if (ng == NULL || (ng->fetching & BIT_OF (nb)) ||
-              holds (o, nb, offset, end, !buf, NULL, NULL))
+              holds (o, nb, offset, end, whole, NULL, NULL))
             break;
           ng->fetching |= BIT_OF (nb);
           epochs[GROUP_OF (nb) - g0] = claim_epoch (ng);
@@ -535,7 +540,7 @@ fsc_object_read (struct fsc_object *o, void *buf, uint32_t count,
 
 int
 fsc_object_prefetch (struct fsc_object *o, uint64_t offset, uint64_t count,
-                     const struct fsc_upstream *up)
+                     const struct fsc_upstream *up, unsigned flags)
 {
   if (offset > o->size) {
     errno = EINVAL;
@@ -545,7 +550,8 @@ fsc_object_prefetch (struct fsc_object *o, uint64_t offset, uint64_t count,
   while (count > 0) {
     uint32_t n = MIN (count, (uint64_t) MAX_FETCH_BYTES);
     uint64_t missed = 0;
-    if (do_read (o, NULL, n, offset, up, 0, &missed) == -1)
+    if (do_read (o, NULL, n, offset, up, flags & FSC_PREFETCH_EXACT,
+                 &missed) == -1)
       return -1;
     offset += n;
     count -= n;

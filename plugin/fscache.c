@@ -37,6 +37,7 @@
 #include "fscache.h"
 #include "keyenc.h"
 #include "readahead.h"
+#include "trace.h"
 #include "upstream.h"
 #include "utils.h"
 
@@ -58,6 +59,9 @@ static bool offline = false;    /* fscache-offline */
 static uint64_t max_size;       /* fscache-max-size, 0: none */
 static unsigned min_free = 1;   /* fscache-min-free, % of blocks */
 static unsigned min_free_inodes = 1; /* fscache-min-free-inodes */
+static char *trace_file;        /* fscache-trace */
+static uint64_t trace_max = UINT64_C (1) << 30; /* fscache-trace-max */
+static struct fsc_trace *trace; /* open while the filter is loaded */
 
 static struct fsc_cache *cache;
 
@@ -84,6 +88,7 @@ struct handle {
   struct upstream upstream;     /* this connection's upstream, gated */
   struct fsc_upstream up;       /* the same, for core/ */
   char *exportname;
+  bool traced;                  /* its reads go into the trace */
 };
 
 static void
@@ -94,6 +99,7 @@ fscache_unload (void)
   free (derived_key);
   free (generation);
   free (stats_file);
+  free (trace_file);
 }
 
 /* Add KEY=VALUE to the derived key.  Values that name existing files
@@ -260,6 +266,24 @@ fscache_config (nbdkit_next_config *next, nbdkit_backend *nxdata,
     stats_file = nbdkit_absolute_path (value);
     return stats_file ? 0 : -1;
   }
+  if (strcmp (k, "fscache-trace") == 0) {
+    free (trace_file);
+    trace_file = nbdkit_absolute_path (value);
+    return trace_file ? 0 : -1;
+  }
+  if (strcmp (k, "fscache-trace-max") == 0) {
+    int64_t r = nbdkit_parse_size (value);
+    if (r == -1) {
+      nbdkit_error ("fscache-trace-max=%s: not a size", value);
+      return -1;
+    }
+    if (r < 4096) {
+      nbdkit_error ("fscache-trace-max=%s: at least 4K", value);
+      return -1;
+    }
+    trace_max = r;
+    return 0;
+  }
   if (strncmp (k, "fscache-", 8) == 0) {
     nbdkit_error ("unknown parameter %s (see nbdkit-fscache-filter(1))", k);
     return -1;
@@ -320,6 +344,15 @@ fscache_config_complete (nbdkit_next_config_complete *next,
     free (derived_key);
     derived_key = hashed;
     derived_len = n;
+  }
+
+  /* Created now (before the cache, so that a refused start creates no
+   * cache directory), so that a trace that cannot be written is an
+   * error at start-up rather than a silent loss.
+   */
+  if (trace_file && fsc_trace_open (trace_file, trace_max, &trace) == -1) {
+    nbdkit_error ("fscache-trace=%s: %m", trace_file);
+    return -1;
   }
 
   struct fsc_cache_config cfg = {
@@ -408,6 +441,15 @@ fscache_cleanup (nbdkit_backend *nxdata)
     fsc_cache_close (cache);
     cache = NULL;
   }
+  if (trace) {
+    uint64_t rec = 0;
+    if (fsc_trace_close (trace, &rec) == -1)
+      nbdkit_error ("fscache-trace=%s: writing the trace: %m", trace_file);
+    else
+      nbdkit_debug ("fscache-trace=%s: %" PRIu64 " bytes recorded",
+                    trace_file, rec);
+    trace = NULL;
+  }
 }
 
 #define fscache_config_help \
@@ -424,7 +466,9 @@ fscache_cleanup (nbdkit_backend *nxdata)
   "fscache-min-free-inodes=N% The same for free inodes (default 1%).\n" \
   "fscache-offline=BOOL       Serve the cached copy read-only when the\n" \
   "                           upstream cannot be opened (default false).\n" \
-  "fscache-stats=FILE         Write counters to FILE."
+  "fscache-stats=FILE         Write counters to FILE.\n" \
+  "fscache-trace=FILE         Record the first touches of the export.\n" \
+  "fscache-trace-max=SIZE     Stop the trace after SIZE bytes (default 1G)."
 
 /*----------------------------------------------------------------------
  * Connections.
@@ -575,6 +619,25 @@ object_key (const char *exportname, size_t *len)
   return k;
 }
 
+/* The trace follows the first export opened; the others' reads are
+ * not recorded (one trace, one object: its replay warms that object).
+ */
+static void
+bind_trace (struct handle *h, const char *k, size_t klen, uint64_t size)
+{
+  if (trace == NULL)
+    return;
+  uint64_t lo, hi;
+  fsc_key_hash (k, klen, &lo, &hi);
+  int r = fsc_trace_bind (trace, lo, hi, size, block_size);
+  if (r == -1)
+    nbdkit_error ("fscache-trace=%s: writing the header: %m", trace_file);
+  else if (r == 0)
+    nbdkit_debug ("fscache-trace: export \"%s\" is not traced (the trace "
+                  "follows the first export opened)", h->exportname);
+  h->traced = r == 1;
+}
+
 static void log_notices (struct handle *h);
 
 static int
@@ -661,8 +724,10 @@ fscache_prepare (nbdkit_next *next, void *handle, int readonly)
 
   /* Another connection has the object open: it was validated then. */
   h->obj = fsc_object_get (cache, &p);
-  if (h->obj)
+  if (h->obj) {
+    bind_trace (h, k, klen, size);
     return start_readahead (h);
+  }
 
   if (validate == FSC_VALIDATE_SAMPLE &&
       fingerprint (&h->upstream, k, klen, size, &p.fingerprint) == -1) {
@@ -700,6 +765,7 @@ fscache_prepare (nbdkit_next *next, void *handle, int readonly)
                   h->exportname, fsc_reason_name (info.reason),
                   info.present_blocks);
   }
+  bind_trace (h, k, klen, size);
   return start_readahead (h);
 }
 
@@ -809,6 +875,8 @@ fscache_pread (nbdkit_next *next, void *handle, void *buf, uint32_t count,
     return -1;
   }
   fsc_readahead_observe (h->ra, offset, count);
+  if (h->traced)
+    fsc_trace_note (trace, offset, count);
   return 0;
 }
 
@@ -817,7 +885,13 @@ fscache_cache (nbdkit_next *next, void *handle, uint32_t count,
                uint64_t offset, uint32_t flags, int *err)
 {
   struct handle *h = handle;
-  int r = fsc_object_prefetch (h->obj, offset, count, &h->up);
+  /* Exactly what is asked, in pieces at the ends: a client that
+   * names the ranges it will read (nbd-fscache warm --trace) should
+   * not pay for whole blocks around them.  Aligned ranges are whole
+   * blocks anyway.
+   */
+  int r = fsc_object_prefetch (h->obj, offset, count, &h->up,
+                               FSC_PREFETCH_EXACT);
   *err = errno;
   log_notices (h);
   if (r == -1)

@@ -193,9 +193,22 @@ test_pieces (void)
    */
   CHECK_EQ (read_check (o, P, 7 * B, 0), P);
   up_bytes = 0;
-  CHECK (fsc_object_prefetch (o, 7 * B, B, &up) == 0);
+  CHECK (fsc_object_prefetch (o, 7 * B, B, &up, 0) == 0);
   CHECK_EQ (up_bytes, B - P);
   CHECK_EQ (read_check (o, B, 7 * B, 0), 0);
+  /* An exact prefetch (NBD_CMD_CACHE) fetches only the pieces it
+   * covers, then hits; a second one of the same range fetches nothing.
+   */
+  up_bytes = 0;
+  CHECK (fsc_object_prefetch (o, 9 * B + 3 * P + 100, 2 * P,
+                              &up, FSC_PREFETCH_EXACT) == 0);
+  CHECK_EQ (up_bytes, 3 * P);
+  up_bytes = 0;
+  CHECK (fsc_object_prefetch (o, 9 * B + 3 * P, 3 * P, &up,
+                              FSC_PREFETCH_EXACT) == 0);
+  CHECK_EQ (up_bytes, 0);
+  CHECK_EQ (read_check (o, 3 * P, 9 * B + 3 * P, 0), 0);
+  CHECK_EQ (read_check (o, P, 9 * B + 6 * P, 0), P);
   /* So does a stream starting after them: a random read of a block's
    * first piece, then reads continuing from it.
    */
