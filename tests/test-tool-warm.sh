@@ -271,6 +271,15 @@ upstream_since "$m" > "$TMP/cut.log"
 [ "$(ranges log "$TMP/cut.log")" = "$(ranges trace "$TMP/t25.trace" 50)" ] ||
   fail "truncated trace: upstream reads are not the first 50 entries"
 
+# The recorded trace itself cut inside its first chunk: the header is
+# good, so nothing is replayed, with a warning, and that is success.
+head -c 76 "$TMP/t.trace" > "$TMP/cut1.trace"
+st=0; "$WARM" warm "$(uri px7)" --trace "$TMP/cut1.trace" > "$TMP/out" 2>"$TMP/err" || st=$?
+cat "$TMP/out" "$TMP/err"
+[ "$st" -eq 0 ] || fail "trace cut in its first chunk: exit $st, expected 0"
+grep -q "truncated chunk at byte 64; replaying the 0 entries" "$TMP/err" ||
+  fail "trace cut in its first chunk: no warning"
+
 # A garbage file, and a trace of another export: refused (1).
 head -c 5000 /dev/urandom > "$TMP/garbage.trace"
 st=0; "$WARM" warm "$(uri px7)" --trace "$TMP/garbage.trace" 2>"$TMP/err" || st=$?
