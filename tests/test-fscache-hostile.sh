@@ -11,7 +11,7 @@
 #     directory ($TMP listed before and after, and a search for newer
 #     files named like the targets); inside it there is only
 #     fscache.hdr, objects/, objects/@xx/ and files named
-#     ^[kh][A-Za-z0-9_=-]*\.(idx|data|sums)$.
+#     ^[kh][A-Za-z0-9_=-]*\.(idx|data|sums|stats)$.
 #  2. A world-writable cache directory (or objects/ subdirectory), or
 #     one owned by another user, is refused with a clear message.
 #  3. Planted links: an object's .data, .idx or .sums replaced by a
@@ -189,7 +189,7 @@ escaped="$(find "$TMP" / /tmp /etc -maxdepth 1 -newer "$marker" \
 
 # Only the expected shapes inside the cache directory.
 bad="$(cd "$cache" && find . -mindepth 1 |
-       grep -Ev '^\./fscache\.hdr$|^\./objects$|^\./objects/@[0-9a-f]{2}$|^\./objects/@[0-9a-f]{2}/[kh][A-Za-z0-9_=-]*\.(idx|data|sums)$' || true)"
+       grep -Ev '^\./fscache\.hdr$|^\./objects$|^\./objects/@[0-9a-f]{2}$|^\./objects/@[0-9a-f]{2}/[kh][A-Za-z0-9_=-]*\.(idx|data|sums|stats)$' || true)"
 [ -z "$bad" ] || fail "unexpected entries in the cache directory: $bad"
 [ -z "$(find "$cache" -type l)" ] || fail "symlinks in the cache"
 [ -z "$(find "$cache" -type d ! -perm 0700)" ] ||

@@ -17,9 +17,9 @@
 #
 # cache: h.cache(len, off) on uncached ranges (unaligned, several
 # blocks; a range half cached already; the short end of the export):
-#   - the cache request read each block of the range upstream exactly
-#     once (upstream reads during it: no overlap, union == the range
-#     rounded out to whole blocks, minus blocks cached before);
+#   - the cache request read each 4 KiB piece of the range upstream
+#     exactly once (upstream reads during it: no overlap, union == the
+#     range rounded out to 4 KiB, minus what was cached before);
 #   - a later read of the range fetches nothing upstream (log_read_bytes
 #     before/after == 0 new bytes) and returns up.img's bytes;
 #   - a second cache request of the same range reads nothing upstream.
@@ -142,24 +142,27 @@ cases = [
     ("short end", size - 1000 - BS - 10, BS + 1010),
     ("one byte", 13 * M + 7, 1),
 ]
-cached = set(range((4 * M + 2 * BS) // BS, (4 * M + 4 * BS) // BS))
+# NBD_CMD_CACHE fetches exactly the 4 KiB pieces its range covers
+# (whole blocks inside it): accounted in pieces.
+PS = 4096
+cached = set(range((4 * M + 2 * BS) // PS, (4 * M + 4 * BS) // PS))
 for name, off, n in cases:
-    first, last = off // BS, (off + n - 1) // BS
+    first, last = off // PS, (off + n - 1) // PS
     want = set(range(first, last + 1)) - cached
     mark = nlines(logf)
     h.cache(n, off)
     reads = upstream_reads(logf, mark)
     seen = {}
     for o, c in reads:
-        for b in range(o // BS, (o + c - 1) // BS + 1):
+        for b in range(o // PS, (o + c - 1) // PS + 1):
             seen[b] = seen.get(b, 0) + 1
-        if o % BS or (c % BS and o + c != size):
-            fail("%s: upstream read %d@%d not in whole blocks" % (name, c, o))
+        if o % PS or (c % PS and o + c != size):
+            fail("%s: upstream read %d@%d not in whole pieces" % (name, c, o))
     twice = sorted(b for b, k in seen.items() if k > 1)
     if twice:
-        fail("%s: blocks read upstream more than once: %s" % (name, twice[:5]))
+        fail("%s: pieces read upstream more than once: %s" % (name, twice[:5]))
     if set(seen) != want:
-        fail("%s: cache read blocks %s upstream, expected %s"
+        fail("%s: cache read pieces %s upstream, expected %s"
              % (name, sorted(seen)[:8], sorted(want)[:8]))
     cached |= want
     # A later read of the range: nothing upstream, right data.

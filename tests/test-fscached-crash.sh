@@ -3,13 +3,15 @@
 #
 # Five idle 4 MiB objects, max-size 6M: the daemon must cull four,
 # oldest first.  NBD_FSCACHED_TEST_PAUSE_MS=500 makes each rename into
-# the graveyard (NAME.data, NAME.sums, then NAME.idx) and the final
+# the graveyard (NAME.data, NAME.sums, NAME.stats, then NAME.idx) and
+# the final
 # unlinks wait 500 ms, so the test can see and act on each state.
 #
 #  1. While the first object is half moved (its lock held), a proxy
 #     opening it finds it busy and serves it uncached: identical data.
-#  2. kill -9 after 1, 2 and 3 files are in the graveyard (data moved;
-#     data and sums moved; everything moved but nothing unlinked).
+#  2. kill -9 after 1, 2, 3 and 4 files are in the graveyard (data
+#     moved; data and sums moved; all but the index moved; everything
+#     moved but nothing unlinked).
 #     Then every object, the half-deleted one included, read through a
 #     new proxy is identical to its image (a half-deleted object is
 #     discarded and starts cold, never served), and a restarted daemon
@@ -116,7 +118,7 @@ kill -TERM $dpid
 wait $dpid || fail "busy: daemon exit status $?"
 
 # ---- 2. kill -9 at each point of a cull ------------------------------
-for k in 1 2 3; do
+for k in 1 2 3 4; do
   make_cache "$TMP/cache$k"
   start_daemon "kill$k" 6M 500
   wait_until graves_ge $k || { cat "$TMP/kill$k.log" >&2; fail "kill$k: no cull"; }
@@ -129,8 +131,12 @@ for k in 1 2 3; do
          [ -n "$(obj_file 1 sums)" ] || fail "kill1: obj1 is not half moved" ;;
     2) [ -n "$(obj_file 1 idx)" ] && [ -z "$(obj_file 1 data)" ] &&
          [ -z "$(obj_file 1 sums)" ] || fail "kill2: obj1 is not index-only" ;;
-    3) [ -z "$(obj_file 1 idx)" ] && [ -z "$(obj_file 1 data)" ] &&
-         [ -z "$(obj_file 1 sums)" ] || fail "kill3: obj1 is not entirely moved" ;;
+    3) [ -n "$(obj_file 1 idx)" ] && [ -z "$(obj_file 1 data)" ] &&
+         [ -z "$(obj_file 1 sums)" ] && [ -z "$(obj_file 1 stats)" ] ||
+         fail "kill3: obj1 is not index-only, its statistics moved" ;;
+    4) [ -z "$(obj_file 1 idx)" ] && [ -z "$(obj_file 1 data)" ] &&
+         [ -z "$(obj_file 1 sums)" ] && [ -z "$(obj_file 1 stats)" ] ||
+         fail "kill4: obj1 is not entirely moved" ;;
   esac
   echo "kill$k: killed with $g files in the graveyard:" \
        "obj1 has $(ls "$cache"/objects/@*/kobj1=* 2>/dev/null | sed 's/.*\.//' | tr '\n' ' ')"
@@ -151,7 +157,7 @@ for k in 1 2 3; do
   # (Hits there may be: readahead fills the new copy as it is read.)
   [ "$(stat_value "$st" objects_created)" -eq 1 ] ||
     fail "kill$k: obj1 was not started cold"
-  [ $k -eq 3 ] || [ "$(stat_value "$st" objects_discarded)" -eq 1 ] ||
+  [ $k -eq 4 ] || [ "$(stat_value "$st" objects_discarded)" -eq 1 ] ||
     fail "kill$k: the half-deleted obj1 was not discarded"
   for i in $(seq 2 $N); do
     [ "$(stat_value "$TMP/px$i.after$k.stats" objects_reused)" -eq 1 ] ||
