@@ -434,8 +434,14 @@ do_read (struct fsc_object *o, void *buf, uint32_t count, uint64_t offset,
     }
     else {
       struct group *g = group_of (o, b, true);
-      if (g && (g->fetching & BIT_OF (b)) && buf == NULL) {
-        /* Prefetch: somebody is already fetching it. */
+      if (g && (g->fetching & BIT_OF (b)) && whole) {
+        /* A whole-block prefetch: somebody is already fetching it.  An
+         * exact one waits below like a read: the fetch in flight (or
+         * its background fill, which keeps the claim) may be of other
+         * pieces of the block, and skipping would leave the pieces this
+         * one covers unfetched (nbd-fscache warm --trace replaying two
+         * entries of one block, one after the other).
+         */
         pthread_mutex_unlock (&o->lock);
         b++;
         continue;
