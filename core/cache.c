@@ -177,6 +177,41 @@ free_scratch (void *p)
   free (p);
 }
 
+char *
+fsc_default_dir (void)
+{
+  const char *env = getenv ("NBD_FSCACHE_DIR");
+  char *r = NULL;
+
+  if (env && *env) {
+    if (*env == '/')
+      return strdup (env);
+    char *cwd = getcwd (NULL, 0);
+    if (cwd == NULL)
+      return NULL;
+    if (asprintf (&r, "%s/%s", cwd, env) == -1)
+      r = NULL;
+    free (cwd);
+    return r;
+  }
+  if (geteuid () == 0)
+    return strdup ("/var/cache/nbd-fscache");
+  env = getenv ("XDG_CACHE_HOME");
+  if (env && *env == '/') {     /* relative values are invalid: ignored */
+    if (asprintf (&r, "%s/nbd-fscache", env) == -1)
+      return NULL;
+    return r;
+  }
+  env = getenv ("HOME");
+  if (env && *env) {
+    if (asprintf (&r, "%s/.cache/nbd-fscache", env) == -1)
+      return NULL;
+    return r;
+  }
+  errno = ENOENT;
+  return NULL;
+}
+
 int
 fsc_cache_open (const struct fsc_cache_config *config,
                 struct fsc_cache **cachep)

@@ -56,6 +56,15 @@ struct fsc_cache_config {
                                  * rewritten (tools, the daemon) */
 };
 
+/* The default cache directory, as nbdkit-fscache-filter(1) documents
+ * it: $NBD_FSCACHE_DIR (made absolute), /var/cache/nbd-fscache for
+ * root, $XDG_CACHE_HOME/nbd-fscache if that is absolute, else
+ * ~/.cache/nbd-fscache.  Returns a malloc'd path, or NULL with errno
+ * (ENOENT: none of those variables to default from).  Shared by the
+ * filter and nbd-fscache(1), so that both find the same cache.
+ */
+extern char *fsc_default_dir (void);
+
 /* Open (and with CONFIG->create, create) a cache directory.  With
  * CONFIG->existing, only a directory that already is a valid cache.  The
  * directory itself may be reached through a symlink (the

@@ -293,29 +293,17 @@ fscache_config (nbdkit_next_config *next, nbdkit_backend *nxdata,
   return next (nxdata, k, value);
 }
 
-/* The default cache directory, as documented. */
+/* The default cache directory (fsc_default_dir), or NULL (said). */
 static char *
 default_dir (void)
 {
-  const char *env = getenv ("NBD_FSCACHE_DIR");
-  char *r = NULL;
-
-  if (env && *env)
-    return nbdkit_absolute_path (env);
-  if (geteuid () == 0)
-    return strdup ("/var/cache/nbd-fscache");
-  env = getenv ("XDG_CACHE_HOME");
-  if (env && *env == '/') {     /* relative values are invalid: ignored */
-    if (asprintf (&r, "%s/nbd-fscache", env) == -1)
-      return NULL;
-    return r;
-  }
-  env = getenv ("HOME");
-  if (env && *env && asprintf (&r, "%s/.cache/nbd-fscache", env) != -1)
-    return r;
-  nbdkit_error ("fscache-dir: not set, and no NBD_FSCACHE_DIR, "
-                "XDG_CACHE_HOME or HOME to default from");
-  return NULL;
+  char *r = fsc_default_dir ();
+  if (r == NULL && errno == ENOENT)
+    nbdkit_error ("fscache-dir: not set, and no NBD_FSCACHE_DIR, "
+                  "XDG_CACHE_HOME or HOME to default from");
+  else if (r == NULL)
+    nbdkit_error ("fscache-dir: %m");
+  return r;
 }
 
 static int

@@ -18,6 +18,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "fscache.h"
 #include "nbd-fscache.h"
 
 static const char *dir;         /* --dir, or NULL: the default */
@@ -70,33 +71,13 @@ const char *
 tool_dir (void)
 {
   static char *def;
-  const char *env;
 
   if (dir)
     return dir;
   if (def)
     return def;
-  if ((env = getenv ("NBD_FSCACHE_DIR")) != NULL && *env) {
-    if (*env == '/')
-      def = strdup (env);
-    else {
-      char *cwd = getcwd (NULL, 0);
-      if (cwd && asprintf (&def, "%s/%s", cwd, env) == -1)
-        def = NULL;
-      free (cwd);
-    }
-  }
-  else if (geteuid () == 0)
-    def = strdup ("/var/cache/nbd-fscache");
-  else if ((env = getenv ("XDG_CACHE_HOME")) != NULL && *env == '/') {
-    if (asprintf (&def, "%s/nbd-fscache", env) == -1)
-      def = NULL;
-  }
-  else if ((env = getenv ("HOME")) != NULL && *env) {
-    if (asprintf (&def, "%s/.cache/nbd-fscache", env) == -1)
-      def = NULL;
-  }
-  else {
+  def = fsc_default_dir ();
+  if (def == NULL && errno == ENOENT) {
     tool_error ("no --dir, and no NBD_FSCACHE_DIR, XDG_CACHE_HOME or HOME "
                 "to default from");
     exit (EXIT_USAGE);
