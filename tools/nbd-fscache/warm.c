@@ -143,6 +143,7 @@ usage (FILE *fp)
 "  -t, --trace FILE      replay FILE's entries instead of a range\n"
 "  -w, --window W        trace requests in flight, across connections\n"
 "                        (default %d, at most %d)\n"
+"  -d, --dir DIR        accepted as by every subcommand; unused here\n"
 "  -h, --help            this text\n"
 "\n"
 "Sizes are bytes, or take a suffix: K, M, G, T (also KiB, MiB...) are\n"
@@ -474,6 +475,7 @@ fscache_cmd_warm (int argc, char **argv)
     { "trace", required_argument, NULL, 't' },
     { "window", required_argument, NULL, 'w' },
     { "help", no_argument, NULL, 'h' },
+    { "dir", required_argument, NULL, 'd' },
     { NULL, 0, NULL, 0 }
   };
   uint64_t offset = 0, length = 0, rate = 0;
@@ -483,8 +485,12 @@ fscache_cmd_warm (int argc, char **argv)
   const char *trace_file = NULL;
   int c;
 
-  optind = 1;
-  while ((c = getopt_long (argc, argv, "o:l:c:r:t:w:h", long_opts,
+  /* 0, not 1: glibc then starts afresh, permuting, instead of keeping
+   * the "+" (stop at the first operand) of the top-level parse, which
+   * would leave the options after the URI unparsed.
+   */
+  optind = 0;
+  while ((c = getopt_long (argc, argv, "o:l:c:r:t:w:hd:", long_opts,
                            NULL)) != -1) {
     switch (c) {
     case 'o':
@@ -529,6 +535,11 @@ fscache_cmd_warm (int argc, char **argv)
     case 'h':
       usage (stdout);
       return 0;
+    case 'd':
+      /* Like every subcommand's; warm talks to a proxy, not to a
+       * directory, so it has no use for it.
+       */
+      break;
     default:
       /* getopt said what it did not like. */
       fprintf (stderr, PROG ": warm: see '" PROG " warm --help'\n");
