@@ -143,7 +143,7 @@ usage (FILE *fp)
 "  -t, --trace FILE      replay FILE's entries instead of a range\n"
 "  -w, --window W        trace requests in flight, across connections\n"
 "                        (default %d, at most %d)\n"
-"  -d, --dir DIR        accepted as by every subcommand; unused here\n"
+"  -d, --dir DIR         accepted as by every subcommand; unused here\n"
 "  -h, --help            this text\n"
 "\n"
 "Sizes are bytes, or take a suffix: K, M, G, T (also KiB, MiB...) are\n"
