@@ -270,19 +270,42 @@ fetch_run (struct fsc_object *o, uint64_t b, uint64_t n, void *buf,
     start = wlo;
     end = whi;
   }
-  /* Whole blocks, but not the pieces the end blocks already hold at
-   * the run's ends, unless the window needs them (they are then
-   * fetched again rather than served in a second pass).
+  /* Whole blocks, but never again the pieces the end blocks already
+   * hold, unless the window needs them (they are then fetched again
+   * rather than served in a second pass).  A read starts after the last
+   * piece its first block holds before the window, and ends before the
+   * first one its last block holds after it: the pieces beyond stay
+   * absent for a later read, where fetching through them would fetch a
+   * held piece twice (a stream whose requests overtake each other
+   * lands pieces mid-block).  A prefetch, which is there to complete
+   * blocks, trims only the pieces held at the run's very ends.
    */
   if (held_first) {
-    uint64_t lead = __builtin_ctz (~held_first);   /* pieces held first */
-    start = MAX (start, MIN (block_start (o, b) + (lead << o->pshift), wlo));
+    const uint64_t bs = block_start (o, b);
+    unsigned skip;                      /* pieces not fetched at the start */
+    if (buf) {
+      unsigned below = held_first;
+      if (wlo < block_end (o, b))
+        below &= (1u << ((wlo - bs) >> o->pshift)) - 1;
+      skip = below ? 32 - __builtin_clz (below) : 0;
+    }
+    else
+      skip = __builtin_ctz (~held_first);
+    start = MAX (start, MIN (bs + ((uint64_t) skip << o->pshift), wlo));
   }
   if (held_last) {
-    const uint64_t bl = b + n - 1;
-    uint64_t top = 31 - __builtin_clz (full_pieces (o, bl) & ~held_last);
-    uint64_t t = MIN (block_end (o, bl),
-                      block_start (o, bl) + ((top + 1) << o->pshift));
+    const uint64_t bl = b + n - 1, bls = block_start (o, bl);
+    uint64_t t;
+    if (buf) {
+      unsigned w1 = whi > bls ? (unsigned) DIV_ROUND_UP (whi - bls, ps) : 0;
+      unsigned above = held_last & ~((1u << w1) - 1);
+      t = above ? bls + ((uint64_t) __builtin_ctz (above) << o->pshift)
+        : block_end (o, bl);
+    }
+    else {
+      uint64_t top = 31 - __builtin_clz (full_pieces (o, bl) & ~held_last);
+      t = MIN (block_end (o, bl), bls + ((top + 1) << o->pshift));
+    }
     end = MIN (end, MAX (t, whi));
   }
   uint64_t len = end - start;

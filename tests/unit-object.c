@@ -183,8 +183,12 @@ test_pieces (void)
   CHECK_EQ (read_check (o, 2 * P, 5 * B - P, 0), 2 * P);
   CHECK_EQ (read_check (o, P, 4 * B + 15 * P, 0), 0);
   CHECK_EQ (read_check (o, P, 5 * B, 0), 0);
-  /* Near the last read: the whole block, even though pieces are held. */
-  CHECK_EQ (read_check (o, P, 3 * B + 9 * P, FSC_READ_NEAR), B);
+  /* Near the last read: the rest of the block from the window on,
+   * after the pieces held (not those again); the pieces before them
+   * stay absent until read.
+   */
+  CHECK_EQ (read_check (o, P, 3 * B + 9 * P, FSC_READ_NEAR), 8 * P);
+  CHECK_EQ (read_check (o, 4 * P, 3 * B, 0), 4 * P);
   CHECK_EQ (read_check (o, B, 3 * B, 0), 0);
   /* A sequential read too. */
   CHECK_EQ (read_check (o, P, 6 * B, FSC_READ_SEQUENTIAL), B);
@@ -219,6 +223,15 @@ test_pieces (void)
   CHECK_EQ (read_check (o, 2 * P, 12 * B + 14 * P, 0), 2 * P);
   CHECK_EQ (read_check (o, P, 12 * B + 13 * P, FSC_READ_NEAR), 14 * P);
   CHECK_EQ (read_check (o, B, 12 * B, 0), 0);
+  /* A stream meeting a piece held mid-block (its requests overtook
+   * each other) never fetches it again: it stops before it, and goes
+   * on after it.
+   */
+  CHECK_EQ (read_check (o, P, 14 * B + 5 * P, 0), P);
+  CHECK_EQ (read_check (o, P, 14 * B, FSC_READ_NEAR), 5 * P);
+  CHECK_EQ (read_check (o, P, 14 * B + 8 * P, FSC_READ_NEAR), 10 * P);
+  CHECK_EQ (read_check (o, B, 14 * B, 0), 0);
+  CHECK (fsc_object_block_present (o, 14));
   /* The last block is short (12345 bytes): its last piece too. */
   CHECK_EQ (read_check (o, 10, SIZE - 10, 0), SIZE - 16 * B - 3 * P);
   CHECK_EQ (read_check (o, SIZE - 16 * B, 16 * B, 0), SIZE - 16 * B);
