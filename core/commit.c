@@ -75,11 +75,11 @@ io_release (struct fsc_object *o)
 }
 
 /* Write o->sb (after EDIT changed it under the lock) into the other
- * slot and sync.  Returns 0 or -1 (object withdrawn).
+ * slot, and sync if SYNC.  Returns 0 or -1 (object withdrawn).
  */
-int
-fsc_write_sb (struct fsc_object *o, uint32_t set_flags, uint32_t clear_flags,
-          const uint64_t *fingerprint)
+static int
+write_sb (struct fsc_object *o, uint32_t set_flags, uint32_t clear_flags,
+          const uint64_t *fingerprint, bool sync)
 {
   unsigned char buf[FSC_SB_SIZE];
   struct fsc_ostats ost;
@@ -109,7 +109,7 @@ fsc_write_sb (struct fsc_object *o, uint32_t set_flags, uint32_t clear_flags,
 
   int r = fsc_io_pwrite (&o->cache->io, FSC_FILE_INDEX, o->ifd, buf,
                          FSC_SB_SIZE, (uint64_t) slot * FSC_SB_SIZE);
-  if (r == 0)
+  if (r == 0 && sync)
     r = fsc_io_sync (&o->cache->io, FSC_FILE_INDEX, o->ifd);
   int e = errno;
 
@@ -227,6 +227,13 @@ fsc_commit_upto (struct fsc_object *o, uint64_t target)
 }
 
 int
+fsc_write_sb (struct fsc_object *o, uint32_t set_flags, uint32_t clear_flags,
+              const uint64_t *fingerprint)
+{
+  return write_sb (o, set_flags, clear_flags, fingerprint, true);
+}
+
+int
 fsc_object_save_counters (struct fsc_object *o)
 {
   /* Only when a counter moved since the last superblock.  The
@@ -241,7 +248,12 @@ fsc_object_save_counters (struct fsc_object *o)
   pthread_mutex_unlock (&o->lock);
   if (!changed || !avail)
     return 0;
-  return fsc_write_sb (o, 0, 0, NULL);
+  /* Not synced on its own: the next commit's index sync (or the clean
+   * mark's at close) makes it durable, and until then a crash leaves
+   * the other slot, older counters and the same flags, which is all a
+   * statistic needs.  A sync of its own every round slowed cold fills.
+   */
+  return write_sb (o, 0, 0, NULL, false);
 }
 
 int
