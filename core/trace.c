@@ -15,10 +15,11 @@
  * second, and the last one at close are written with one write(2)
  * each, checksummed, so a crash loses at most the chunk in memory.
  *
- * Two locks: t->lock guards the set and the chunk being filled
- * (memory only); t->wlock orders the writes of full chunks, taken
- * before t->lock is dropped so chunks reach the file in the order they
- * were filled, and held across the write by nobody but trace writers.
+ * t->lock guards the set and the chunk being filled (memory only) and
+ * is never held across a write.  A chunk leaves with a ticket taken
+ * under it; writers then take their turn by ticket (t->wlock and
+ * t->turn), so that chunks reach the file in the order they were
+ * filled whichever thread gets to write first.
  */
 #include <config.h>
 
@@ -44,6 +45,9 @@ static const unsigned char chunk_magic[4] = "FTRC";
 
 struct fsc_trace {
   pthread_mutex_t lock, wlock;
+  pthread_cond_t turn;          /* now_serving moved (under wlock) */
+  uint64_t next_ticket;         /* under lock */
+  uint64_t now_serving;         /* under wlock */
   int fd;
   bool bound;                   /* header written for one object */
   bool full;                    /* the limit was reached */
@@ -93,6 +97,7 @@ fsc_trace_open (const char *path, uint64_t limit, struct fsc_trace **tp)
   t->set_max = cap;
   pthread_mutex_init (&t->lock, NULL);
   pthread_mutex_init (&t->wlock, NULL);
+  pthread_cond_init (&t->turn, NULL);
   *tp = t;
   return 0;
 }
@@ -178,7 +183,7 @@ set_add (struct fsc_trace *t, uint64_t unit)
 }
 
 /* Write the chunk being filled, if any.  Called holding t->lock; drops
- * it during the write (holding t->wlock), and returns with it held.
+ * it while waiting for its turn and writing, and returns with it held.
  */
 static void
 flush_locked (struct fsc_trace *t)
@@ -200,10 +205,15 @@ flush_locked (struct fsc_trace *t)
   memcpy (out, c, body + 8);
   t->nentries = 0;
   t->last_flush_ms = now_ms ();
-  pthread_mutex_lock (&t->wlock);
+  const uint64_t ticket = t->next_ticket++;
   pthread_mutex_unlock (&t->lock);
+  pthread_mutex_lock (&t->wlock);
+  while (t->now_serving != ticket)
+    pthread_cond_wait (&t->turn, &t->wlock);
   ssize_t w = write (t->fd, out, body + 8);
   int e = errno;
+  t->now_serving++;
+  pthread_cond_broadcast (&t->turn);
   pthread_mutex_unlock (&t->wlock);
   free (out);
   pthread_mutex_lock (&t->lock);
@@ -286,6 +296,7 @@ fsc_trace_close (struct fsc_trace *t, uint64_t *recorded)
     err = errno;
   pthread_mutex_destroy (&t->lock);
   pthread_mutex_destroy (&t->wlock);
+  pthread_cond_destroy (&t->turn);
   free (t->set);
   free (t->chunk);
   free (t);

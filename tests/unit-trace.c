@@ -7,6 +7,7 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -50,6 +51,21 @@ parse (const char *path, uint64_t *size, struct entry *e, size_t max)
   }
   CHECK_EQ (p, n);
   return k;
+}
+
+/* Threads noting disjoint ranges at once (chunks fill and flush
+ * under them): every range is recorded once, in one piece.
+ */
+#define NTHREADS 4
+#define PER_THREAD 6000
+static struct fsc_trace *shared;
+static void *
+noter (void *arg)
+{
+  uint64_t k = (uintptr_t) arg;
+  for (uint64_t i = 0; i < PER_THREAD; ++i)
+    fsc_trace_note (shared, ((i * NTHREADS + k) * 2) * 4096, 4096);
+  return NULL;
 }
 
 int
@@ -106,6 +122,26 @@ main (void)
   CHECK_EQ (n, 10000);
   for (uint64_t i = 0; i < n; ++i)
     CHECK_EQ (big[i].off, (i * 7919 % 100000) * 8192);
+
+  CHECK (fsc_trace_open (path, 1 << 30, &shared) == 0);
+  CHECK_EQ (fsc_trace_bind (shared, 1, 2, 1 << 30, 65536), 1);
+  pthread_t th[NTHREADS];
+  for (uintptr_t k = 0; k < NTHREADS; ++k)
+    CHECK (pthread_create (&th[k], NULL, noter, (void *) k) == 0);
+  for (int k = 0; k < NTHREADS; ++k)
+    pthread_join (th[k], NULL);
+  CHECK (fsc_trace_close (shared, &rec) == 0);
+  static struct entry par[NTHREADS * PER_THREAD + 1];
+  n = parse (path, &size, par, NTHREADS * PER_THREAD + 1);
+  CHECK_EQ (n, NTHREADS * PER_THREAD);
+  CHECK_EQ (rec, (uint64_t) NTHREADS * PER_THREAD * 4096);
+  static unsigned char seen[NTHREADS * PER_THREAD];
+  for (size_t i = 0; i < n; ++i) {
+    CHECK_EQ (par[i].len, 4096);
+    CHECK (par[i].off % 8192 == 0 && par[i].off / 8192 < n);
+    CHECK (!seen[par[i].off / 8192]);
+    seen[par[i].off / 8192] = 1;
+  }
 
   /* An unwritable path is an error at open. */
   CHECK (fsc_trace_open ("/nonexistent/dir/t", 4096, &t) == -1 &&
