@@ -14,6 +14,9 @@
 #     index as not valid (exit 1, a message, no crash); --repair
 #     discards the object through the graveyard (exit 0); then ls shows
 #     no object and check exits 0.
+#  5. fscache.hdr damaged: check reports it (exit 1), ls refuses
+#     (exit 2), check --repair writes a new one (exit 0), then both
+#     work.
 
 source "${top_srcdir:-$(dirname "$0")/..}/tests/functions.sh"
 
@@ -119,5 +122,19 @@ grep -q ': discarded$' "$TMP/check.out" || fail "repair did not discard"
 [ -z "$(ls -A "$cache/graveyard")" ] || fail "the graveyard is not empty"
 check_st 0
 grep -q '^0 objects' "$TMP/check.out" || fail "check: objects left"
+
+# ---- 5. a damaged cache header ---------------------------------------------
+# The filter writes a new header over a damaged one; check reports it
+# (exit 1) and --repair writes it (exit 0); other subcommands refuse.
+printf 'garbage' | dd of="$cache/fscache.hdr" conv=notrunc status=none
+check_st 1
+grep -q '^fscache.hdr: damaged' "$TMP/check.out" ||
+  fail "check: no report of the damaged header"
+st=0; "$TOOL" --dir "$cache" ls > "$TMP/ls.out" 2>&1 || st=$?
+[ "$st" -eq 2 ] || fail "ls on a damaged header: exit $st, expected 2"
+check_st 0 --repair
+grep -q '^fscache.hdr: repaired' "$TMP/check.out" || fail "repair: header not rewritten"
+check_st 0
+"$TOOL" --dir "$cache" ls > /dev/null || fail "ls after the repair failed"
 
 echo "$0: PASS"

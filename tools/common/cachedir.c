@@ -30,7 +30,8 @@ fscd_check_dir (const char *dir, char *why, size_t whylen)
     return -1;
   }
   if (fsc_cache_open (&cc, &cache) == -1) {
-    switch (errno) {
+    int e = errno;
+    switch (e) {
     case ENOENT:
       snprintf (why, whylen, "%s: not a cache directory "
                 "(no fscache.hdr or no objects/)", dir);
@@ -48,9 +49,10 @@ fscd_check_dir (const char *dir, char *why, size_t whylen)
                 "version of nbd-fscache", dir);
       break;
     default:
-      snprintf (why, whylen, "%s: %s", dir, strerror (errno));
+      snprintf (why, whylen, "%s: %s", dir, strerror (e));
       break;
     }
+    errno = e;
     return -1;
   }
   fsc_cache_close (cache);

@@ -126,7 +126,7 @@ extern enum fscd_cull_result fscd_cull (int objdirfd, struct fscd_grave *g,
 /* Check that DIR is an existing cache directory (a valid fscache.hdr
  * and objects/, ours and not writable by others), opening it as the
  * filter would but changing nothing.  Returns 0, or -1 with a message
- * "DIR: why" in WHY.
+ * "DIR: why" in WHY and errno set (EBADMSG: the header is damaged).
  */
 extern int fscd_check_dir (const char *dir, char *why, size_t whylen);
 

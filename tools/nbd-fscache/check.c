@@ -33,6 +33,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "fscache.h"
 #include "nbd-fscache.h"
 
 #define CHECK_USAGE "check [--dir DIR] [--repair] [OBJECT...]"
@@ -300,9 +301,31 @@ fscache_cmd_check (int argc, char **argv)
   int i = tool_getopt ("check", CHECK_USAGE, argc, argv, "d:hr", longopts,
                        check_opt, &ck);
   ck.progress = isatty (STDERR_FILENO);
-  if (tool_cache_open ("check", tool_dir (), &c) == -1) {
+  bool bad_header;
+  if (tool_cache_open_checking ("check", tool_dir (), &c, &bad_header) == -1) {
     tool_error ("check: %s: %m", tool_dir ());
     return EXIT_USAGE;
+  }
+  if (bad_header) {
+    /* The filter writes a new header over a damaged one (a new cache
+     * UUID; nothing else depends on it), and so does a repair.
+     */
+    ck.problems++;
+    printf ("fscache.hdr: damaged or not a cache header%s\n",
+            ck.repair ? "" : " (the filter, or check --repair, writes a "
+            "new one)");
+    if (ck.repair) {
+      struct fsc_cache *fc;
+      struct fsc_cache_config cc = { .dir = tool_dir () };
+      if (fsc_cache_open (&cc, &fc) == -1) {
+        tool_error ("check: %s: writing a new fscache.hdr: %m", tool_dir ());
+        tool_cache_close (&c);
+        return EXIT_USAGE;
+      }
+      fsc_cache_close (fc);
+      ck.repaired++;
+      printf ("fscache.hdr: repaired (a new header)\n");
+    }
   }
   size_t n = i < argc ? (size_t) (argc - i) : c.n;
   CLEANUP_FREE struct tool_object **v = calloc (n ? n : 1, sizeof *v);

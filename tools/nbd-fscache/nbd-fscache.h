@@ -98,6 +98,12 @@ struct tool_cache {
  */
 extern int tool_cache_open (const char *cmd, const char *dir,
                             struct tool_cache *c);
+
+/* The same, but a damaged fscache.hdr (with objects/ there) is no
+ * reason to exit: *BAD_HEADER says so (check reports and repairs it).
+ */
+extern int tool_cache_open_checking (const char *cmd, const char *dir,
+                                     struct tool_cache *c, bool *bad_header);
 extern void tool_cache_close (struct tool_cache *c);
 
 /* The object ARG names: its NAME, a unique prefix of names, or its key

@@ -127,15 +127,28 @@ by_name (const void *a, const void *b)
 int
 tool_cache_open (const char *cmd, const char *dir, struct tool_cache *c)
 {
+  return tool_cache_open_checking (cmd, dir, c, NULL);
+}
+
+int
+tool_cache_open_checking (const char *cmd, const char *dir,
+                          struct tool_cache *c, bool *bad_header)
+{
   char why[512];
   struct fscd_scan s;
 
   memset (c, 0, sizeof *c);
   c->dir = dir;
   c->dirfd = c->objdirfd = -1;
+  if (bad_header)
+    *bad_header = false;
   if (fscd_check_dir (dir, why, sizeof why) == -1) {
-    tool_error ("%s: %s", cmd, why);
-    exit (EXIT_USAGE);
+    if (bad_header && errno == EBADMSG)
+      *bad_header = true;       /* objects/ was there: go on */
+    else {
+      tool_error ("%s: %s", cmd, why);
+      exit (EXIT_USAGE);
+    }
   }
   c->dirfd = open (dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (c->dirfd == -1)
