@@ -33,6 +33,8 @@ struct fsc_cache;
 struct fsc_object;
 
 #define FSC_MAX_BLOCK_SIZE (4u << 20)
+_Static_assert (FSC_MAX_BLOCK_SIZE == FSC_INDEX_BLOCK_MAX,
+                "the index reads exactly the block sizes objects take");
 
 /* Object states, as in the seed's object state machine. */
 enum fsc_object_state {

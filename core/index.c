@@ -145,7 +145,7 @@ fsc_sb_decode (const unsigned char *buf, struct fsc_sb *sb)
       get_le32 (buf + SB_GROUP_BLOCKS) != FSC_GROUP_BLOCKS ||
       get_le32 (buf + SB_GREC_SIZE) != FSC_GREC_SIZE ||
       !is_power_of_2 (sb->block_size) ||
-      sb->block_size < 512 || sb->block_size > (64u << 20) ||
+      sb->block_size < 512 || sb->block_size > FSC_INDEX_BLOCK_MAX ||
       sb->nblocks != DIV_ROUND_UP (sb->size, (uint64_t) sb->block_size) ||
       sb->nblocks > (UINT64_C (1) << 40) ||
       sb->gen_len > FSC_GEN_MAX ||

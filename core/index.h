@@ -36,6 +36,9 @@
 #define FSC_GREC_SIZE 1024
 #define FSC_GROUPS_OFFSET ((uint64_t) 2 * FSC_SB_SIZE)
 #define FSC_GEN_MAX 255         /* longest fscache-generation */
+#define FSC_INDEX_BLOCK_MAX (4u << 20)  /* largest block size read: what
+                                         * the sums code holds (and the
+                                         * filter accepts) */
 #define FSC_SB_KEY_PREFIX 3072  /* key bytes kept for tools */
 #define FSC_SEQ_MAX (UINT64_C (1) << 62)  /* larger sequence numbers are
                                            * rejected as forged */

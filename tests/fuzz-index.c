@@ -633,7 +633,7 @@ static const uint64_t interesting[] = {
   0, 1, 2, 3, 0x7f, 0x80, 0xff, 0x100, 0xffff, 0x7fffffff, 0x80000000,
   0xffffffff, UINT64_C (0x100000000), INT64_MAX, UINT64_MAX,
   UINT64_MAX - 1, 64, 65, 255, 256, 511, 512, 1024, 3072, 3073, 4095, 4096,
-  4097, 8192, 64u << 20, 128u << 20, UINT64_C (1) << 40,
+  4097, 8192, 4u << 20, 8u << 20, 64u << 20, UINT64_C (1) << 40,
   (UINT64_C (1) << 40) + 1, SIZE, SIZE - 1, SIZE + 1, NBLOCKS, NBLOCKS - 1,
   NBLOCKS + 1, NGROUPS, NGROUPS - 1, NGROUPS + 1, KEY_LEN, KEY_LEN + 1,
   FSC_INDEX_VERSION + 1, FSC_SB_CLEAN | FSC_SB_FP_STALE, 4,

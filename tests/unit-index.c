@@ -83,6 +83,16 @@ main (void)
     g.block_size = 3000;
     fsc_sb_encode (&g, buf);
     CHECK_EQ (fsc_sb_decode (buf, &out), FSC_REJ_GEOMETRY);
+    /* Larger than the sums code holds (and the filter takes). */
+    g = sample_sb (1);
+    g.block_size = 8u << 20;
+    g.nblocks = (g.size + g.block_size - 1) / g.block_size;
+    fsc_sb_encode (&g, buf);
+    CHECK_EQ (fsc_sb_decode (buf, &out), FSC_REJ_GEOMETRY);
+    g.block_size = 4u << 20;
+    g.nblocks = (g.size + g.block_size - 1) / g.block_size;
+    fsc_sb_encode (&g, buf);
+    CHECK_EQ (fsc_sb_decode (buf, &out), FSC_OK);
   }
 
   /* Group records. */
