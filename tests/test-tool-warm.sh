@@ -8,29 +8,27 @@
 # garbage trace, a trace of another export and upstream errors fail
 # (1); usage errors are 2.
 #
-# The trace comes from the filter's fscache-trace= when the filter has
-# it; otherwise the test writes the workload's first touches itself
-# (tests/write-trace) and uses 4 KiB blocks, so that whole-block
-# fetches are 4 KiB pieces too.
+# The trace is recorded by the filter (fscache-trace=) during the
+# workload; tests/write-trace writes the damaged and foreign ones.
 source "${top_srcdir:-$(dirname "$0")/..}/tests/functions.sh"
 requires nbdkit --version
 requires nbdcopy --version
 requires python3 -c 'import nbd'
+requires test -x "$TOOL"
 
-WARM="$top_builddir/tools/nbd-fscache/nbd-fscache"
 WRITE_TRACE="$top_builddir/tests/write-trace"
 size=$((16 * 1024 * 1024))
 make_random "$TMP/up.img" $size
 
 # ---- Usage. ----------------------------------------------------------------
-st=0; "$WARM" warm --no-such-option nbd://x 2>"$TMP/err" || st=$?
+st=0; "$TOOL" warm --no-such-option nbd://x 2>"$TMP/err" || st=$?
 [ "$st" -eq 2 ] || fail "unknown option: exit $st, expected 2"
-st=0; "$WARM" warm 2>"$TMP/err" || st=$?
+st=0; "$TOOL" warm 2>"$TMP/err" || st=$?
 [ "$st" -eq 2 ] || fail "missing URI: exit $st, expected 2"
 grep -q 'nbd-fscache: warm: missing URI' "$TMP/err" || fail "missing URI: $(cat "$TMP/err")"
-st=0; "$WARM" warm --max-rate 10X nbd://x 2>"$TMP/err" || st=$?
+st=0; "$TOOL" warm --max-rate 10X nbd://x 2>"$TMP/err" || st=$?
 [ "$st" -eq 2 ] || fail "bad number: exit $st, expected 2"
-st=0; "$WARM" warm --help >"$TMP/help" || st=$?
+st=0; "$TOOL" warm --help >"$TMP/help" || st=$?
 [ "$st" -eq 0 ] || fail "--help: exit $st"
 grep -q '^Usage: nbd-fscache warm URI' "$TMP/help" || fail "--help: no usage on stdout"
 
@@ -113,25 +111,33 @@ copy_check ()
   cmp "$TMP/up.img" "$TMP/copy.img" || fail "$1: data differs from the image"
 }
 
+# warmed_whole WHAT NAME: after a warm of all of it, a full read through
+# proxy NAME is right and reads nothing upstream.
+warmed_whole ()
+{
+  local m got
+  m=$(mark)
+  copy_check "$2"
+  got=$(bytes_since "$m")
+  [ "$got" -eq 0 ] || fail "$1: $got bytes read upstream after warming"
+}
+
 # ---- The whole export. -----------------------------------------------------
 proxy px1 "$TMP/c1" --filter="$FILTER"
 m=$(mark)
-"$WARM" warm "$(uri px1)" > "$TMP/out"
+"$TOOL" warm "$(uri px1)" > "$TMP/out"
 cat "$TMP/out"
 grep -q "^warmed $size bytes in .* s (.* MB/s), [0-9]* requests, 0 errors$" "$TMP/out" ||
   fail "whole export: summary line: $(cat "$TMP/out")"
 warm_bytes=$(bytes_since "$m")
 [ "$warm_bytes" -eq "$size" ] || fail "whole export: warm read $warm_bytes bytes upstream"
-m=$(mark)
-copy_check px1
-got=$(bytes_since "$m")
-[ "$got" -eq 0 ] || fail "whole export: $got bytes read upstream after warming"
+warmed_whole "whole export" px1
 stop_nbdkit "$TMP/px1.pid"
 
 # ---- A range: exactly it is warmed. ----------------------------------------
 proxy px2 "$TMP/c2" --filter="$FILTER"
 m=$(mark)
-"$WARM" warm "$(uri px2)" --offset 4M --length 2M --connections 2 > "$TMP/out"
+"$TOOL" warm "$(uri px2)" --offset 4M --length 2M --connections 2 > "$TMP/out"
 grep -q "^warmed 2097152 bytes" "$TMP/out" || fail "range: $(cat "$TMP/out")"
 upstream_since "$m" > "$TMP/range.log"
 [ "$(ranges log "$TMP/range.log")" = "4194304 2097152" ] ||
@@ -148,30 +154,23 @@ stop_nbdkit "$TMP/px2.pid"
 
 # ---- --max-rate: finishes, and warms (no timing asserted). -----------------
 proxy px3 "$TMP/c3" --filter="$FILTER"
-"$WARM" warm "$(uri px3)" --max-rate 32M --connections 1 > "$TMP/out"
+"$TOOL" warm "$(uri px3)" --max-rate 32M --connections 1 > "$TMP/out"
 grep -q "^warmed $size bytes" "$TMP/out" || fail "max-rate: $(cat "$TMP/out")"
-m=$(mark)
-copy_check px3
-got=$(bytes_since "$m")
-[ "$got" -eq 0 ] || fail "max-rate: $got bytes read upstream after warming"
+warmed_whole max-rate px3
 stop_nbdkit "$TMP/px3.pid"
 
 # ---- No cache support (nocache outermost): warm by reading. ----------------
 proxy px4 "$TMP/c4" --filter=nocache --filter="$FILTER" cachemode=none
 nbdinfo --can cache "$(uri px4)" 2>/dev/null &&
   fail "nocache: the proxy still advertises cache support"
-"$WARM" warm "$(uri px4)" > "$TMP/out"
+"$TOOL" warm "$(uri px4)" > "$TMP/out"
 grep -q "^warmed $size bytes" "$TMP/out" || fail "reads: $(cat "$TMP/out")"
-m=$(mark)
-copy_check px4
-got=$(bytes_since "$m")
-[ "$got" -eq 0 ] || fail "reads: $got bytes read upstream after warming"
+warmed_whole reads px4
 stop_nbdkit "$TMP/px4.pid"
 
 # ---- Trace replay. ---------------------------------------------------------
 # A boot-like workload: 200 reads of 4-16 KiB at 512-byte aligned
-# offsets, a fixed seed; checks the data; with "print", prints the
-# ranges it read.
+# offsets, a fixed seed; checks the data.
 cat > "$TMP/workload.py" <<'PY'
 import nbd, random, sys
 sock, img = sys.argv[1], sys.argv[2]
@@ -184,52 +183,21 @@ for i in range(200):
     off = rnd.randrange(0, (len(data) - n) // 512) * 512
     if h.pread(n, off) != data[off:off + n]:
         sys.exit("wrong data at %d" % off)
-    if len(sys.argv) > 3:
-        print(off, n)
 h.shutdown()
 PY
 
-if nbdkit --filter="$FILTER" null --help 2>/dev/null | grep -q '^fscache-trace='; then
-  echo "trace: recorded by the filter"
-  bs_arg=()
-  proxy px5 "$TMP/c5" --filter="$FILTER" fscache-trace="$TMP/t.trace"
-  python3 "$TMP/workload.py" "$TMP/px5.sock" "$TMP/up.img"
-  stop_nbdkit "$TMP/px5.pid"
-else
-  echo "trace: this filter has no fscache-trace=; writing the trace here," \
-       "with 4 KiB blocks"
-  bs_arg=(fscache-block-size=4096)
-  proxy px5 "$TMP/c5" --filter="$FILTER" "${bs_arg[@]}"
-  python3 "$TMP/workload.py" "$TMP/px5.sock" "$TMP/up.img" print > "$TMP/reads"
-  stop_nbdkit "$TMP/px5.pid"
-  # First touches, rounded out to 4 KiB, in order.
-  python3 - "$TMP/reads" > "$TMP/entries" <<'PY'
-import sys
-seen = set()
-for line in open(sys.argv[1]):
-    off, n = map(int, line.split())
-    run = []
-    for u in range(off // 4096, (off + n + 4095) // 4096):
-        if u in seen:
-            continue
-        seen.add(u)
-        if run and run[-1][1] == u:
-            run[-1][1] = u + 1
-        else:
-            run.append([u, u + 1])
-    for a, b in run:
-        print(a * 4096, (b - a) * 4096)
-PY
-  "$WRITE_TRACE" $size 64 < "$TMP/entries" > "$TMP/t.trace"
-fi
+proxy px5 "$TMP/c5" --filter="$FILTER" fscache-trace="$TMP/t.trace"
+python3 "$TMP/workload.py" "$TMP/px5.sock" "$TMP/up.img"
+stop_nbdkit "$TMP/px5.pid"
 traced=$(ranges trace "$TMP/t.trace")
 [ -n "$traced" ] || fail "trace: empty"
 
-# The cache invalidated (a new directory), a fresh proxy, the replay.
-rm -rf "$TMP/c5"
-proxy px6 "$TMP/c5" --filter="$FILTER" "${bs_arg[@]}"
+# The cache invalidated, a fresh proxy, the replay.
+"$TOOL" --dir "$TMP/c5" invalidate --all > /dev/null ||
+  fail "trace: invalidate failed"
+proxy px6 "$TMP/c5" --filter="$FILTER"
 m=$(mark)
-"$WARM" warm "$(uri px6)" --trace "$TMP/t.trace" > "$TMP/out" 2>"$TMP/err"
+"$TOOL" warm "$(uri px6)" --trace "$TMP/t.trace" > "$TMP/out" 2>"$TMP/err"
 cat "$TMP/out" "$TMP/err"
 [ ! -s "$TMP/err" ] || fail "trace: messages from a good trace"
 upstream_since "$m" > "$TMP/trace.log"
@@ -261,9 +229,9 @@ PY
 "$WRITE_TRACE" $size 25 < "$TMP/all-entries" > "$TMP/t25.trace"
 chunk=$((8 + 25 * 16 + 8))
 head -c $((64 + 2 * chunk + chunk / 2)) "$TMP/t25.trace" > "$TMP/cut.trace"
-proxy px7 "$TMP/c7" --filter="$FILTER" "${bs_arg[@]}"
+proxy px7 "$TMP/c7" --filter="$FILTER"
 m=$(mark)
-"$WARM" warm "$(uri px7)" --trace "$TMP/cut.trace" --window 4 > "$TMP/out" 2>"$TMP/err"
+"$TOOL" warm "$(uri px7)" --trace "$TMP/cut.trace" --window 4 > "$TMP/out" 2>"$TMP/err"
 cat "$TMP/out" "$TMP/err"
 grep -q "warning: .*cut.trace: truncated chunk at byte $((64 + 2 * chunk)); replaying the 50 entries" "$TMP/err" ||
   fail "truncated trace: no warning"
@@ -274,7 +242,7 @@ upstream_since "$m" > "$TMP/cut.log"
 # The recorded trace itself cut inside its first chunk: the header is
 # good, so nothing is replayed, with a warning, and that is success.
 head -c 76 "$TMP/t.trace" > "$TMP/cut1.trace"
-st=0; "$WARM" warm "$(uri px7)" --trace "$TMP/cut1.trace" > "$TMP/out" 2>"$TMP/err" || st=$?
+st=0; "$TOOL" warm "$(uri px7)" --trace "$TMP/cut1.trace" > "$TMP/out" 2>"$TMP/err" || st=$?
 cat "$TMP/out" "$TMP/err"
 [ "$st" -eq 0 ] || fail "trace cut in its first chunk: exit $st, expected 0"
 grep -q "truncated chunk at byte 64; replaying the 0 entries" "$TMP/err" ||
@@ -282,12 +250,12 @@ grep -q "truncated chunk at byte 64; replaying the 0 entries" "$TMP/err" ||
 
 # A garbage file, and a trace of another export: refused (1).
 head -c 5000 /dev/urandom > "$TMP/garbage.trace"
-st=0; "$WARM" warm "$(uri px7)" --trace "$TMP/garbage.trace" 2>"$TMP/err" || st=$?
+st=0; "$TOOL" warm "$(uri px7)" --trace "$TMP/garbage.trace" 2>"$TMP/err" || st=$?
 cat "$TMP/err"
 [ "$st" -eq 1 ] || fail "garbage trace: exit $st, expected 1"
 grep -q 'not an access trace' "$TMP/err" || fail "garbage trace: message"
 echo "0 4096" | "$WRITE_TRACE" $((size * 2)) > "$TMP/other.trace"
-st=0; "$WARM" warm "$(uri px7)" --trace "$TMP/other.trace" 2>"$TMP/err" || st=$?
+st=0; "$TOOL" warm "$(uri px7)" --trace "$TMP/other.trace" 2>"$TMP/err" || st=$?
 cat "$TMP/err"
 [ "$st" -eq 1 ] || fail "trace of another export: exit $st, expected 1"
 grep -q "recorded on an export of $((size * 2)) bytes" "$TMP/err" ||
@@ -300,7 +268,7 @@ start_nbdkit -P "$TMP/bad.pid" -U "$TMP/bad.sock" \
 start_nbdkit -P "$TMP/px8.pid" -U "$TMP/px8.sock" --filter="$FILTER" \
   nbd socket="$TMP/bad.sock" fscache-dir="$TMP/c8" fscache-key=warm-bad \
   fscache-validate=size fscache-readahead=0
-st=0; "$WARM" warm "$(uri px8)" --length 1M > "$TMP/out" 2>"$TMP/err" || st=$?
+st=0; "$TOOL" warm "$(uri px8)" --length 1M > "$TMP/out" 2>"$TMP/err" || st=$?
 cat "$TMP/out" "$TMP/err"
 [ "$st" -eq 1 ] || fail "upstream errors: exit $st, expected 1"
 grep -q "errors$" "$TMP/out" && ! grep -q " 0 errors$" "$TMP/out" ||
