@@ -2,7 +2,6 @@
 # tools/bench/boot-workload.py: a boot-like read workload for trace.sh.
 #
 #   boot-workload.py URI SIZE [--seed=N] [--reads=N] [--think-ms=MS]
-#                    [--print-reads | --list]
 #
 # One reader, one connection, one request at a time (a boot reads what
 # it needs, then uses it): READS reads (default 3000) of 4-64 KiB at
@@ -11,8 +10,7 @@
 # a 1 GiB export), THINK_MS (default 1) of sleep between reads.  The
 # seed (default 1) fixes the list, so every run reads the same bytes
 # in the same order.  Prints the elapsed seconds (from the first read
-# to the last reply) on stdout; --print-reads prints "OFFSET LENGTH"
-# per read before it; --list prints only those, without connecting.
+# to the last reply) on stdout.
 import sys
 import time
 import random
@@ -23,7 +21,7 @@ opts = dict(a[2:].split("=", 1) if "=" in a else (a[2:], "1")
             for a in sys.argv[1:] if a.startswith("--"))
 if len(args) != 2:
     sys.exit("usage: boot-workload.py URI SIZE [--seed=N] [--reads=N] "
-             "[--think-ms=MS] [--print-reads | --list]")
+             "[--think-ms=MS]")
 uri, size = args[0], int(args[1])
 seed = int(opts.get("seed", 1))
 nreads = int(opts.get("reads", 3000))
@@ -36,11 +34,6 @@ for _ in range(nreads):
     n = rnd.choice(sizes)
     off = rnd.randrange(0, (size - n) // 4096 + 1) * 4096
     reads.append((off, n))
-if "print-reads" in opts or "list" in opts:
-    for off, n in reads:
-        print(off, n)
-if "list" in opts:
-    sys.exit(0)
 
 h = nbd.NBD()
 h.connect_uri(uri)

@@ -17,15 +17,11 @@
 # 1 GiB export, THINK_MS (1) between reads.  Each scenario starts from
 # an empty cache (a new fscache-dir) and a new proxy:
 #
-#   none    no warming: the workload alone (with fscache-trace=, when
-#           the filter has it, recording the trace scenario 3 replays)
+#   none    no warming: the workload alone (with fscache-trace=,
+#           recording the trace scenario 3 replays)
 #   whole   nbd-fscache warm URI (the whole export), then the workload
 #   trace   nbd-fscache warm --trace (the trace of this round's "none"
 #           run, recorded on its own cache dir), then the workload
-#
-# A filter without fscache-trace= (before it landed) gets a trace
-# written here from the workload's list of reads, first touches
-# rounded out to 4 KiB (tests/write-trace), and the table says so.
 #
 # Options (or environment): --size=SIZE (SIZE, default 1G),
 # --rate=BITS (RATE, 200M), --burstiness=SECS (BURSTINESS, 0.1),
@@ -78,14 +74,8 @@ PY=python3; [ -x /usr/bin/python3 ] && PY=/usr/bin/python3
 "$PY" -c 'import nbd' 2>/dev/null ||
   { echo "trace.sh: python3 has no libnbd bindings (python3-libnbd)" >&2; exit 1; }
 
-HAS_TRACE=0
-nbdkit --filter="$FILTER" null --help 2>/dev/null | grep -q '^fscache-trace=' &&
-  HAS_TRACE=1
-WRITE_TRACE="$top_builddir/tests/write-trace"
-if [ "$HAS_TRACE" = 0 ] && [ ! -x "$WRITE_TRACE" ]; then
-  make -s -C "$top_builddir" tests/write-trace >/dev/null ||
-    { echo "trace.sh: cannot build tests/write-trace" >&2; exit 1; }
-fi
+nbdkit --filter="$FILTER" null --help 2>/dev/null | grep -q '^fscache-trace=' ||
+  { echo "trace.sh: $FILTER has no fscache-trace=" >&2; exit 1; }
 
 [ -n "$OUT" ] || OUT="$(mktemp -d /tmp/fscache-trace.XXXXXX)"
 mkdir -p "$OUT/raw" "$OUT/work"
@@ -116,8 +106,7 @@ head -c "$bytes" /dev/urandom > "$WORK/image.img"
   echo "link	rate=$RATE (bits/s) burstiness=$BURSTINESS delay-read=${DELAY_MS}ms"
   echo "workload	$READS reads of 4-64 KiB, think ${THINK_MS} ms, seed 1"
   echo "warm	--connections $CONNECTIONS; trace --window $WINDOW"
-  echo "trace	$([ "$HAS_TRACE" = 1 ] && echo "recorded by fscache-trace=" ||
-                  echo "written from the workload's reads (no fscache-trace=)")"
+  echo "trace	recorded by fscache-trace="
   echo "nbdkit	$(nbdkit --version)"
   echo "git	$(git -C "$top_srcdir" describe --always --dirty 2>/dev/null || echo unknown)"
   echo "cpus	$(nproc)"
@@ -177,65 +166,43 @@ workload ()
     --think-ms="$THINK_MS" "$@"
 }
 
-# The trace, when the filter cannot record it: the workload's first
-# touches, rounded out to 4 KiB, in order (what fscache-trace= records).
-write_trace ()
-{
-  "$PY" "$BENCH_DIR/boot-workload.py" "$PX" "$bytes" --reads="$READS" --list |
-  "$PY" -c '
-import sys
-seen = set()
-for line in sys.stdin:
-    off, n = map(int, line.split())
-    run = []
-    for u in range(off // 4096, (off + n + 4095) // 4096):
-        if u in seen:
-            continue
-        seen.add(u)
-        if run and run[-1][1] == u:
-            run[-1][1] = u + 1
-        else:
-            run.append([u, u + 1])
-    for a, b in run:
-        print(a * 4096, (b - a) * 4096)
-' | "$WRITE_TRACE" "$bytes" > "$1"
-}
-
 printf 'round\tscenario\twarm_s\tworkload_s\ttotal_s\tupstream_bytes\twarmed_bytes\n' > "$OUT/results.tsv"
 row () { printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$@" >> "$OUT/results.tsv"; echo "  $*"; }
 warmed () { awk '$1 == "warmed" { print $2; f = 1 } END { if (!f) print 0 }' "$1"; }
+
+# warm_then_workload ROUND NAME WARM-ARGS...: a fresh proxy, `nbd-fscache
+# warm WARM-ARGS`, then the workload; one row.
+warm_then_workload ()
+{
+  local r="$1" name="$2" t0 ws w
+  shift 2
+  proxy
+  t0=$(now)
+  "$WARM" warm "$PX" --connections "$CONNECTIONS" "$@" \
+    > "$RAW/r$r.$name.out" 2> "$RAW/r$r.$name.err"
+  ws=$(since "$t0")
+  w=$(workload)
+  stop px
+  row "$r" "$name" "$ws" "$w" \
+    "$(awk -v a="$ws" -v b="$w" 'BEGIN { printf "%.2f", a + b }')" \
+    "$(upstream_bytes)" "$(warmed "$RAW/r$r.$name.out")"
+}
 
 for (( r=1; r<=ROUNDS; r++ )); do
   echo "round $r"
   tr="$RAW/r$r.trace"
 
   # 1. No warming (recording the trace).
-  if [ "$HAS_TRACE" = 1 ]; then proxy fscache-trace="$tr"; else proxy; fi
+  proxy fscache-trace="$tr"
   w=$(workload)
   stop px
-  [ "$HAS_TRACE" = 1 ] || write_trace "$tr"
   row "$r" none 0 "$w" "$w" "$(upstream_bytes)" 0
 
   # 2. The whole export, then the workload.
-  proxy
-  t0=$(now)
-  "$WARM" warm "$PX" --connections "$CONNECTIONS" > "$RAW/r$r.whole.out"
-  ws=$(since "$t0")
-  w=$(workload)
-  stop px
-  row "$r" whole "$ws" "$w" "$(awk -v a="$ws" -v b="$w" 'BEGIN { printf "%.2f", a + b }')" \
-    "$(upstream_bytes)" "$(warmed "$RAW/r$r.whole.out")"
+  warm_then_workload "$r" whole
 
   # 3. The trace, then the workload.
-  proxy
-  t0=$(now)
-  "$WARM" warm "$PX" --trace "$tr" --connections "$CONNECTIONS" \
-    --window "$WINDOW" > "$RAW/r$r.trace.out" 2> "$RAW/r$r.trace.err"
-  ws=$(since "$t0")
-  w=$(workload)
-  stop px
-  row "$r" trace "$ws" "$w" "$(awk -v a="$ws" -v b="$w" 'BEGIN { printf "%.2f", a + b }')" \
-    "$(upstream_bytes)" "$(warmed "$RAW/r$r.trace.out")"
+  warm_then_workload "$r" trace --trace "$tr" --window "$WINDOW"
 done
 stop remote
 
