@@ -35,13 +35,12 @@
 #include "utils.h"
 #include "xxh.h"
 
-#define UNIT_SHIFT 12
-#define TRACE_CHUNK_MAX 4096            /* entries per chunk */
-#define ENTRY_SIZE 16
+#define UNIT_SHIFT FSC_TRACE_UNIT_SHIFT
+#define TRACE_CHUNK_MAX FSC_TRACE_CHUNK_MAX
+#define ENTRY_SIZE FSC_TRACE_ENTRY
+#define HEAD FSC_TRACE_CHUNK_HEAD
 #define FLUSH_MS 1000
 
-static const unsigned char hdr_magic[8] = "NBDFSTRC";
-static const unsigned char chunk_magic[4] = "FTRC";
 
 struct fsc_trace {
   pthread_mutex_t lock, wlock;
@@ -58,7 +57,7 @@ struct fsc_trace {
   uint64_t *set;                /* unit + 1; 0 is empty */
   size_t set_cap, set_len;      /* capacity: a power of 2 */
   size_t set_max;               /* capacity never grows past this */
-  unsigned char *chunk;         /* 8 + ENTRY_SIZE * MAX + 8 bytes */
+  unsigned char *chunk;         /* HEAD + ENTRY_SIZE * MAX + 8 bytes */
   unsigned nentries;
   int err;                      /* first write error, 0 if none */
 };
@@ -77,7 +76,7 @@ fsc_trace_open (const char *path, uint64_t limit, struct fsc_trace **tp)
   struct fsc_trace *t = calloc (1, sizeof *t);
   if (t == NULL)
     return -1;
-  t->chunk = malloc (8 + ENTRY_SIZE * TRACE_CHUNK_MAX + 8);
+  t->chunk = malloc (HEAD + ENTRY_SIZE * TRACE_CHUNK_MAX + 8);
   t->fd = open (path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   if (t->chunk == NULL || t->fd == -1) {
     int e = errno;
@@ -120,16 +119,16 @@ fsc_trace_bind (struct fsc_trace *t, uint64_t key_lo, uint64_t key_hi,
   t->size = size;
   t->start_ms = t->last_flush_ms = now_ms ();
   memset (h, 0, sizeof h);
-  memcpy (h, hdr_magic, 8);
-  put_le32 (h + 8, FSC_TRACE_VERSION);
-  put_le32 (h + 12, FSC_TRACE_HEADER_SIZE);
-  put_le64 (h + 16, size);
-  put_le32 (h + 24, block_size);
-  put_le32 (h + 28, 1u << UNIT_SHIFT);
-  put_le64 (h + 32, t->start_ms);
-  put_le64 (h + 40, key_lo);
-  put_le64 (h + 48, key_hi);
-  put_le64 (h + 56, XXH3_64bits (h, 56));
+  memcpy (h + FSC_TH_MAGIC, FSC_TRACE_MAGIC, 8);
+  put_le32 (h + FSC_TH_VERSION, FSC_TRACE_VERSION);
+  put_le32 (h + FSC_TH_HEADER_SIZE, FSC_TRACE_HEADER_SIZE);
+  put_le64 (h + FSC_TH_SIZE, size);
+  put_le32 (h + FSC_TH_BLOCK_SIZE, block_size);
+  put_le32 (h + FSC_TH_UNIT, FSC_TRACE_UNIT);
+  put_le64 (h + FSC_TH_STARTED, t->start_ms);
+  put_le64 (h + FSC_TH_KEY_LO, key_lo);
+  put_le64 (h + FSC_TH_KEY_HI, key_hi);
+  put_le64 (h + FSC_TH_CHECKSUM, XXH3_64bits (h, FSC_TH_CHECKSUM));
   /* Under t->lock: nothing can be recorded before the header is out,
    * and this is the only write done holding it (once per process).
    */
@@ -190,9 +189,9 @@ flush_locked (struct fsc_trace *t)
 {
   if (t->nentries == 0)
     return;
-  const size_t body = 8 + (size_t) ENTRY_SIZE * t->nentries;
+  const size_t body = HEAD + (size_t) ENTRY_SIZE * t->nentries;
   unsigned char *c = t->chunk;
-  memcpy (c, chunk_magic, 4);
+  memcpy (c, FSC_TRACE_CHUNK_MAGIC, 4);
   put_le32 (c + 4, t->nentries);
   put_le64 (c + body, XXH3_64bits (c, body));
   unsigned char *out = malloc (body + 8);
@@ -230,7 +229,7 @@ add_entry (struct fsc_trace *t, uint64_t u0, uint64_t u1, uint32_t ms)
   while (u0 < u1 && !t->full) {
     /* An entry's length is a u32 of bytes. */
     uint64_t n = MIN (u1 - u0, (uint64_t) (UINT32_MAX >> UNIT_SHIFT));
-    unsigned char *e = t->chunk + 8 + (size_t) ENTRY_SIZE * t->nentries;
+    unsigned char *e = t->chunk + HEAD + (size_t) ENTRY_SIZE * t->nentries;
     put_le64 (e, u0 << UNIT_SHIFT);
     put_le32 (e + 8, (uint32_t) (n << UNIT_SHIFT));
     put_le32 (e + 12, ms);

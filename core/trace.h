@@ -7,8 +7,24 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+/* The file's layout (docs/format.md, "Access traces"), little-endian;
+ * the one definition for the writer here and nbd-fscache's reader.
+ */
+#define FSC_TRACE_MAGIC "NBDFSTRC"      /* 8 bytes, no NUL */
 #define FSC_TRACE_VERSION 1
 #define FSC_TRACE_HEADER_SIZE 64
+#define FSC_TRACE_UNIT_SHIFT 12         /* entries are 4 KiB units */
+#define FSC_TRACE_UNIT (1u << FSC_TRACE_UNIT_SHIFT)
+enum {                                  /* header field offsets */
+  FSC_TH_MAGIC = 0, FSC_TH_VERSION = 8, FSC_TH_HEADER_SIZE = 12,
+  FSC_TH_SIZE = 16, FSC_TH_BLOCK_SIZE = 24, FSC_TH_UNIT = 28,
+  FSC_TH_STARTED = 32, FSC_TH_KEY_LO = 40, FSC_TH_KEY_HI = 48,
+  FSC_TH_CHECKSUM = 56,
+};
+#define FSC_TRACE_CHUNK_MAGIC "FTRC"    /* 4 bytes, no NUL */
+#define FSC_TRACE_CHUNK_HEAD 8          /* magic, then a u32 count */
+#define FSC_TRACE_ENTRY 16              /* offset u64, length u32, ms u32 */
+#define FSC_TRACE_CHUNK_MAX 4096        /* entries per chunk */
 
 struct fsc_trace;
 

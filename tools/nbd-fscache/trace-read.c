@@ -35,27 +35,10 @@
 #include "xxh.h"
 #include "utils.h"
 
+#include "trace.h"
 #include "trace-read.h"
 
-/* Header fields (saved on disk). */
-#define TR_MAGIC "NBDFSTRC"
-#define TR_VERSION 1
-#define TR_HEADER_SIZE 64
-#define TR_UNIT 4096
-#define TH_MAGIC 0
-#define TH_VERSION 8
-#define TH_HEADER_SIZE 12
-#define TH_SIZE 16
-#define TH_BLOCK_SIZE 24
-#define TH_UNIT 28
-#define TH_STARTED 32
-#define TH_CHECKSUM 56
-
-/* Chunk fields (saved on disk). */
-#define TC_MAGIC "FTRC"
-#define TC_HEAD 8                /* magic + count */
-#define TC_ENTRY 16              /* offset 8, length 4, ms 4 */
-#define TC_MAX_COUNT 4096
+/* The layout is core/trace.h's (the filter's writer uses it too). */
 
 static void
 seterr (char *errbuf, size_t errlen, const char *fmt, ...)
@@ -122,39 +105,39 @@ static int
 parse_header (const unsigned char *p, size_t len, struct trace *t,
               char *errbuf, size_t errlen)
 {
-  if (len < TR_HEADER_SIZE) {
+  if (len < FSC_TRACE_HEADER_SIZE) {
     seterr (errbuf, errlen, "not an access trace (%zu bytes, shorter than "
-            "the %d-byte header)", len, TR_HEADER_SIZE);
+            "the %d-byte header)", len, FSC_TRACE_HEADER_SIZE);
     return -1;
   }
-  if (memcmp (p + TH_MAGIC, TR_MAGIC, 8) != 0) {
-    seterr (errbuf, errlen, "not an access trace (no %s magic)", TR_MAGIC);
+  if (memcmp (p + FSC_TH_MAGIC, FSC_TRACE_MAGIC, 8) != 0) {
+    seterr (errbuf, errlen, "not an access trace (no %s magic)", FSC_TRACE_MAGIC);
     return -1;
   }
-  if (get_le64 (p + TH_CHECKSUM) != XXH3_64bits (p, TH_CHECKSUM)) {
+  if (get_le64 (p + FSC_TH_CHECKSUM) != XXH3_64bits (p, FSC_TH_CHECKSUM)) {
     seterr (errbuf, errlen, "the trace header fails its checksum");
     return -1;
   }
-  uint32_t version = get_le32 (p + TH_VERSION);
-  if (version != TR_VERSION) {
+  uint32_t version = get_le32 (p + FSC_TH_VERSION);
+  if (version != FSC_TRACE_VERSION) {
     seterr (errbuf, errlen, "trace format version %u, this nbd-fscache "
-            "reads version %d", version, TR_VERSION);
+            "reads version %d", version, FSC_TRACE_VERSION);
     return -1;
   }
-  if (get_le32 (p + TH_HEADER_SIZE) != TR_HEADER_SIZE) {
+  if (get_le32 (p + FSC_TH_HEADER_SIZE) != FSC_TRACE_HEADER_SIZE) {
     seterr (errbuf, errlen, "trace header_size %u, expected %d",
-            get_le32 (p + TH_HEADER_SIZE), TR_HEADER_SIZE);
+            get_le32 (p + FSC_TH_HEADER_SIZE), FSC_TRACE_HEADER_SIZE);
     return -1;
   }
-  if (get_le32 (p + TH_UNIT) != TR_UNIT) {
+  if (get_le32 (p + FSC_TH_UNIT) != FSC_TRACE_UNIT) {
     seterr (errbuf, errlen, "trace unit %u, expected %d",
-            get_le32 (p + TH_UNIT), TR_UNIT);
+            get_le32 (p + FSC_TH_UNIT), FSC_TRACE_UNIT);
     return -1;
   }
-  t->size = get_le64 (p + TH_SIZE);
-  t->block_size = get_le32 (p + TH_BLOCK_SIZE);
-  t->unit = TR_UNIT;
-  t->started_ms = get_le64 (p + TH_STARTED);
+  t->size = get_le64 (p + FSC_TH_SIZE);
+  t->block_size = get_le32 (p + FSC_TH_BLOCK_SIZE);
+  t->unit = FSC_TRACE_UNIT;
+  t->started_ms = get_le64 (p + FSC_TH_STARTED);
   return 0;
 }
 
@@ -165,21 +148,21 @@ static size_t
 check_chunk (const unsigned char *p, size_t len, const struct trace *t,
              uint32_t *count, const char **why)
 {
-  if (len < TC_HEAD) {
+  if (len < FSC_TRACE_CHUNK_HEAD) {
     *why = "truncated chunk";
     return 0;
   }
-  if (memcmp (p, TC_MAGIC, 4) != 0) {
+  if (memcmp (p, FSC_TRACE_CHUNK_MAGIC, 4) != 0) {
     *why = "bad chunk magic";
     return 0;
   }
   uint32_t n = get_le32 (p + 4);
-  if (n < 1 || n > TC_MAX_COUNT) {
+  if (n < 1 || n > FSC_TRACE_CHUNK_MAX) {
     *why = "bad chunk count";
     return 0;
   }
   /* n <= 4096: no overflow. */
-  size_t body = TC_HEAD + (size_t) n * TC_ENTRY;
+  size_t body = FSC_TRACE_CHUNK_HEAD + (size_t) n * FSC_TRACE_ENTRY;
   if (len < body + 8) {
     *why = "truncated chunk";
     return 0;
@@ -197,7 +180,7 @@ check_chunk (const unsigned char *p, size_t len, const struct trace *t,
     return 0;
   }
   for (uint32_t i = 0; i < n; i++) {
-    const unsigned char *e = p + TC_HEAD + (size_t) i * TC_ENTRY;
+    const unsigned char *e = p + FSC_TRACE_CHUNK_HEAD + (size_t) i * FSC_TRACE_ENTRY;
     uint64_t off = get_le64 (e);
     uint64_t len32 = get_le32 (e + 8);
     uint64_t end;
@@ -224,7 +207,7 @@ trace_read (const char *file, struct trace *t, char *errbuf, size_t errlen)
     return -1;
 
   /* First pass: how many entries the good chunks hold. */
-  size_t pos = TR_HEADER_SIZE, nr = 0;
+  size_t pos = FSC_TRACE_HEADER_SIZE, nr = 0;
   while (pos < len) {
     uint32_t n;
     const char *why;
@@ -245,17 +228,17 @@ trace_read (const char *file, struct trace *t, char *errbuf, size_t errlen)
     return -1;
   }
   /* Second pass over the chunks already checked. */
-  pos = TR_HEADER_SIZE;
+  pos = FSC_TRACE_HEADER_SIZE;
   for (size_t c = 0; c < t->good_chunks; c++) {
     uint32_t n = get_le32 (buf + pos + 4);
     for (uint32_t i = 0; i < n; i++) {
-      const unsigned char *e = buf + pos + TC_HEAD + (size_t) i * TC_ENTRY;
+      const unsigned char *e = buf + pos + FSC_TRACE_CHUNK_HEAD + (size_t) i * FSC_TRACE_ENTRY;
       struct trace_entry *te = &t->entries[t->nr_entries++];
       te->offset = get_le64 (e);
       te->length = MIN ((uint64_t) get_le32 (e + 8), t->size - te->offset);
       t->total_bytes += te->length;
     }
-    pos += TC_HEAD + (size_t) n * TC_ENTRY + 8;
+    pos += FSC_TRACE_CHUNK_HEAD + (size_t) n * FSC_TRACE_ENTRY + 8;
   }
   return 0;
 }
