@@ -252,9 +252,11 @@ fsc_trace_note (struct fsc_trace *t, uint64_t offset, uint64_t count)
   }
   count = MIN (count, t->size - offset);
   const uint64_t now = now_ms ();
-  const uint32_t ms = (uint32_t) MIN (now - t->start_ms, (uint64_t) UINT32_MAX);
+  const uint32_t ms =
+    (uint32_t) MIN (now - t->start_ms, (uint64_t) UINT32_MAX);
   uint64_t u = offset >> UNIT_SHIFT;
-  const uint64_t uend = (offset + count + (1u << UNIT_SHIFT) - 1) >> UNIT_SHIFT;
+  const uint64_t uend =
+    (offset + count + (1u << UNIT_SHIFT) - 1) >> UNIT_SHIFT;
   uint64_t run = UINT64_MAX;            /* start of a run of new units */
   bool limit = false;
   for (; u < uend && !t->full; ++u) {

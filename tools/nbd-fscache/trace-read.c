@@ -111,7 +111,8 @@ parse_header (const unsigned char *p, size_t len, struct trace *t,
     return -1;
   }
   if (memcmp (p + FSC_TH_MAGIC, FSC_TRACE_MAGIC, 8) != 0) {
-    seterr (errbuf, errlen, "not an access trace (no %s magic)", FSC_TRACE_MAGIC);
+    seterr (errbuf, errlen, "not an access trace (no %s magic)",
+            FSC_TRACE_MAGIC);
     return -1;
   }
   if (get_le64 (p + FSC_TH_CHECKSUM) != XXH3_64bits (p, FSC_TH_CHECKSUM)) {
@@ -180,7 +181,8 @@ check_chunk (const unsigned char *p, size_t len, const struct trace *t,
     return 0;
   }
   for (uint32_t i = 0; i < n; i++) {
-    const unsigned char *e = p + FSC_TRACE_CHUNK_HEAD + (size_t) i * FSC_TRACE_ENTRY;
+    const unsigned char *e =
+      p + FSC_TRACE_CHUNK_HEAD + (size_t) i * FSC_TRACE_ENTRY;
     uint64_t off = get_le64 (e);
     uint64_t len32 = get_le32 (e + 8);
     uint64_t end;
@@ -232,7 +234,8 @@ trace_read (const char *file, struct trace *t, char *errbuf, size_t errlen)
   for (size_t c = 0; c < t->good_chunks; c++) {
     uint32_t n = get_le32 (buf + pos + 4);
     for (uint32_t i = 0; i < n; i++) {
-      const unsigned char *e = buf + pos + FSC_TRACE_CHUNK_HEAD + (size_t) i * FSC_TRACE_ENTRY;
+      const unsigned char *e =
+        buf + pos + FSC_TRACE_CHUNK_HEAD + (size_t) i * FSC_TRACE_ENTRY;
       struct trace_entry *te = &t->entries[t->nr_entries++];
       te->offset = get_le64 (e);
       te->length = MIN ((uint64_t) get_le32 (e + 8), t->size - te->offset);
