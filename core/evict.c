@@ -671,24 +671,6 @@ fsc_reclaim_unnamed (struct fsc_object *o)
   return r;
 }
 
-/* What the present blocks hold of data, in bytes (at open: no lock
- * needed, nobody else sees the object yet).
- */
-static uint64_t
-held_total (const struct fsc_object *o)
-{
-  uint64_t total = 0;
-  for (uint64_t gi = fsc_grp_next (o, 0); gi < o->ngroups;
-       gi = fsc_grp_next (o, gi + 1)) {
-    const struct group *g = grp (o, gi);
-    for (uint64_t t = g->present; t; t &= t - 1) {
-      unsigned x = __builtin_ctzll (t);
-      total += held_bytes (o, gi * FSC_GROUP_BLOCKS + x, g->pieces[x]);
-    }
-  }
-  return total;
-}
-
 int
 fsc_reclaim_if_leaked (struct fsc_object *o)
 {
@@ -698,7 +680,9 @@ fsc_reclaim_if_leaked (struct fsc_object *o)
    * clearly more than the blocks do.  The walk costs a seek per extent,
    * so it runs only then.
    */
-  uint64_t held = held_total (o);
+  struct fsc_ostats ost;
+  fsc_ostats_snapshot (o, &ost);        /* its gauges: what blocks hold */
+  uint64_t held = ost.v[FSC_OSTAT_cached_bytes];
   uint64_t alloc = fsc_data_allocated (o);
   uint64_t margin = MAX (held / 16, 16 * (uint64_t) o->block_size);
   if (alloc <= held || alloc - held <= margin)
