@@ -1,27 +1,30 @@
 /* nbdkit-fscache-filter: a persistent, coherent, checksummed local
  * cache of a slow upstream's blocks.
  *
- * This file is the thin nbdkit side: it parses the fscache-*
- * parameters, derives each export's object key, computes the
- * coherency data (upstream size, generation, sampled fingerprint) and
- * turns NBD requests into calls of libfscache (core/fscache.h), which
- * does the caching.  Every call to the upstream, from a client request
- * or from a readahead thread, goes through upstream.c, which keeps the
+ * This file is the thin nbdkit side: the filter's callbacks, which
+ * turn NBD requests into calls of libfscache (core/fscache.h), which
+ * does the caching.  Beside it, one concern each:
+ *
+ *   params.c    the fscache-* parameters, parsed and checked;
+ *   identity.c  each export's object key and coherency fingerprint;
+ *   upstream.c  every call to the upstream, gated.
+ *
+ * Every call to the upstream, from a client request or from a
+ * readahead thread, goes through upstream.c, which keeps the
  * upstream's thread model: misses of many requests and connections
  * proceed in parallel where the upstream allows it, one at a time per
  * connection or per server where it does not, and hits never wait for
  * the upstream at all.
  *
- * Identity of an object: the fscache-key parameter, or by default the
- * plugin parameters this filter sees, plus the client's export name.
- * See nbdkit-fscache-filter(1) for the user's view.
+ * State: the process's cache and trace (struct filter_state, one
+ * instance, from .config_complete to .cleanup) and each connection's
+ * struct handle.  See nbdkit-fscache-filter(1) for the user's view.
  */
 #include <config.h>
 
 #include <errno.h>
 #include <inttypes.h>
 #include <limits.h>
-#include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,8 +35,6 @@
 #define NBDKIT_API_VERSION 2
 #include <nbdkit-filter.h>
 
-#include "xxh.h"
-
 #include "fscache.h"
 #include "keyenc.h"
 #include "readahead.h"
@@ -41,32 +42,17 @@
 #include "upstream.h"
 #include "utils.h"
 
-enum mode { MODE_WRITETHROUGH, MODE_WRITEAROUND };
+#include "identity.h"
+#include "params.h"
 
-/* Parameters, set in .config and read-only afterwards. */
-static char *dir;
-static char *key;               /* fscache-key, or NULL */
-static char *derived_key;       /* from the plugin parameters */
-static size_t derived_len;
-static uint32_t block_size = 64 * 1024;
-static enum mode mode = MODE_WRITETHROUGH;
-static char *generation;
-static int validate = FSC_VALIDATE_SAMPLE;
-static bool verify = true;
-static char *stats_file;
-static uint64_t readahead = 4 * 1024 * 1024;
-static bool offline = false;    /* fscache-offline */
-static uint64_t max_size;       /* fscache-max-size, 0: none */
-static unsigned min_free = 1;   /* fscache-min-free, % of blocks */
-static unsigned min_free_inodes = 1; /* fscache-min-free-inodes */
-static char *trace_file;        /* fscache-trace */
-static uint64_t trace_max = UINT64_C (1) << 30; /* fscache-trace-max */
-static struct fsc_trace *trace; /* open while the filter is loaded */
+/* The process's cache state, open from .config_complete to .cleanup
+ * and shared by every connection (core/ locks what it needs).
+ */
+static struct filter_state {
+  struct fsc_cache *cache;
+  struct fsc_trace *trace;      /* fscache-trace, or NULL */
+} state;
 
-static struct fsc_cache *cache;
-
-#define SAMPLE_SIZE 4096
-#define SAMPLE_COUNT 8          /* first, last and 6 fixed per object */
 /* A read starting within this of where the last one ended is near
  * it.  Two near reads in a row (a stream whose requests overtake each
  * other, a reader skipping a little), or an exactly sequential one,
@@ -94,280 +80,63 @@ struct handle {
 static void
 fscache_unload (void)
 {
-  free (dir);
-  free (key);
-  free (derived_key);
-  free (generation);
-  free (stats_file);
-  free (trace_file);
+  params_free ();
 }
 
-/* Add KEY=VALUE to the derived key.  Values that name existing files
- * are made absolute, so the same image named from two directories is
- * one object.
- */
-static int
-derive_key (const char *k, const char *value)
-{
-  char *real = NULL;
-  if (strchr (value, '/') || access (value, F_OK) == 0)
-    real = realpath (value, NULL);
-  const char *v = real ? real : value;
-  size_t add = strlen (k) + strlen (v) + 2;
-  char *p = realloc (derived_key, derived_len + add + 1);
-  if (p == NULL) {
-    nbdkit_error ("realloc: %m");
-    free (real);
-    return -1;
-  }
-  derived_key = p;
-  derived_len += sprintf (p + derived_len, "%s=%s\n", k, v);
-  free (real);
-  return 0;
-}
-
+/* Ours (fscache-*), or the plugin's, which go on to it. */
 static int
 fscache_config (nbdkit_next_config *next, nbdkit_backend *nxdata,
                 const char *k, const char *value)
 {
-  if (strcmp (k, "fscache-dir") == 0) {
-    free (dir);
-    if (*value == '\0') {
-      nbdkit_error ("fscache-dir: must not be empty");
-      return -1;
-    }
-    dir = nbdkit_absolute_path (value);
-    return dir ? 0 : -1;
-  }
-  if (strcmp (k, "fscache-key") == 0) {
-    if (*value == '\0') {
-      nbdkit_error ("fscache-key: must not be empty");
-      return -1;
-    }
-    free (key);
-    key = strdup (value);
-    return key ? 0 : -1;
-  }
-  if (strcmp (k, "fscache-block-size") == 0) {
-    int64_t r = nbdkit_parse_size (value);
-    if (r == -1) {
-      nbdkit_error ("fscache-block-size=%s: not a size", value);
-      return -1;
-    }
-    if (r < 4096 || r > 4 * 1024 * 1024 || !is_power_of_2 (r)) {
-      nbdkit_error ("fscache-block-size=%s: must be a power of 2 "
-                    "from 4K to 4M", value);
-      return -1;
-    }
-    block_size = r;
-    return 0;
-  }
-  if (strcmp (k, "fscache-mode") == 0) {
-    if (strcmp (value, "writethrough") == 0)
-      mode = MODE_WRITETHROUGH;
-    else if (strcmp (value, "writearound") == 0)
-      mode = MODE_WRITEAROUND;
-    else {
-      nbdkit_error ("fscache-mode=%s: must be writethrough or writearound",
-                    value);
-      return -1;
-    }
-    return 0;
-  }
-  if (strcmp (k, "fscache-generation") == 0) {
-    if (strlen (value) > FSC_GEN_MAX) {
-      nbdkit_error ("fscache-generation: longer than %d bytes", FSC_GEN_MAX);
-      return -1;
-    }
-    free (generation);
-    generation = strdup (value);
-    return generation ? 0 : -1;
-  }
-  if (strcmp (k, "fscache-validate") == 0) {
-    if (strcmp (value, "sample") == 0)
-      validate = FSC_VALIDATE_SAMPLE;
-    else if (strcmp (value, "size") == 0)
-      validate = FSC_VALIDATE_SIZE;
-    else if (strcmp (value, "none") == 0)
-      validate = FSC_VALIDATE_NONE;
-    else {
-      nbdkit_error ("fscache-validate=%s: must be sample, size or none",
-                    value);
-      return -1;
-    }
-    return 0;
-  }
-  if (strcmp (k, "fscache-verify") == 0) {
-    int r = nbdkit_parse_bool (value);
-    if (r == -1) {
-      nbdkit_error ("fscache-verify=%s: not a boolean", value);
-      return -1;
-    }
-    verify = r;
-    return 0;
-  }
-  if (strcmp (k, "fscache-readahead") == 0) {
-    int64_t r = nbdkit_parse_size (value);
-    if (r == -1) {
-      nbdkit_error ("fscache-readahead=%s: not a size", value);
-      return -1;
-    }
-    if (r > 1024 * 1024 * 1024) {
-      nbdkit_error ("fscache-readahead=%s: at most 1G", value);
-      return -1;
-    }
-    readahead = r;
-    return 0;
-  }
-  if (strcmp (k, "fscache-max-size") == 0) {
-    int64_t r = nbdkit_parse_size (value);
-    if (r == -1) {
-      nbdkit_error ("fscache-max-size=%s: not a size", value);
-      return -1;
-    }
-    if (r != 0 && r < 1024 * 1024) {
-      nbdkit_error ("fscache-max-size=%s: at least 1M (or 0 for no cap)",
-                    value);
-      return -1;
-    }
-    max_size = r;
-    return 0;
-  }
-  if (strcmp (k, "fscache-min-free") == 0 ||
-      strcmp (k, "fscache-min-free-inodes") == 0) {
-    char *end;
-    errno = 0;
-    unsigned long pct = strtoul (value, &end, 10);
-    if (*end == '%')
-      end++;
-    if (errno || end == value || *end || !(*value >= '0' && *value <= '9') ||
-        pct >= 100) {
-      nbdkit_error ("%s=%s: must be a percentage from 0%% to 99%%, "
-                    "like 1%%", k, value);
-      return -1;
-    }
-    if (strcmp (k, "fscache-min-free") == 0)
-      min_free = pct;
-    else
-      min_free_inodes = pct;
-    return 0;
-  }
-  if (strcmp (k, "fscache-offline") == 0) {
-    int r = nbdkit_parse_bool (value);
-    if (r == -1) {
-      nbdkit_error ("fscache-offline=%s: not a boolean", value);
-      return -1;
-    }
-    offline = r;
-    return 0;
-  }
-  if (strcmp (k, "fscache-stats") == 0) {
-    free (stats_file);
-    stats_file = nbdkit_absolute_path (value);
-    return stats_file ? 0 : -1;
-  }
-  if (strcmp (k, "fscache-trace") == 0) {
-    free (trace_file);
-    trace_file = nbdkit_absolute_path (value);
-    return trace_file ? 0 : -1;
-  }
-  if (strcmp (k, "fscache-trace-max") == 0) {
-    int64_t r = nbdkit_parse_size (value);
-    if (r == -1) {
-      nbdkit_error ("fscache-trace-max=%s: not a size", value);
-      return -1;
-    }
-    if (r < 4096) {
-      nbdkit_error ("fscache-trace-max=%s: at least 4K", value);
-      return -1;
-    }
-    trace_max = r;
-    return 0;
-  }
-  if (strncmp (k, "fscache-", 8) == 0) {
-    nbdkit_error ("unknown parameter %s (see nbdkit-fscache-filter(1))", k);
-    return -1;
-  }
-  if (derive_key (k, value) == -1)
-    return -1;
+  int r = params_config (k, value);
+  if (r <= 0)
+    return r;
   return next (nxdata, k, value);
-}
-
-/* The default cache directory (fsc_default_dir), or NULL (said). */
-static char *
-default_dir (void)
-{
-  char *r = fsc_default_dir ();
-  if (r == NULL && errno == ENOENT)
-    nbdkit_error ("fscache-dir: not set, and no NBD_FSCACHE_DIR, "
-                  "XDG_CACHE_HOME or HOME to default from");
-  else if (r == NULL)
-    nbdkit_error ("fscache-dir: %m");
-  return r;
 }
 
 static int
 fscache_config_complete (nbdkit_next_config_complete *next,
                          nbdkit_backend *nxdata)
 {
-  if (dir == NULL && (dir = default_dir ()) == NULL)
+  if (params_config_complete () == -1)
     return -1;
-  if (key == NULL && derived_key == NULL) {
-    nbdkit_error ("fscache-key: not set and no plugin parameters to "
-                  "derive it from; set fscache-key=STRING");
-    return -1;
-  }
-  if (key == NULL) {
-    /* The parameters may hold passwords: keep only their hash, which
-     * is all the identity needs, out of file names and indexes.
-     */
-    uint64_t lo, hi;
-    char *hashed;
-    fsc_key_hash (derived_key, derived_len, &lo, &hi);
-    int n = asprintf (&hashed, "params-%016" PRIx64 "%016" PRIx64, hi, lo);
-    if (n == -1) {
-      nbdkit_error ("asprintf: %m");
-      return -1;
-    }
-    free (derived_key);
-    derived_key = hashed;
-    derived_len = n;
-  }
 
   /* Created now (before the cache, so that a refused start creates no
    * cache directory), so that a trace that cannot be written is an
    * error at start-up rather than a silent loss.
    */
-  if (trace_file && fsc_trace_open (trace_file, trace_max, &trace) == -1) {
-    nbdkit_error ("fscache-trace=%s: %m", trace_file);
+  if (params.trace_file &&
+      fsc_trace_open (params.trace_file, params.trace_max,
+                      &state.trace) == -1) {
+    nbdkit_error ("fscache-trace=%s: %m", params.trace_file);
     return -1;
   }
 
   struct fsc_cache_config cfg = {
-    .dir = dir,
+    .dir = params.dir,
     .create = true,
-    .min_free_pct = min_free,
-    .min_free_files_pct = min_free_inodes,
+    .min_free_pct = params.min_free,
+    .min_free_files_pct = params.min_free_inodes,
     .faults = getenv ("NBD_FSCACHE_FAULTS"),
   };
-  if (fsc_cache_open (&cfg, &cache) == -1) {
+  if (fsc_cache_open (&cfg, &state.cache) == -1) {
     switch (errno) {
     case EPERM:
       nbdkit_error ("fscache-dir=%s: refusing to use a cache directory "
                     "owned by another user or writable by others "
                     "(it should be mode 0700 and owned by uid %d)",
-                    dir, (int) geteuid ());
+                    params.dir, (int) geteuid ());
       break;
     case EPROTONOSUPPORT:
       nbdkit_error ("fscache-dir=%s: written by a newer nbd-fscache; "
-                    "refusing to touch it", dir);
+                    "refusing to touch it", params.dir);
       break;
     case EINVAL:
       nbdkit_error ("NBD_FSCACHE_FAULTS: malformed fault spec");
       break;
     default:
       nbdkit_error ("fscache-dir=%s: cannot create or open the cache "
-                    "directory: %m", dir);
+                    "directory: %m", params.dir);
     }
     return -1;
   }
@@ -387,7 +156,7 @@ fscache_get_ready (int thread_model)
 static int
 fscache_after_fork (nbdkit_backend *nxdata)
 {
-  if (fsc_cache_start (cache) == -1) {
+  if (fsc_cache_start (state.cache) == -1) {
     nbdkit_error ("fscache: starting the committer thread: %m");
     return -1;
   }
@@ -397,25 +166,26 @@ fscache_after_fork (nbdkit_backend *nxdata)
 static void
 write_stats (void)
 {
-  if (!stats_file || !cache)
+  if (!params.stats_file || !state.cache)
     return;
   struct fsc_stats st;
   char buf[4096];
   CLEANUP_FREE char *tmp = NULL;
 
-  fsc_cache_stats (cache, &st);
+  fsc_cache_stats (state.cache, &st);
   size_t len = fsc_stats_format (&st, buf, sizeof buf);
-  if (len >= sizeof buf || asprintf (&tmp, "%s.%d.tmp", stats_file,
+  if (len >= sizeof buf || asprintf (&tmp, "%s.%d.tmp",
+                                     params.stats_file,
                                      (int) getpid ()) == -1)
     return;
   FILE *fp = fopen (tmp, "w");
   if (fp == NULL) {
-    nbdkit_debug ("fscache-stats=%s: %m", stats_file);
+    nbdkit_debug ("fscache-stats=%s: %m", params.stats_file);
     return;
   }
   fwrite (buf, 1, len, fp);
   if (fclose (fp) == 0)
-    rename (tmp, stats_file);
+    rename (tmp, params.stats_file);
   else
     unlink (tmp);
 }
@@ -423,40 +193,23 @@ write_stats (void)
 static void
 fscache_cleanup (nbdkit_backend *nxdata)
 {
-  if (cache) {
-    fsc_cache_commit_all (cache);
+  if (state.cache) {
+    fsc_cache_commit_all (state.cache);
     write_stats ();
-    fsc_cache_close (cache);
-    cache = NULL;
+    fsc_cache_close (state.cache);
+    state.cache = NULL;
   }
-  if (trace) {
+  if (state.trace) {
     uint64_t rec = 0;
-    if (fsc_trace_close (trace, &rec) == -1)
-      nbdkit_error ("fscache-trace=%s: writing the trace: %m", trace_file);
+    if (fsc_trace_close (state.trace, &rec) == -1)
+      nbdkit_error ("fscache-trace=%s: writing the trace: %m",
+                    params.trace_file);
     else
       nbdkit_debug ("fscache-trace=%s: %" PRIu64 " bytes recorded",
-                    trace_file, rec);
-    trace = NULL;
+                    params.trace_file, rec);
+    state.trace = NULL;
   }
 }
-
-#define fscache_config_help \
-  "fscache-dir=DIR            Cache directory.\n" \
-  "fscache-key=STRING         Identity of the upstream (default: derived).\n" \
-  "fscache-block-size=SIZE    Cache block size (default 64K).\n" \
-  "fscache-mode=writethrough|writearound   Write policy.\n" \
-  "fscache-generation=STRING  Upstream version; a change discards the cache.\n" \
-  "fscache-validate=sample|size|none       Coherency check at open.\n" \
-  "fscache-verify=BOOL        Verify checksums of hits (default true).\n" \
-  "fscache-readahead=SIZE     Sequential readahead window (default 4M, 0 off).\n" \
-  "fscache-max-size=SIZE      Cap on each export's cached bytes (default none).\n" \
-  "fscache-min-free=N%        Cache nothing below N% free space (default 1%).\n" \
-  "fscache-min-free-inodes=N% The same for free inodes (default 1%).\n" \
-  "fscache-offline=BOOL       Serve the cached copy read-only when the\n" \
-  "                           upstream cannot be opened (default false).\n" \
-  "fscache-stats=FILE         Write counters to FILE.\n" \
-  "fscache-trace=FILE         Record the first touches of the export.\n" \
-  "fscache-trace-max=SIZE     Stop the trace after SIZE bytes (default 1G)."
 
 /*----------------------------------------------------------------------
  * Connections.
@@ -480,7 +233,7 @@ fscache_open (nbdkit_next_open *next, nbdkit_context *nxdata,
   h->up.pread = upstream_fsc_pread;
   h->up.opaque = &h->upstream;
   if (upstream_open (&h->upstream, nxdata, readonly, exportname) == -1 &&
-      !offline) {
+      !params.offline) {
     nbdkit_error ("fscache: export \"%s\": cannot open the upstream "
                   "(fscache-offline=true would serve what is cached)",
                   exportname);
@@ -505,121 +258,20 @@ fscache_close (void *handle)
   free (h);
 }
 
-/* One sample read, in a thread of its own when the upstream allows
- * overlapping calls.
- */
-struct sample {
-  struct upstream *up;
-  uint64_t off;
-  uint32_t n;
-  int err;                      /* 0, or the read's errno */
-  pthread_t thread;
-  bool started;
-  unsigned char buf[SAMPLE_SIZE];
-};
-
-static void *
-read_sample (void *arg)
-{
-  struct sample *sm = arg;
-  int err = 0;
-  if (upstream_pread (sm->up, sm->buf, sm->n, sm->off, 0, &err) == -1)
-    sm->err = err ? err : EIO;
-  return NULL;
-}
-
-/* The fingerprint for fscache-validate=sample: XXH3 of SAMPLE_COUNT
- * small reads at the start, the end and positions fixed by the key.
- * At most SAMPLE_COUNT * SAMPLE_SIZE = 32 KiB read upstream.  On an
- * upstream taking parallel requests the reads overlap, so that opening
- * an export costs one round trip to it rather than SAMPLE_COUNT (80 ms
- * on a 10 ms link); the fingerprint is the same either way.
- */
-static int
-fingerprint (struct upstream *up, const void *k, size_t klen, uint64_t size,
-             uint64_t *fp)
-{
-  struct sample *sm = calloc (SAMPLE_COUNT, sizeof *sm);
-  XXH3_state_t *s = XXH3_createState ();
-  uint64_t seed = XXH3_64bits (k, klen);
-  int r = -1, n = 0;
-
-  if (sm == NULL || s == NULL || XXH3_64bits_reset (s) == XXH_ERROR) {
-    errno = ENOMEM;
-    goto out;
-  }
-  for (; n < SAMPLE_COUNT && size > 0; ++n) {
-    uint64_t off;
-    if (n == 0)
-      off = 0;
-    else if (n == 1)
-      off = size > SAMPLE_SIZE ? size - SAMPLE_SIZE : 0;
-    else {
-      seed = seed * 6364136223846793005ULL + 1442695040888963407ULL;
-      off = ROUND_DOWN ((seed >> 11) % size, (uint64_t) SAMPLE_SIZE);
-    }
-    sm[n].up = up;
-    sm[n].off = off;
-    sm[n].n = MIN ((uint64_t) SAMPLE_SIZE, size - off);
-  }
-  /* Each read but the first in a thread (if it cannot start, here). */
-  for (int i = 1; i < n; ++i)
-    sm[i].started = upstream_parallel (up) &&
-      pthread_create (&sm[i].thread, NULL, read_sample, &sm[i]) == 0;
-  for (int i = 0; i < n; ++i) {
-    if (sm[i].started)
-      pthread_join (sm[i].thread, NULL);
-    else
-      read_sample (&sm[i]);
-  }
-
-  XXH3_64bits_update (s, &size, sizeof size);
-  for (int i = 0; i < n; ++i) {
-    if (sm[i].err) {
-      errno = sm[i].err;
-      goto out;
-    }
-    XXH3_64bits_update (s, &sm[i].off, sizeof sm[i].off);
-    XXH3_64bits_update (s, sm[i].buf, sm[i].n);
-  }
-  *fp = XXH3_64bits_digest (s);
-  r = 0;
- out:
-  XXH3_freeState (s);
-  free (sm);
-  return r;
-}
-
-/* The object key: the upstream's identity, NUL, the export name. */
-static char *
-object_key (const char *exportname, size_t *len)
-{
-  const char *base = key ? key : derived_key;
-  size_t blen = key ? strlen (key) : derived_len;
-  size_t elen = strlen (exportname);
-  char *k = malloc (blen + elen + 8);
-  if (k == NULL)
-    return NULL;
-  memcpy (k, base, blen);
-  memcpy (k + blen, "\0export=", 8);
-  memcpy (k + blen + 8, exportname, elen);
-  *len = blen + 8 + elen;
-  return k;
-}
-
 /* The trace follows the first export opened; the others' reads are
  * not recorded (one trace, one object: its replay warms that object).
  */
 static void
 bind_trace (struct handle *h, const char *k, size_t klen, uint64_t size)
 {
-  if (trace == NULL)
+  if (state.trace == NULL)
     return;
   uint64_t lo, hi;
   fsc_key_hash (k, klen, &lo, &hi);
-  int r = fsc_trace_bind (trace, lo, hi, size, block_size);
+  int r = fsc_trace_bind (state.trace, lo, hi, size, params.block_size);
   if (r == -1)
-    nbdkit_error ("fscache-trace=%s: writing the header: %m", trace_file);
+    nbdkit_error ("fscache-trace=%s: writing the header: %m",
+                  params.trace_file);
   else if (r == 0)
     nbdkit_debug ("fscache-trace: export \"%s\" is not traced (the trace "
                   "follows the first export opened)", h->exportname);
@@ -631,11 +283,12 @@ static void log_notices (struct handle *h);
 static int
 start_readahead (struct handle *h)
 {
-  if (readahead == 0 || fsc_object_state (h->obj) != FSC_OBJ_AVAILABLE ||
+  if (params.readahead == 0 ||
+      fsc_object_state (h->obj) != FSC_OBJ_AVAILABLE ||
       !upstream_available (&h->upstream))
     return 0;
-  h->ra = fsc_readahead_new (h->obj, readahead, upstream_max_background (),
-                            &h->up);
+  h->ra = fsc_readahead_new (h->obj, params.readahead,
+                            upstream_max_background (), &h->up);
   if (h->ra == NULL) {
     nbdkit_error ("fscache: readahead: %m");
     return -1;
@@ -651,8 +304,8 @@ static int
 prepare_offline (struct handle *h, struct fsc_object_params *p)
 {
   uint64_t size;
-  if (fsc_object_peek_size (cache, p->key, p->key_len, block_size,
-                            &size) == -1) {
+  if (fsc_object_peek_size (state.cache, p->key, p->key_len,
+                            params.block_size, &size) == -1) {
     nbdkit_error ("fscache: export \"%s\": upstream unavailable, and no "
                   "cached copy to serve (%m)", h->exportname);
     return -1;
@@ -660,9 +313,9 @@ prepare_offline (struct handle *h, struct fsc_object_params *p)
   p->size = size;
   p->offline = true;
   struct fsc_open_info info = { .shared = true };
-  h->obj = fsc_object_get (cache, p);
+  h->obj = fsc_object_get (state.cache, p);
   if (h->obj == NULL &&
-      fsc_object_open (cache, p, &h->obj, &info) == -1) {
+      fsc_object_open (state.cache, p, &h->obj, &info) == -1) {
     nbdkit_error ("fscache: opening the cache object: %m");
     return -1;
   }
@@ -698,9 +351,9 @@ fscache_prepare (nbdkit_next *next, void *handle, int readonly)
     return -1;
 
   struct fsc_object_params p = {
-    .key = k, .key_len = klen, .block_size = block_size,
-    .verify = verify, .validate = validate, .generation = generation,
-    .max_size = max_size,
+    .key = k, .key_len = klen, .block_size = params.block_size,
+    .verify = params.verify, .validate = params.validate,
+    .generation = params.generation, .max_size = params.max_size,
   };
   if (!upstream_available (&h->upstream))
     return prepare_offline (h, &p);
@@ -711,27 +364,27 @@ fscache_prepare (nbdkit_next *next, void *handle, int readonly)
   h->size = p.size = size;
 
   /* Another connection has the object open: it was validated then. */
-  h->obj = fsc_object_get (cache, &p);
+  h->obj = fsc_object_get (state.cache, &p);
   if (h->obj) {
     bind_trace (h, k, klen, size);
     return start_readahead (h);
   }
 
-  if (validate == FSC_VALIDATE_SAMPLE &&
+  if (params.validate == FSC_VALIDATE_SAMPLE &&
       fingerprint (&h->upstream, k, klen, size, &p.fingerprint) == -1) {
     nbdkit_error ("fscache: reading the coherency sample upstream: %m");
     return -1;
   }
 
   struct fsc_open_info info;
-  if (fsc_object_open (cache, &p, &h->obj, &info) == -1) {
+  if (fsc_object_open (state.cache, &p, &h->obj, &info) == -1) {
     nbdkit_error ("fscache: opening the cache object: %m");
     return -1;
   }
   if (info.busy)
     nbdkit_error ("fscache: warning: export \"%s\" is cached by another "
                   "process using %s; serving it uncached",
-                  h->exportname, dir);
+                  h->exportname, params.dir);
   else if (info.err)
     nbdkit_error ("fscache: warning: export \"%s\": cache unusable (%s); "
                   "serving it uncached", h->exportname,
@@ -864,7 +517,7 @@ fscache_pread (nbdkit_next *next, void *handle, void *buf, uint32_t count,
   }
   fsc_readahead_observe (h->ra, offset, count);
   if (h->traced)
-    fsc_trace_note (trace, offset, count);
+    fsc_trace_note (state.trace, offset, count);
   return 0;
 }
 
@@ -894,7 +547,8 @@ fscache_pwrite (nbdkit_next *next, void *handle, const void *buf,
   struct handle *h = handle;
   struct fsc_write w;
   if (fsc_object_write_begin (h->obj, offset, count,
-                              mode == MODE_WRITETHROUGH, &w) == -1) {
+                              params.mode == MODE_WRITETHROUGH,
+                              &w) == -1) {
     *err = errno;
     nbdkit_error ("fscache: write: %m");
     return -1;
@@ -1044,7 +698,7 @@ static struct nbdkit_filter filter = {
   .unload = fscache_unload,
   .config = fscache_config,
   .config_complete = fscache_config_complete,
-  .config_help = fscache_config_help,
+  .config_help = params_help,
   .thread_model = fscache_thread_model,
   .get_ready = fscache_get_ready,
   .after_fork = fscache_after_fork,

@@ -1,0 +1,307 @@
+/* nbdkit-fscache-filter: parsing and checking the fscache-*
+ * parameters (params.h has the struct and the life of its values).
+ *
+ * Each parameter is checked where it is parsed, so that a bad one is
+ * an error naming it at start-up, never a surprise later.  What needs
+ * every parameter at once (the default directory, the key) waits for
+ * params_config_complete.  Opening the cache and the trace does not
+ * happen here: that is the filter's state (fscache.c), not a
+ * parameter.
+ *
+ * The derived key: every plugin parameter this filter sees, as
+ * "KEY=VALUE\n" in the order given, values naming existing files made
+ * absolute.  It is the upstream's identity when fscache-key is not
+ * set.  Once complete it is replaced by its 128-bit hash, because the
+ * parameters may hold passwords and the identity ends up in file
+ * names and indexes.
+ */
+#include <config.h>
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define NBDKIT_API_VERSION 2
+#include <nbdkit-filter.h>
+
+#include "fscache.h"
+#include "keyenc.h"
+#include "utils.h"
+
+#include "params.h"
+
+struct fscache_params params = {
+  .block_size = 64 * 1024,
+  .mode = MODE_WRITETHROUGH,
+  .validate = FSC_VALIDATE_SAMPLE,
+  .verify = true,
+  .readahead = 4 * 1024 * 1024,
+  .offline = false,
+  .min_free = 1,
+  .min_free_inodes = 1,
+  .trace_max = UINT64_C (1) << 30,
+};
+
+const char params_help[] =
+  "fscache-dir=DIR            Cache directory.\n"
+  "fscache-key=STRING         Identity of the upstream (default: derived).\n"
+  "fscache-block-size=SIZE    Cache block size (default 64K).\n"
+  "fscache-mode=writethrough|writearound   Write policy.\n"
+  "fscache-generation=STRING  Upstream version; a change discards the cache.\n"
+  "fscache-validate=sample|size|none       Coherency check at open.\n"
+  "fscache-verify=BOOL        Verify checksums of hits (default true).\n"
+  "fscache-readahead=SIZE     Sequential readahead window (default 4M, 0 off).\n"
+  "fscache-max-size=SIZE      Cap on each export's cached bytes (default none).\n"
+  "fscache-min-free=N%        Cache nothing below N% free space (default 1%).\n"
+  "fscache-min-free-inodes=N% The same for free inodes (default 1%).\n"
+  "fscache-offline=BOOL       Serve the cached copy read-only when the\n"
+  "                           upstream cannot be opened (default false).\n"
+  "fscache-stats=FILE         Write counters to FILE.\n"
+  "fscache-trace=FILE         Record the first touches of the export.\n"
+  "fscache-trace-max=SIZE     Stop the trace after SIZE bytes (default 1G).";
+
+void
+params_free (void)
+{
+  free (params.dir);
+  free (params.key);
+  free (params.derived_key);
+  free (params.generation);
+  free (params.stats_file);
+  free (params.trace_file);
+}
+
+/* Add KEY=VALUE to the derived key.  Values that name existing files
+ * are made absolute, so the same image named from two directories is
+ * one object.
+ */
+static int
+derive_key (const char *k, const char *value)
+{
+  char *real = NULL;
+  if (strchr (value, '/') || access (value, F_OK) == 0)
+    real = realpath (value, NULL);
+  const char *v = real ? real : value;
+  size_t add = strlen (k) + strlen (v) + 2;
+  char *p = realloc (params.derived_key, params.derived_len + add + 1);
+  if (p == NULL) {
+    nbdkit_error ("realloc: %m");
+    free (real);
+    return -1;
+  }
+  params.derived_key = p;
+  params.derived_len += sprintf (p + params.derived_len, "%s=%s\n", k, v);
+  free (real);
+  return 0;
+}
+
+int
+params_config (const char *k, const char *value)
+{
+  if (strcmp (k, "fscache-dir") == 0) {
+    free (params.dir);
+    if (*value == '\0') {
+      nbdkit_error ("fscache-dir: must not be empty");
+      return -1;
+    }
+    params.dir = nbdkit_absolute_path (value);
+    return params.dir ? 0 : -1;
+  }
+  if (strcmp (k, "fscache-key") == 0) {
+    if (*value == '\0') {
+      nbdkit_error ("fscache-key: must not be empty");
+      return -1;
+    }
+    free (params.key);
+    params.key = strdup (value);
+    return params.key ? 0 : -1;
+  }
+  if (strcmp (k, "fscache-block-size") == 0) {
+    int64_t r = nbdkit_parse_size (value);
+    if (r == -1) {
+      nbdkit_error ("fscache-block-size=%s: not a size", value);
+      return -1;
+    }
+    if (r < 4096 || r > 4 * 1024 * 1024 || !is_power_of_2 (r)) {
+      nbdkit_error ("fscache-block-size=%s: must be a power of 2 "
+                    "from 4K to 4M", value);
+      return -1;
+    }
+    params.block_size = r;
+    return 0;
+  }
+  if (strcmp (k, "fscache-mode") == 0) {
+    if (strcmp (value, "writethrough") == 0)
+      params.mode = MODE_WRITETHROUGH;
+    else if (strcmp (value, "writearound") == 0)
+      params.mode = MODE_WRITEAROUND;
+    else {
+      nbdkit_error ("fscache-mode=%s: must be writethrough or writearound",
+                    value);
+      return -1;
+    }
+    return 0;
+  }
+  if (strcmp (k, "fscache-generation") == 0) {
+    if (strlen (value) > FSC_GEN_MAX) {
+      nbdkit_error ("fscache-generation: longer than %d bytes", FSC_GEN_MAX);
+      return -1;
+    }
+    free (params.generation);
+    params.generation = strdup (value);
+    return params.generation ? 0 : -1;
+  }
+  if (strcmp (k, "fscache-validate") == 0) {
+    if (strcmp (value, "sample") == 0)
+      params.validate = FSC_VALIDATE_SAMPLE;
+    else if (strcmp (value, "size") == 0)
+      params.validate = FSC_VALIDATE_SIZE;
+    else if (strcmp (value, "none") == 0)
+      params.validate = FSC_VALIDATE_NONE;
+    else {
+      nbdkit_error ("fscache-validate=%s: must be sample, size or none",
+                    value);
+      return -1;
+    }
+    return 0;
+  }
+  if (strcmp (k, "fscache-verify") == 0) {
+    int r = nbdkit_parse_bool (value);
+    if (r == -1) {
+      nbdkit_error ("fscache-verify=%s: not a boolean", value);
+      return -1;
+    }
+    params.verify = r;
+    return 0;
+  }
+  if (strcmp (k, "fscache-readahead") == 0) {
+    int64_t r = nbdkit_parse_size (value);
+    if (r == -1) {
+      nbdkit_error ("fscache-readahead=%s: not a size", value);
+      return -1;
+    }
+    if (r > 1024 * 1024 * 1024) {
+      nbdkit_error ("fscache-readahead=%s: at most 1G", value);
+      return -1;
+    }
+    params.readahead = r;
+    return 0;
+  }
+  if (strcmp (k, "fscache-max-size") == 0) {
+    int64_t r = nbdkit_parse_size (value);
+    if (r == -1) {
+      nbdkit_error ("fscache-max-size=%s: not a size", value);
+      return -1;
+    }
+    if (r != 0 && r < 1024 * 1024) {
+      nbdkit_error ("fscache-max-size=%s: at least 1M (or 0 for no cap)",
+                    value);
+      return -1;
+    }
+    params.max_size = r;
+    return 0;
+  }
+  if (strcmp (k, "fscache-min-free") == 0 ||
+      strcmp (k, "fscache-min-free-inodes") == 0) {
+    char *end;
+    errno = 0;
+    unsigned long pct = strtoul (value, &end, 10);
+    if (*end == '%')
+      end++;
+    if (errno || end == value || *end || !(*value >= '0' && *value <= '9') ||
+        pct >= 100) {
+      nbdkit_error ("%s=%s: must be a percentage from 0%% to 99%%, "
+                    "like 1%%", k, value);
+      return -1;
+    }
+    if (strcmp (k, "fscache-min-free") == 0)
+      params.min_free = pct;
+    else
+      params.min_free_inodes = pct;
+    return 0;
+  }
+  if (strcmp (k, "fscache-offline") == 0) {
+    int r = nbdkit_parse_bool (value);
+    if (r == -1) {
+      nbdkit_error ("fscache-offline=%s: not a boolean", value);
+      return -1;
+    }
+    params.offline = r;
+    return 0;
+  }
+  if (strcmp (k, "fscache-stats") == 0) {
+    free (params.stats_file);
+    params.stats_file = nbdkit_absolute_path (value);
+    return params.stats_file ? 0 : -1;
+  }
+  if (strcmp (k, "fscache-trace") == 0) {
+    free (params.trace_file);
+    params.trace_file = nbdkit_absolute_path (value);
+    return params.trace_file ? 0 : -1;
+  }
+  if (strcmp (k, "fscache-trace-max") == 0) {
+    int64_t r = nbdkit_parse_size (value);
+    if (r == -1) {
+      nbdkit_error ("fscache-trace-max=%s: not a size", value);
+      return -1;
+    }
+    if (r < 4096) {
+      nbdkit_error ("fscache-trace-max=%s: at least 4K", value);
+      return -1;
+    }
+    params.trace_max = r;
+    return 0;
+  }
+  if (strncmp (k, "fscache-", 8) == 0) {
+    nbdkit_error ("unknown parameter %s (see nbdkit-fscache-filter(1))", k);
+    return -1;
+  }
+  if (derive_key (k, value) == -1)
+    return -1;
+  return 1;
+}
+
+/* The default cache directory (fsc_default_dir), or NULL (said). */
+static char *
+default_dir (void)
+{
+  char *r = fsc_default_dir ();
+  if (r == NULL && errno == ENOENT)
+    nbdkit_error ("fscache-dir: not set, and no NBD_FSCACHE_DIR, "
+                  "XDG_CACHE_HOME or HOME to default from");
+  else if (r == NULL)
+    nbdkit_error ("fscache-dir: %m");
+  return r;
+}
+
+int
+params_config_complete (void)
+{
+  if (params.dir == NULL && (params.dir = default_dir ()) == NULL)
+    return -1;
+  if (params.key == NULL && params.derived_key == NULL) {
+    nbdkit_error ("fscache-key: not set and no plugin parameters to "
+                  "derive it from; set fscache-key=STRING");
+    return -1;
+  }
+  if (params.key == NULL) {
+    /* The parameters may hold passwords: keep only their hash, which
+     * is all the identity needs, out of file names and indexes.
+     */
+    uint64_t lo, hi;
+    char *hashed;
+    fsc_key_hash (params.derived_key, params.derived_len, &lo, &hi);
+    int n = asprintf (&hashed, "params-%016" PRIx64 "%016" PRIx64, hi, lo);
+    if (n == -1) {
+      nbdkit_error ("asprintf: %m");
+      return -1;
+    }
+    free (params.derived_key);
+    params.derived_key = hashed;
+    params.derived_len = n;
+  }
+  return 0;
+}
