@@ -162,6 +162,9 @@ extern int fsc_object_peek_size (struct fsc_cache *cache, const void *key,
 extern struct fsc_object *fsc_object_get (struct fsc_cache *cache,
                                           const struct fsc_object_params *p);
 
+/* Take another reference on OBJ (returned). */
+extern struct fsc_object *fsc_object_ref (struct fsc_object *obj);
+
 /* Drop a reference; the last one commits, marks the index clean and
  * closes the files.
  */

@@ -379,6 +379,8 @@ extern int fsc_open_file (struct fsc_object *o, const char *suffix);
  */
 extern int fsc_open_file_flags (const struct fsc_object *o,
                                 const char *suffix, int flags);
+/* object.c: the same for file NAME in directory DIRFD. */
+extern int fsc_openat_own (int dirfd, const char *name, int flags);
 
 /* groups.c: set up and free O's group table; allocate group GI (and
  * its path) if absent, returning it or NULL (no memory); the first

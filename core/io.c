@@ -49,6 +49,7 @@ fsc_io_init (struct fsc_io *io, const char *spec)
     if (strcmp (kind, "data") == 0) f.kind = FSC_FILE_DATA;
     else if (strcmp (kind, "index") == 0) f.kind = FSC_FILE_INDEX;
     else if (strcmp (kind, "sums") == 0) f.kind = FSC_FILE_SUMS;
+    else if (strcmp (kind, "wlog") == 0) f.kind = FSC_FILE_WLOG;
     else if (strcmp (kind, "any") == 0) f.kind = -1;
     else goto bad;
     char *end;

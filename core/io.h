@@ -12,7 +12,8 @@
  *   sync:index:1+:EIO       every index sync from the 1st on fails
  *   read:any:10+:EIO        every read from the 10th on fails
  *
- * Kinds: data, index, sums (the sub-block checksums), any.
+ * Kinds: data, index, sums (the sub-block checksums), wlog (the write
+ * log of writeback mode), any.
  *
  * Faults are matched in order; several may be given, separated by
  * commas.  Counters are atomic, so no lock is taken.
@@ -28,7 +29,8 @@ enum fsc_file_kind {
   FSC_FILE_DATA = 0,
   FSC_FILE_INDEX = 1,
   FSC_FILE_SUMS = 2,
-  FSC_FILE_KINDS = 3,
+  FSC_FILE_WLOG = 3,            /* the write log (writeback mode) */
+  FSC_FILE_KINDS = 4,
 };
 
 enum fsc_io_op {

@@ -173,10 +173,15 @@ fsc_open_file_flags (const struct fsc_object *o, const char *suffix,
                      int flags)
 {
   char buf[FILE_NAME_MAX];
+  return fsc_openat_own (o->fandirfd, fsc_file_name (o, suffix, buf), flags);
+}
+
+int
+fsc_openat_own (int dirfd, const char *name, int flags)
+{
   struct stat st;
 
-  int fd = openat (o->fandirfd, fsc_file_name (o, suffix, buf),
-                   flags | O_NOFOLLOW | O_CLOEXEC, 0600);
+  int fd = openat (dirfd, name, flags | O_NOFOLLOW | O_CLOEXEC, 0600);
   if (fd == -1)
     return -1;
   if (fstat (fd, &st) == -1 || !S_ISREG (st.st_mode) ||
@@ -628,6 +633,14 @@ fsc_object_get (struct fsc_cache *c, const struct fsc_object_params *p)
 {
   SCOPED_LOCK (&c->lock);
   return find_locked (c, p);
+}
+
+struct fsc_object *
+fsc_object_ref (struct fsc_object *o)
+{
+  SCOPED_LOCK (&o->cache->lock);
+  o->refs++;
+  return o;
 }
 
 void

@@ -1,0 +1,146 @@
+/* libfscache: what wlog.c (the log, its recovery and the client's
+ * operations) and writeback.c (the writer) share, and nobody else.
+ *
+ * Locking: wl->lock guards everything in struct fsc_wlog but the file
+ * and the writer's private state; it is never held across I/O.  It
+ * nests inside nothing of the object's: the object's functions are
+ * called without it.  wl->punch is a rwlock held for reading by every
+ * reader of log data and for writing by whoever punches or truncates
+ * retired space, so a reader never reads space freed under it.
+ */
+#ifndef FSC_WLOG_INT_H
+#define FSC_WLOG_INT_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "internal.h"
+#include "wlog.h"
+
+/* On-disk layout (docs/format.md, "Write log"). */
+#define WL_MAGIC "FSCWLOG"              /* 8 bytes with the NUL */
+#define WL_VERSION 1
+#define WL_SLOT 4096u                   /* header slots 0 and 1 */
+#define WL_START (2 * WL_SLOT)          /* first record */
+#define WL_REC_MAGIC 0x524c5746u        /* "FWLR" little-endian */
+#define WL_REC_HDR 64u
+#define WL_REC_UNITS 64u                /* units per record at most */
+
+enum wl_type { WL_DATA = 1, WL_ZERO = 2, WL_TRIM = 3 };
+
+/* One record, in memory from its append (or recovery) until the writer
+ * retires it.
+ */
+struct wl_entry {
+  uint64_t seq, epoch;
+  uint64_t off, len;            /* export bytes; OFF unit-aligned */
+  uint64_t pos, rsize;          /* where in the log, and its size */
+  uint64_t time_ms;
+  uint32_t nunits;              /* data units (0 for zero and trim) */
+  uint8_t type;                 /* enum wl_type */
+  bool done;                    /* its bytes are in the file */
+  uint64_t *hashes;             /* XXH3 of each unit (data) */
+};
+
+/* The extent map: disjoint extents, each the newest logged version of
+ * its bytes, in a treap ordered by start.
+ */
+struct wl_ext {
+  uint64_t start, end;
+  struct wl_entry *e;
+  uint32_t prio;
+  struct wl_ext *l, *r;
+};
+
+/* A range under read-modify-write (unaligned writes). */
+struct wl_rmw {
+  uint64_t start, end;
+  struct wl_rmw *next;
+};
+
+struct fsc_wlog {
+  struct fsc_cache *cache;
+  int fd;
+  uint64_t incarnation;
+  uint64_t key_lo, key_hi, key_len;
+  uint64_t size;
+  char generation[FSC_GEN_MAX + 1];
+  bool has_generation;
+  struct fsc_wlog_sample sample;        /* of the upstream at the tail */
+  uint64_t dirty_max;
+
+  pthread_mutex_t lock;
+  pthread_cond_t cond;                  /* applied, synced, retired */
+  pthread_rwlock_t punch;
+
+  /* Header state. */
+  uint64_t hdr_gen;
+  int hdr_slot;                         /* slot of the newest header */
+  uint64_t tail_pos, tail_seq;          /* durable tail */
+
+  /* Appends. */
+  uint64_t head_pos, next_seq;
+  uint64_t applied_seq;                 /* records below are in the map */
+  uint64_t durable_seq;                 /* records below are synced */
+  bool syncing;
+  bool resetting;                       /* the writer is rewinding */
+  uint64_t epoch;                       /* of new records */
+  uint64_t first_epoch;                 /* of the oldest record */
+  bool failed;
+  int err;
+
+  /* Records from ring_seq to next_seq - 1, a ring.  ring_seq is
+   * tail_seq but while the writer moves the tail: it changes only when
+   * records are retired.
+   */
+  uint64_t ring_seq;
+  struct wl_entry **ring;
+  size_t rhead, rlen, rcap;
+  uint64_t dirty_bytes;                 /* export bytes they cover */
+  struct wl_ext *root;
+  uint32_t prng;
+
+  struct wl_rmw *rmw;
+
+  /* Notices for the caller (FSC_WLOG_NOTICE_*). */
+  unsigned notices;
+  int notice_err;
+  uint64_t notice_off;
+
+  /* The writer (writeback.c). */
+  struct fsc_object *obj;
+  struct fsc_wb_upstream up;
+  pthread_t writer;
+  bool writer_running;
+  bool stopping;
+  bool unordered;                       /* test knob: ignore epochs */
+  unsigned outage;                      /* consecutive failed rounds */
+};
+
+/* wlog.c, for writeback.c. */
+static inline struct wl_entry *
+wl_entry_at (struct fsc_wlog *wl, size_t i)
+{
+  return wl->ring[(wl->rhead + i) % wl->rcap];
+}
+extern uint64_t wl_hdr_bytes (const struct wl_entry *e);
+extern int wl_write_header (struct fsc_wlog *wl);
+extern void wl_retire (struct fsc_wlog *wl, size_t n);
+extern void wl_notice (struct fsc_wlog *wl, unsigned what, int err,
+                       uint64_t off);
+extern int wl_read_units (struct fsc_wlog *wl, const struct wl_entry *e,
+                          uint64_t off, uint64_t len, unsigned char *dst);
+
+/* The extent map (wlog.c). */
+extern void wl_map_insert (struct fsc_wlog *wl, struct wl_ext **root,
+                           uint64_t start, uint64_t end, struct wl_entry *e);
+extern void wl_map_free (struct wl_ext *t);
+typedef void wl_visit_fn (void *opaque, const struct wl_ext *x);
+extern void wl_map_visit (const struct wl_ext *t, uint64_t a, uint64_t b,
+                          wl_visit_fn *fn, void *opaque);
+
+/* writeback.c: stop and join the writer. */
+extern void wl_writer_stop (struct fsc_wlog *wl);
+
+#endif /* FSC_WLOG_INT_H */

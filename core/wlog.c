@@ -1,0 +1,1364 @@
+/* libfscache: the write log of writeback mode (wlog.h says what it is
+ * for; docs/format.md, "Write log", has the bytes; docs/design.md,
+ * "Writeback", the reasons).
+ *
+ * The life of a record:
+ *
+ *   1. reserved: under wl->lock it gets the next sequence number, the
+ *      current epoch and the next bytes of the file (the head), and
+ *      joins the ring of records; a write past the dirty bound waits
+ *      here for the writer to retire records (backpressure).
+ *   2. written: its bytes go to the file without the lock.
+ *   3. applied: records are put into the extent map strictly in
+ *      sequence order (a record written early waits for those reserved
+ *      before it), so the map always shows the order recovery would
+ *      find, and a flush knows that everything below applied_seq is
+ *      in the file.  The client's write is acknowledged here (with
+ *      FUA after a sync).
+ *   4. durable: a flush or FUA syncs the file once for every record
+ *      applied so far; concurrent flushers share syncs.
+ *   5. retired by the writer (writeback.c) once the upstream has it
+ *      and has flushed: the header's tail moves past it (synced), it
+ *      leaves the map, and its space is punched.
+ *
+ * Recovery reads records from the tail, each checked (header checksum
+ * seeded with the log's incarnation, every data unit's hash); the
+ * first that fails ends the log, and the file is cut there, so no
+ * record of an earlier run can ever follow a later one.  Since a flush
+ * waits for every record below it to be written before it syncs, no
+ * record a flush covered lies after a torn one.
+ */
+#include <config.h>
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+#include <uuid/uuid.h>
+
+#include "xxh.h"
+
+#include "wlog-int.h"
+
+static uint64_t
+now_ms (void)
+{
+  struct timespec ts;
+  clock_gettime (CLOCK_REALTIME, &ts);
+  return (uint64_t) ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+const char *
+fsc_wlog_mismatch_name (int m)
+{
+  switch (m) {
+  case FSC_WLOG_FITS: return "fits";
+  case FSC_WLOG_SIZE_CHANGED: return "upstream-size-changed";
+  case FSC_WLOG_GENERATION_CHANGED: return "generation-changed";
+  case FSC_WLOG_SAMPLE_CHANGED: return "upstream-changed";
+  default: return "unknown";
+  }
+}
+
+/*----------------------------------------------------------------------
+ * The extent map: a treap of disjoint extents ordered by start.
+ */
+
+static uint32_t
+next_prio (uint32_t *s)
+{
+  /* xorshift32: priorities only need to look random. */
+  uint32_t x = *s ? *s : 2463534242u;
+  x ^= x << 13;
+  x ^= x >> 17;
+  x ^= x << 5;
+  return *s = x;
+}
+
+/* Nodes starting before KEY into *L, the others into *R. */
+static void
+split (struct wl_ext *t, uint64_t key, struct wl_ext **l, struct wl_ext **r)
+{
+  if (t == NULL) {
+    *l = *r = NULL;
+    return;
+  }
+  if (t->start < key) {
+    split (t->r, key, &t->r, r);
+    *l = t;
+  }
+  else {
+    split (t->l, key, l, &t->l);
+    *r = t;
+  }
+}
+
+static struct wl_ext *
+merge (struct wl_ext *l, struct wl_ext *r)
+{
+  if (l == NULL)
+    return r;
+  if (r == NULL)
+    return l;
+  if (l->prio > r->prio) {
+    l->r = merge (l->r, r);
+    return l;
+  }
+  r->l = merge (l, r->l);
+  return r;
+}
+
+void
+wl_map_free (struct wl_ext *t)
+{
+  if (t == NULL)
+    return;
+  wl_map_free (t->l);
+  wl_map_free (t->r);
+  free (t);
+}
+
+static struct wl_ext *
+new_ext (struct fsc_wlog *wl, uint64_t start, uint64_t end,
+         struct wl_entry *e)
+{
+  struct wl_ext *x = malloc (sizeof *x);
+  if (x == NULL)
+    return NULL;
+  x->start = start;
+  x->end = end;
+  x->e = e;
+  x->prio = next_prio (&wl->prng);
+  x->l = x->r = NULL;
+  return x;
+}
+
+/* Make [START, END) map to E in *ROOT, cutting what was there.  Only
+ * allocation can fail, and then the map would be wrong: the caller
+ * marks the log failed (wl_map_insert's caller checks wl->failed).
+ */
+void
+wl_map_insert (struct fsc_wlog *wl, struct wl_ext **root, uint64_t start,
+               uint64_t end, struct wl_entry *e)
+{
+  struct wl_ext *l, *m, *r, *rest = NULL;
+  bool need_rest = false;
+  split (*root, start, &l, &r);
+  /* The last extent before START may reach into the range, or past it. */
+  struct wl_ext *last = l;
+  while (last && last->r)
+    last = last->r;
+  if (last && last->end > start) {
+    if (last->end > end) {
+      need_rest = true;
+      rest = new_ext (wl, end, last->end, last->e);
+    }
+    last->end = start;
+  }
+  split (r, end, &m, &r);
+  /* Extents starting inside the range: all covered but maybe the last. */
+  struct wl_ext *mlast = m;
+  while (mlast && mlast->r)
+    mlast = mlast->r;
+  if (mlast && mlast->end > end) {
+    need_rest = true;
+    rest = new_ext (wl, end, mlast->end, mlast->e);
+  }
+  wl_map_free (m);
+  struct wl_ext *x = new_ext (wl, start, end, e);
+  if (x == NULL || (need_rest && rest == NULL)) {
+    /* Out of memory: the map cannot be trusted from here on, and the
+     * log refuses everything (its callers check wl->failed).
+     */
+    free (x);
+    free (rest);
+    *root = merge (l, r);
+    wl->failed = true;
+    wl->err = ENOMEM;
+    return;
+  }
+  *root = merge (merge (l, x), merge (rest, r));
+}
+
+void
+wl_map_visit (const struct wl_ext *t, uint64_t a, uint64_t b,
+              wl_visit_fn *fn, void *opaque)
+{
+  if (t == NULL)
+    return;
+  if (a < t->start)
+    wl_map_visit (t->l, a, b, fn, opaque);
+  if (t->start < b && t->end > a)
+    fn (opaque, t);
+  if (b > t->end)
+    wl_map_visit (t->r, a, b, fn, opaque);
+}
+
+/* Remove the extents in [A, B) that still map to E. */
+static void
+map_remove_entry (struct wl_ext **root, const struct wl_entry *e)
+{
+  for (;;) {
+    /* Find one extent of E (usually none or one: E's range). */
+    const struct wl_ext *found = NULL;
+    const struct wl_ext *t = *root;
+    uint64_t a = e->off, b = e->off + e->len;
+    /* Leftmost extent of E in [a, b): descend like visit. */
+    struct wl_ext *stack[128];
+    int sp = 0;
+    (void) t;
+    struct wl_ext *n = *root;
+    while (n || sp) {
+      while (n && sp < 128) {
+        stack[sp++] = n;
+        n = (a < n->start) ? n->l : NULL;
+      }
+      n = stack[--sp];
+      if (n->start < b && n->end > a && n->e == e) {
+        found = n;
+        break;
+      }
+      n = (b > n->end) ? n->r : NULL;
+    }
+    if (found == NULL)
+      return;
+    struct wl_ext *l, *m, *r;
+    uint64_t s = found->start;
+    split (*root, s, &l, &r);
+    split (r, s + 1, &m, &r);
+    wl_map_free (m);
+    *root = merge (l, r);
+  }
+}
+
+/*----------------------------------------------------------------------
+ * Header.
+ */
+
+/* Encode WL's header (gen GEN) into the slot buffer P. */
+static void
+encode_header (const struct fsc_wlog *wl, uint64_t gen, unsigned char *p)
+{
+  memset (p, 0, WL_SLOT);
+  memcpy (p, WL_MAGIC, 8);
+  put_le32 (p + 8, WL_VERSION);
+  put_le32 (p + 12, FSC_WLOG_UNIT);
+  put_le64 (p + 16, gen);
+  put_le64 (p + 24, wl->incarnation);
+  put_le64 (p + 32, wl->key_lo);
+  put_le64 (p + 40, wl->key_hi);
+  put_le64 (p + 48, wl->key_len);
+  put_le64 (p + 56, wl->size);
+  put_le64 (p + 64, wl->tail_pos);
+  put_le64 (p + 72, wl->tail_seq);
+  put_le64 (p + 80, wl->epoch);
+  put_le32 (p + 88, wl->sample.n);
+  put_le32 (p + 92, wl->has_generation ? strlen (wl->generation)
+            : UINT32_MAX);
+  for (unsigned i = 0; i < FSC_WLOG_SAMPLES; ++i) {
+    put_le64 (p + 96 + 8 * i, wl->sample.off[i]);
+    put_le32 (p + 160 + 4 * i, wl->sample.len[i]);
+    put_le64 (p + 192 + 8 * i, wl->sample.hash[i]);
+  }
+  if (wl->has_generation)
+    memcpy (p + 256, wl->generation, strlen (wl->generation));
+  put_le64 (p + WL_SLOT - 8, XXH3_64bits (p, WL_SLOT - 8));
+}
+
+/* Decode slot P into WL's fields; false if it is not a valid header. */
+static bool
+decode_header (struct fsc_wlog *wl, const unsigned char *p, uint64_t *gen)
+{
+  if (memcmp (p, WL_MAGIC, 8) != 0 ||
+      get_le64 (p + WL_SLOT - 8) != XXH3_64bits (p, WL_SLOT - 8) ||
+      get_le32 (p + 8) != WL_VERSION || get_le32 (p + 12) != FSC_WLOG_UNIT)
+    return false;
+  uint32_t n = get_le32 (p + 88), glen = get_le32 (p + 92);
+  if (n > FSC_WLOG_SAMPLES || (glen != UINT32_MAX && glen > FSC_GEN_MAX))
+    return false;
+  *gen = get_le64 (p + 16);
+  wl->incarnation = get_le64 (p + 24);
+  wl->key_lo = get_le64 (p + 32);
+  wl->key_hi = get_le64 (p + 40);
+  wl->key_len = get_le64 (p + 48);
+  wl->size = get_le64 (p + 56);
+  wl->tail_pos = get_le64 (p + 64);
+  wl->tail_seq = get_le64 (p + 72);
+  wl->epoch = get_le64 (p + 80);
+  wl->sample.n = n;
+  for (unsigned i = 0; i < FSC_WLOG_SAMPLES; ++i) {
+    wl->sample.off[i] = get_le64 (p + 96 + 8 * i);
+    wl->sample.len[i] = get_le32 (p + 160 + 4 * i);
+    wl->sample.hash[i] = get_le64 (p + 192 + 8 * i);
+  }
+  wl->has_generation = glen != UINT32_MAX;
+  memset (wl->generation, 0, sizeof wl->generation);
+  if (wl->has_generation)
+    memcpy (wl->generation, p + 256, glen);
+  return wl->tail_pos >= WL_START && wl->tail_seq >= 1;
+}
+
+/* Write the header (the other slot) and sync.  Only one caller at a
+ * time: open, the writer, close (the writer stopped).
+ */
+int
+wl_write_header (struct fsc_wlog *wl)
+{
+  unsigned char *p = malloc (WL_SLOT);
+  if (p == NULL)
+    return -1;
+  pthread_mutex_lock (&wl->lock);
+  uint64_t gen = wl->hdr_gen + 1;
+  int slot = 1 - wl->hdr_slot;
+  encode_header (wl, gen, p);
+  pthread_mutex_unlock (&wl->lock);
+  int r = fsc_io_pwrite (&wl->cache->io, FSC_FILE_WLOG, wl->fd, p, WL_SLOT,
+                         (uint64_t) slot * WL_SLOT);
+  if (r == 0)
+    r = fsc_io_sync (&wl->cache->io, FSC_FILE_WLOG, wl->fd);
+  free (p);
+  if (r == 0) {
+    pthread_mutex_lock (&wl->lock);
+    wl->hdr_gen = gen;
+    wl->hdr_slot = slot;
+    pthread_mutex_unlock (&wl->lock);
+  }
+  return r;
+}
+
+/*----------------------------------------------------------------------
+ * Records.
+ */
+
+uint64_t
+wl_hdr_bytes (const struct wl_entry *e)
+{
+  return WL_REC_HDR + 8 * (uint64_t) e->nunits;
+}
+
+static uint64_t
+rec_size (uint32_t nunits, uint64_t datalen)
+{
+  return ROUND_UP (WL_REC_HDR + 8 * (uint64_t) nunits + datalen,
+                   (uint64_t) 8);
+}
+
+/* Header bytes of E (with hashes already at P + WL_REC_HDR), and its
+ * checksum.
+ */
+static void
+encode_rec (const struct fsc_wlog *wl, const struct wl_entry *e,
+            unsigned char *p)
+{
+  memset (p, 0, WL_REC_HDR);
+  put_le32 (p, WL_REC_MAGIC);
+  p[4] = e->type;
+  put_le64 (p + 8, e->seq);
+  put_le64 (p + 16, e->epoch);
+  put_le64 (p + 24, e->off);
+  put_le64 (p + 32, e->len);
+  put_le32 (p + 40, e->nunits);
+  put_le64 (p + 48, e->time_ms);
+  for (uint32_t i = 0; i < e->nunits; ++i)
+    put_le64 (p + WL_REC_HDR + 8 * i, e->hashes[i]);
+  put_le64 (p + 56, XXH3_64bits_withSeed (p, 56, wl->incarnation) ^
+            XXH3_64bits_withSeed (p + WL_REC_HDR, 8 * (size_t) e->nunits,
+                                  wl->incarnation));
+}
+
+/* Decode a record header at P (WL_REC_HDR bytes) without the
+ * checksum, which needs the hashes: false if malformed.
+ */
+static bool
+decode_rec_head (const struct fsc_wlog *wl, const unsigned char *p,
+                 struct wl_entry *e)
+{
+  if (get_le32 (p) != WL_REC_MAGIC)
+    return false;
+  e->type = p[4];
+  e->seq = get_le64 (p + 8);
+  e->epoch = get_le64 (p + 16);
+  e->off = get_le64 (p + 24);
+  e->len = get_le64 (p + 32);
+  e->nunits = get_le32 (p + 40);
+  e->time_ms = get_le64 (p + 48);
+  if (e->len == 0 || e->off % FSC_WLOG_UNIT || e->off >= wl->size ||
+      e->len > wl->size - e->off)
+    return false;
+  if (e->type == WL_DATA)
+    return e->nunits == DIV_ROUND_UP (e->len, FSC_WLOG_UNIT) &&
+      e->nunits <= WL_REC_UNITS;
+  return (e->type == WL_ZERO || e->type == WL_TRIM) && e->nunits == 0 &&
+    (e->len % FSC_WLOG_UNIT == 0 || e->off + e->len == wl->size);
+}
+
+static bool
+rec_csum_ok (const struct fsc_wlog *wl, const unsigned char *p,
+             uint32_t nunits)
+{
+  return get_le64 (p + 56) ==
+    (XXH3_64bits_withSeed (p, 56, wl->incarnation) ^
+     XXH3_64bits_withSeed (p + WL_REC_HDR, 8 * (size_t) nunits,
+                           wl->incarnation));
+}
+
+static void
+free_entry (struct wl_entry *e)
+{
+  if (e) {
+    free (e->hashes);
+    free (e);
+  }
+}
+
+static int
+ring_push (struct fsc_wlog *wl, struct wl_entry *e)
+{
+  if (wl->rlen == wl->rcap) {
+    size_t ncap = wl->rcap ? wl->rcap * 2 : 64;
+    struct wl_entry **n = malloc (ncap * sizeof *n);
+    if (n == NULL)
+      return -1;
+    for (size_t i = 0; i < wl->rlen; ++i)
+      n[i] = wl_entry_at (wl, i);
+    free (wl->ring);
+    wl->ring = n;
+    wl->rhead = 0;
+    wl->rcap = ncap;
+  }
+  wl->ring[(wl->rhead + wl->rlen) % wl->rcap] = e;
+  wl->rlen++;
+  return 0;
+}
+
+void
+wl_notice (struct fsc_wlog *wl, unsigned what, int err, uint64_t off)
+{
+  wl->notices |= what;
+  if (err)
+    wl->notice_err = err;
+  if (what & FSC_WLOG_NOTICE_BADREAD)
+    wl->notice_off = off;
+}
+
+/* The log cannot take more: a record may be lost or the map is wrong.
+ * Caller holds wl->lock.
+ */
+static void
+fail (struct fsc_wlog *wl, int err)
+{
+  if (!wl->failed) {
+    wl->failed = true;
+    wl->err = err;
+  }
+  wl_notice (wl, FSC_WLOG_NOTICE_FAILED, err, 0);
+  pthread_cond_broadcast (&wl->cond);
+}
+
+/* Put applied records into the map, in order.  Caller holds lock. */
+static void
+apply_done (struct fsc_wlog *wl)
+{
+  bool any = false;
+  while (wl->applied_seq < wl->next_seq && !wl->failed) {
+    struct wl_entry *e = wl_entry_at (wl, wl->applied_seq - wl->ring_seq);
+    if (!e->done)
+      break;
+    wl_map_insert (wl, &wl->root, e->off, e->off + e->len, e);
+    wl->applied_seq++;
+    any = true;
+  }
+  if (any)
+    pthread_cond_broadcast (&wl->cond);
+}
+
+/* Make every applied record durable, at least up to TARGET.  Caller
+ * holds wl->lock; it is dropped around the sync.
+ */
+static int
+sync_upto (struct fsc_wlog *wl, uint64_t target)
+{
+  while (wl->durable_seq < target && !wl->failed) {
+    if (wl->syncing) {
+      pthread_cond_wait (&wl->cond, &wl->lock);
+      continue;
+    }
+    wl->syncing = true;
+    uint64_t s = wl->applied_seq;
+    pthread_mutex_unlock (&wl->lock);
+    int r = fsc_io_sync (&wl->cache->io, FSC_FILE_WLOG, wl->fd);
+    int e = errno;
+    pthread_mutex_lock (&wl->lock);
+    wl->syncing = false;
+    if (r == -1)
+      fail (wl, e);
+    else if (s > wl->durable_seq)
+      wl->durable_seq = s;
+    pthread_cond_broadcast (&wl->cond);
+  }
+  if (wl->failed) {
+    errno = EIO;
+    return -1;
+  }
+  return 0;
+}
+
+/* Append one client operation: TYPE over [OFF, OFF+LEN) (unit-aligned
+ * but for the export's end), DATA for WL_DATA.  Split into records of
+ * at most WL_REC_UNITS units, written with one pwrite.
+ */
+static int
+append (struct fsc_wlog *wl, int type, uint64_t off, uint64_t len,
+        const unsigned char *data, bool fua)
+{
+  uint64_t nrec = type == WL_DATA
+    ? DIV_ROUND_UP (len, (uint64_t) WL_REC_UNITS * FSC_WLOG_UNIT) : 1;
+  uint64_t total = 0;
+  struct wl_entry **es = calloc (nrec, sizeof *es);
+  unsigned char *buf = NULL;
+  if (es == NULL)
+    return -1;
+  for (uint64_t i = 0; i < nrec; ++i) {
+    struct wl_entry *e = calloc (1, sizeof *e);
+    if (e == NULL)
+      goto nomem;
+    es[i] = e;
+    e->type = type;
+    if (type == WL_DATA) {
+      uint64_t ro = i * WL_REC_UNITS * FSC_WLOG_UNIT;
+      e->off = off + ro;
+      e->len = MIN (len - ro, (uint64_t) WL_REC_UNITS * FSC_WLOG_UNIT);
+      e->nunits = DIV_ROUND_UP (e->len, FSC_WLOG_UNIT);
+      e->hashes = malloc (8 * (size_t) e->nunits);
+      if (e->hashes == NULL)
+        goto nomem;
+      for (uint32_t u = 0; u < e->nunits; ++u) {
+        uint64_t uo = ro + (uint64_t) u * FSC_WLOG_UNIT;
+        e->hashes[u] = XXH3_64bits (data + uo,
+                                    MIN ((uint64_t) FSC_WLOG_UNIT, len - uo));
+      }
+      e->rsize = rec_size (e->nunits, e->len);
+    }
+    else {
+      e->off = off;
+      e->len = len;
+      e->rsize = rec_size (0, 0);
+    }
+    total += e->rsize;
+  }
+  buf = malloc (total);
+  if (buf == NULL)
+    goto nomem;
+
+  pthread_mutex_lock (&wl->lock);
+  bool said = false;
+  while (!wl->failed &&
+         (wl->resetting ||
+          (wl->head_pos > wl->tail_pos &&
+           wl->head_pos - wl->tail_pos + total > wl->dirty_max))) {
+    if (!said && !wl->resetting) {
+      wl_notice (wl, FSC_WLOG_NOTICE_STALLED, 0, 0);
+      said = true;
+    }
+    pthread_cond_wait (&wl->cond, &wl->lock);
+  }
+  if (wl->failed) {
+    pthread_mutex_unlock (&wl->lock);
+    errno = EIO;
+    goto out;
+  }
+  uint64_t pos = wl->head_pos, seq0 = wl->next_seq, t = now_ms ();
+  for (uint64_t i = 0; i < nrec; ++i) {
+    if (ring_push (wl, es[i]) == -1) {
+      /* Nothing reserved yet for the rest: undo ours. */
+      for (uint64_t j = 0; j < i; ++j)
+        wl->rlen--;
+      pthread_mutex_unlock (&wl->lock);
+      goto nomem;
+    }
+  }
+  for (uint64_t i = 0; i < nrec; ++i) {
+    struct wl_entry *e = es[i];
+    e->seq = wl->next_seq++;
+    e->epoch = wl->epoch;
+    e->pos = wl->head_pos;
+    e->time_ms = t;
+    wl->head_pos += e->rsize;
+    wl->dirty_bytes += e->len;
+  }
+  if (wl->rlen == nrec)
+    wl->first_epoch = wl->epoch;
+  pthread_mutex_unlock (&wl->lock);
+
+  /* The records' bytes, then one write. */
+  uint64_t p = 0;
+  for (uint64_t i = 0; i < nrec; ++i) {
+    struct wl_entry *e = es[i];
+    memset (buf + p, 0, e->rsize);
+    encode_rec (wl, e, buf + p);
+    if (type == WL_DATA)
+      memcpy (buf + p + wl_hdr_bytes (e), data + (e->off - off), e->len);
+    p += e->rsize;
+  }
+  int r = fsc_io_pwrite (&wl->cache->io, FSC_FILE_WLOG, wl->fd, buf, total,
+                         pos);
+  int err = errno;
+
+  pthread_mutex_lock (&wl->lock);
+  if (r == -1)
+    fail (wl, err);
+  for (uint64_t i = 0; i < nrec; ++i)
+    es[i]->done = true;
+  apply_done (wl);
+  while (!wl->failed && wl->applied_seq < seq0 + nrec)
+    pthread_cond_wait (&wl->cond, &wl->lock);
+  r = wl->failed ? -1 : 0;
+  if (r == 0 && fua)
+    r = sync_upto (wl, seq0 + nrec);
+  pthread_mutex_unlock (&wl->lock);
+  free (buf);
+  free (es);
+  if (r == -1)
+    errno = EIO;
+  return r;
+
+ nomem:
+  for (uint64_t i = 0; i < nrec; ++i)
+    free_entry (es[i]);
+  errno = ENOMEM;
+ out:
+  free (buf);
+  free (es);
+  return -1;
+}
+
+/*----------------------------------------------------------------------
+ * Reads.
+ */
+
+/* Read [OFF, OFF+LEN) of record E's data into DST, verifying every
+ * unit it touches.  OFF is unit-aligned relative to E; LEN may end at
+ * E's end.  Returns 0, or -1 with errno EIO (bad or unreadable).
+ */
+int
+wl_read_units (struct fsc_wlog *wl, const struct wl_entry *e, uint64_t off,
+               uint64_t len, unsigned char *dst)
+{
+  uint64_t rel = off - e->off;
+  ssize_t n = fsc_io_pread (&wl->cache->io, FSC_FILE_WLOG, wl->fd, dst, len,
+                            e->pos + wl_hdr_bytes (e) + rel);
+  if (n != (ssize_t) len) {
+    errno = EIO;
+    return -1;
+  }
+  for (uint64_t u = 0; u < len; u += FSC_WLOG_UNIT) {
+    uint64_t ul = MIN ((uint64_t) FSC_WLOG_UNIT, len - u);
+    if (XXH3_64bits (dst + u, ul) != e->hashes[(rel + u) / FSC_WLOG_UNIT]) {
+      errno = EIO;
+      return -1;
+    }
+  }
+  return 0;
+}
+
+struct seg {
+  uint64_t start, end;
+  const struct wl_entry *e;
+};
+struct segs {
+  struct seg *v;
+  size_t n, cap;
+  bool nomem;
+};
+
+static void
+collect (void *opaque, const struct wl_ext *x)
+{
+  struct segs *s = opaque;
+  if (s->n == s->cap) {
+    size_t ncap = s->cap ? 2 * s->cap : 16;
+    struct seg *v = realloc (s->v, ncap * sizeof *v);
+    if (v == NULL) {
+      s->nomem = true;
+      return;
+    }
+    s->v = v;
+    s->cap = ncap;
+  }
+  s->v[s->n++] = (struct seg) { x->start, x->end, x->e };
+}
+
+/* Serve [S, T) of logged record E into DST. */
+static int
+read_logged (struct fsc_wlog *wl, const struct wl_entry *e, uint64_t s,
+             uint64_t t, unsigned char *dst)
+{
+  if (e->type != WL_DATA) {
+    memset (dst, 0, t - s);
+    return 0;
+  }
+  uint64_t ua = e->off + ROUND_DOWN (s - e->off, (uint64_t) FSC_WLOG_UNIT);
+  uint64_t ub = MIN (e->off + ROUND_UP (t - e->off, (uint64_t) FSC_WLOG_UNIT),
+                     e->off + e->len);
+  if (ua == s && ub == t)
+    return wl_read_units (wl, e, s, t - s, dst);
+  unsigned char *b = malloc (ub - ua);
+  if (b == NULL)
+    return -1;
+  int r = wl_read_units (wl, e, ua, ub - ua, b);
+  if (r == 0)
+    memcpy (dst, b + (s - ua), t - s);
+  free (b);
+  return r;
+}
+
+int
+fsc_wlog_read (struct fsc_wlog *wl, struct fsc_object *obj, void *buf,
+               uint32_t count, uint64_t offset,
+               const struct fsc_upstream *up, unsigned flags)
+{
+  unsigned char *out = buf;
+  struct segs s = { 0 };
+  int r = 0;
+  uint64_t end = offset + count;
+
+  pthread_rwlock_rdlock (&wl->punch);
+  pthread_mutex_lock (&wl->lock);
+  wl_map_visit (wl->root, offset, end, collect, &s);
+  pthread_mutex_unlock (&wl->lock);
+  if (s.nomem) {
+    errno = ENOMEM;
+    r = -1;
+    goto out;
+  }
+  uint64_t cur = offset;
+  for (size_t i = 0; i < s.n && r == 0; ++i) {
+    uint64_t a = MAX (s.v[i].start, offset), b = MIN (s.v[i].end, end);
+    if (cur < a)
+      r = fsc_object_read (obj, out + (cur - offset), a - cur, cur, up,
+                           flags);
+    if (r == 0 && read_logged (wl, s.v[i].e, a, b, out + (a - offset)) == -1) {
+      pthread_mutex_lock (&wl->lock);
+      wl_notice (wl, FSC_WLOG_NOTICE_BADREAD, errno, a);
+      pthread_mutex_unlock (&wl->lock);
+      errno = EIO;
+      r = -1;
+    }
+    cur = b;
+  }
+  if (r == 0 && cur < end)
+    r = fsc_object_read (obj, out + (cur - offset), end - cur, cur, up, flags);
+ out:
+  pthread_rwlock_unlock (&wl->punch);
+  free (s.v);
+  return r;
+}
+
+/*----------------------------------------------------------------------
+ * The client's operations.
+ */
+
+/* Wait until no read-modify-write overlaps [A, B), then own it. */
+static int
+rmw_begin (struct fsc_wlog *wl, uint64_t a, uint64_t b, struct wl_rmw *me)
+{
+  pthread_mutex_lock (&wl->lock);
+  for (;;) {
+    bool busy = false;
+    for (struct wl_rmw *m = wl->rmw; m; m = m->next)
+      if (m->start < b && m->end > a)
+        busy = true;
+    if (!busy)
+      break;
+    pthread_cond_wait (&wl->cond, &wl->lock);
+  }
+  me->start = a;
+  me->end = b;
+  me->next = wl->rmw;
+  wl->rmw = me;
+  pthread_mutex_unlock (&wl->lock);
+  return 0;
+}
+
+static void
+rmw_end (struct fsc_wlog *wl, struct wl_rmw *me)
+{
+  pthread_mutex_lock (&wl->lock);
+  for (struct wl_rmw **p = &wl->rmw; *p; p = &(*p)->next)
+    if (*p == me) {
+      *p = me->next;
+      break;
+    }
+  pthread_cond_broadcast (&wl->cond);
+  pthread_mutex_unlock (&wl->lock);
+}
+
+/* The export's end, for units: the last unit may be short. */
+static uint64_t
+unit_end (const struct fsc_wlog *wl, uint64_t x)
+{
+  return MIN (ROUND_UP (x, (uint64_t) FSC_WLOG_UNIT), wl->size);
+}
+
+/* Write BUF (NULL: zeroes) over [OFFSET, OFFSET+COUNT) as data,
+ * reading the rest of partly covered units first.
+ */
+static int
+write_data (struct fsc_wlog *wl, struct fsc_object *obj,
+            const struct fsc_upstream *up, const void *buf, uint64_t count,
+            uint64_t offset, bool fua)
+{
+  uint64_t a = ROUND_DOWN (offset, (uint64_t) FSC_WLOG_UNIT);
+  uint64_t b = unit_end (wl, offset + count);
+  if (a == offset && b == offset + count && buf)
+    return append (wl, WL_DATA, offset, count, buf, fua);
+
+  struct wl_rmw me;
+  unsigned char *tmp = malloc (b - a);
+  if (tmp == NULL)
+    return -1;
+  rmw_begin (wl, a, b, &me);
+  int r = 0;
+  /* The rest of the first and the last unit, each read once. */
+  uint64_t tu = ROUND_DOWN (offset + count, (uint64_t) FSC_WLOG_UNIT);
+  if (a < offset)
+    r = fsc_wlog_read (wl, obj, tmp, MIN (a + FSC_WLOG_UNIT, b) - a, a, up,
+                       0);
+  if (r == 0 && offset + count < b && !(tu == a && a < offset))
+    r = fsc_wlog_read (wl, obj, tmp + (tu - a), b - tu, tu, up, 0);
+  if (r == 0) {
+    if (buf)
+      memcpy (tmp + (offset - a), buf, count);
+    else
+      memset (tmp + (offset - a), 0, count);
+    r = append (wl, WL_DATA, a, b - a, tmp, fua);
+  }
+  int e = errno;
+  rmw_end (wl, &me);
+  free (tmp);
+  errno = e;
+  return r;
+}
+
+int
+fsc_wlog_pwrite (struct fsc_wlog *wl, struct fsc_object *obj,
+                 const struct fsc_upstream *up, const void *buf,
+                 uint32_t count, uint64_t offset, bool fua)
+{
+  if (count == 0)
+    return fua ? fsc_wlog_flush (wl) : 0;
+  return write_data (wl, obj, up, buf, count, offset, fua);
+}
+
+int
+fsc_wlog_zero (struct fsc_wlog *wl, struct fsc_object *obj,
+               const struct fsc_upstream *up, uint32_t count,
+               uint64_t offset, bool fua)
+{
+  if (count == 0)
+    return fua ? fsc_wlog_flush (wl) : 0;
+  uint64_t end = offset + count;
+  uint64_t a = ROUND_UP (offset, (uint64_t) FSC_WLOG_UNIT);
+  uint64_t b = end == wl->size ? end
+    : ROUND_DOWN (end, (uint64_t) FSC_WLOG_UNIT);
+  if (a >= b)                   /* within one unit */
+    return write_data (wl, obj, up, NULL, count, offset, fua);
+  int r = 0;
+  if (offset < a)
+    r = write_data (wl, obj, up, NULL, a - offset, offset, false);
+  if (r == 0 && b < end)
+    r = write_data (wl, obj, up, NULL, end - b, b, false);
+  if (r == 0)
+    r = append (wl, WL_ZERO, a, b - a, NULL, fua);
+  return r;
+}
+
+int
+fsc_wlog_trim (struct fsc_wlog *wl, uint32_t count, uint64_t offset,
+               bool fua)
+{
+  /* Only whole units: a trim is advisory, its ragged ends may stay. */
+  uint64_t end = offset + count;
+  uint64_t a = ROUND_UP (offset, (uint64_t) FSC_WLOG_UNIT);
+  uint64_t b = end == wl->size ? end
+    : ROUND_DOWN (end, (uint64_t) FSC_WLOG_UNIT);
+  if (a >= b)
+    return fua ? fsc_wlog_flush (wl) : 0;
+  return append (wl, WL_TRIM, a, b - a, NULL, fua);
+}
+
+int
+fsc_wlog_flush (struct fsc_wlog *wl)
+{
+  pthread_mutex_lock (&wl->lock);
+  uint64_t target = wl->next_seq;
+  /* A new epoch only if the current one holds a record: the epochs
+   * waiting then count real barriers.
+   */
+  if (wl->rlen && wl_entry_at (wl, wl->rlen - 1)->epoch == wl->epoch)
+    wl->epoch++;
+  while (!wl->failed && wl->applied_seq < target)
+    pthread_cond_wait (&wl->cond, &wl->lock);
+  int r = sync_upto (wl, target);
+  pthread_mutex_unlock (&wl->lock);
+  return r;
+}
+
+/*----------------------------------------------------------------------
+ * Retiring (the writer's, after the tail moved durably).
+ */
+
+void
+wl_retire (struct fsc_wlog *wl, size_t n)
+{
+  struct wl_entry **gone = malloc (n * sizeof *gone);
+  pthread_mutex_lock (&wl->lock);
+  for (size_t i = 0; i < n; ++i) {
+    struct wl_entry *e = wl_entry_at (wl, 0);
+    map_remove_entry (&wl->root, e);
+    wl->rhead = (wl->rhead + 1) % wl->rcap;
+    wl->rlen--;
+    wl->ring_seq++;
+    wl->dirty_bytes -= e->len;
+    if (gone)
+      gone[i] = e;
+    else
+      free_entry (e);           /* no reader can hold it: see below */
+  }
+  if (wl->rlen)
+    wl->first_epoch = wl_entry_at (wl, 0)->epoch;
+  pthread_cond_broadcast (&wl->cond);
+  pthread_mutex_unlock (&wl->lock);
+  /* Readers copy nothing of a record: they hold wl->punch while they
+   * use it, so records are freed (and their space punched) only once
+   * every read that could have found them is over.
+   */
+  pthread_rwlock_wrlock (&wl->punch);
+  if (gone)
+    for (size_t i = 0; i < n; ++i)
+      free_entry (gone[i]);
+  pthread_rwlock_unlock (&wl->punch);
+  free (gone);
+}
+
+/*----------------------------------------------------------------------
+ * Open, recovery, close.
+ */
+
+static int
+open_log_file (struct fsc_cache *c, const void *key, size_t key_len,
+               bool create)
+{
+  char name[FSC_NAME_MAX + 1], fan[FSC_FAN_MAX + 1];
+  char file[FSC_NAME_MAX + 8];
+  fsc_key_encode (key, key_len, name, fan);
+  if (create && mkdirat (c->objdirfd, fan, 0700) == -1 && errno != EEXIST)
+    return -1;
+  int dfd = openat (c->objdirfd, fan,
+                    O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (dfd == -1)
+    return -1;
+  snprintf (file, sizeof file, "%s.wlog", name);
+  int fd = fsc_openat_own (dfd, file, O_RDWR | (create ? O_CREAT : 0));
+  int e = errno;
+  close (dfd);
+  errno = e;
+  return fd;
+}
+
+static void
+wlog_free (struct fsc_wlog *wl)
+{
+  if (wl == NULL)
+    return;
+  for (size_t i = 0; i < wl->rlen; ++i)
+    free_entry (wl_entry_at (wl, i));
+  free (wl->ring);
+  wl_map_free (wl->root);
+  if (wl->fd >= 0)
+    close (wl->fd);             /* drops the flock */
+  pthread_mutex_destroy (&wl->lock);
+  pthread_cond_destroy (&wl->cond);
+  pthread_rwlock_destroy (&wl->punch);
+  free (wl);
+}
+
+/* Scan records from the tail into the ring (recovery).  Stops at the
+ * first record that is not the next one, whole and intact; sets
+ * head_pos there.  VERIFY_DATA: also check every data unit (the
+ * filter's open; tools only count).
+ */
+static int
+scan_records (struct fsc_wlog *wl, uint64_t file_size, bool verify_data,
+              uint64_t *dropped)
+{
+  uint64_t pos = wl->tail_pos, seq = wl->tail_seq, epoch = 0;
+  unsigned char *hb = malloc (WL_REC_HDR + 8 * WL_REC_UNITS);
+  unsigned char *db = verify_data
+    ? malloc ((size_t) WL_REC_UNITS * FSC_WLOG_UNIT) : NULL;
+  if (hb == NULL || (verify_data && db == NULL)) {
+    free (hb);
+    free (db);
+    return -1;
+  }
+  *dropped = 0;
+  while (pos + WL_REC_HDR <= file_size) {
+    struct wl_entry h;
+    memset (&h, 0, sizeof h);
+    if (fsc_io_pread (&wl->cache->io, FSC_FILE_WLOG, wl->fd, hb, WL_REC_HDR,
+                      pos) != WL_REC_HDR ||
+        !decode_rec_head (wl, hb, &h) || h.seq != seq || h.epoch < epoch)
+      break;
+    uint64_t hl = 8 * (uint64_t) h.nunits;
+    if (hl && fsc_io_pread (&wl->cache->io, FSC_FILE_WLOG, wl->fd,
+                            hb + WL_REC_HDR, hl, pos + WL_REC_HDR)
+        != (ssize_t) hl)
+      break;
+    if (!rec_csum_ok (wl, hb, h.nunits))
+      break;
+    h.rsize = rec_size (h.nunits, h.type == WL_DATA ? h.len : 0);
+    if (pos + h.rsize > file_size)
+      break;
+    struct wl_entry *e = malloc (sizeof *e);
+    if (e == NULL)
+      goto nomem;
+    *e = h;
+    e->pos = pos;
+    e->done = true;
+    e->hashes = NULL;
+    if (h.nunits) {
+      e->hashes = malloc (hl);
+      if (e->hashes == NULL) {
+        free (e);
+        goto nomem;
+      }
+      for (uint32_t u = 0; u < h.nunits; ++u)
+        e->hashes[u] = get_le64 (hb + WL_REC_HDR + 8 * u);
+    }
+    if (verify_data && h.type == WL_DATA &&
+        wl_read_units (wl, e, e->off, e->len, db) == -1) {
+      free_entry (e);
+      break;
+    }
+    if (ring_push (wl, e) == -1) {
+      free_entry (e);
+      goto nomem;
+    }
+    wl->dirty_bytes += e->len;
+    epoch = h.epoch;
+    pos += h.rsize;
+    seq++;
+  }
+  if (pos < file_size)
+    *dropped = 1;
+  wl->head_pos = pos;
+  wl->next_seq = seq;
+  free (hb);
+  free (db);
+  return 0;
+ nomem:
+  free (hb);
+  free (db);
+  errno = ENOMEM;
+  return -1;
+}
+
+/* Load the newer valid header slot of FD into WL; -1 EBADMSG if none. */
+static int
+load_header (struct fsc_wlog *wl)
+{
+  unsigned char *p = malloc (2 * WL_SLOT);
+  if (p == NULL)
+    return -1;
+  ssize_t n = fsc_io_pread (&wl->cache->io, FSC_FILE_WLOG, wl->fd, p,
+                            2 * WL_SLOT, 0);
+  if (n < 0) {
+    free (p);
+    return -1;
+  }
+  int best = -1;
+  uint64_t best_gen = 0;
+  for (int s = 0; s < 2; ++s) {
+    struct fsc_wlog tmp;
+    uint64_t gen;
+    memset (&tmp, 0, sizeof tmp);
+    if ((s + 1) * WL_SLOT <= (size_t) n &&
+        decode_header (&tmp, p + s * WL_SLOT, &gen) &&
+        (best == -1 || gen > best_gen)) {
+      best = s;
+      best_gen = gen;
+    }
+  }
+  if (best >= 0) {
+    decode_header (wl, p + best * WL_SLOT, &best_gen);
+    wl->hdr_gen = best_gen;
+    wl->hdr_slot = best;
+  }
+  free (p);
+  if (best < 0) {
+    errno = EBADMSG;
+    return -1;
+  }
+  return 0;
+}
+
+/* Does the upstream P describes fit the log's records?  Regions that a
+ * pending record touches may hold part of its epoch: not evidence.
+ */
+static int
+check_fit (struct fsc_wlog *wl, const struct fsc_wlog_params *p)
+{
+  if (p->size != wl->size)
+    return FSC_WLOG_SIZE_CHANGED;
+  bool pg = p->generation != NULL;
+  if (pg != wl->has_generation ||
+      (pg && strcmp (p->generation, wl->generation) != 0))
+    return FSC_WLOG_GENERATION_CHANGED;
+  if (p->sample.n == 0 || wl->sample.n == 0)
+    return FSC_WLOG_FITS;
+  for (unsigned i = 0; i < wl->sample.n && i < p->sample.n; ++i) {
+    if (p->sample.off[i] != wl->sample.off[i] ||
+        p->sample.len[i] != wl->sample.len[i])
+      return FSC_WLOG_SAMPLE_CHANGED;
+    bool touched = false;
+    uint64_t a = wl->sample.off[i], b = a + wl->sample.len[i];
+    for (size_t k = 0; k < wl->rlen && !touched; ++k) {
+      const struct wl_entry *e = wl_entry_at (wl, k);
+      touched = e->off < b && e->off + e->len > a;
+    }
+    if (!touched && p->sample.hash[i] != wl->sample.hash[i])
+      return FSC_WLOG_SAMPLE_CHANGED;
+  }
+  return FSC_WLOG_FITS;
+}
+
+/* Take P's coherency data (the log is empty). */
+static void
+adopt (struct fsc_wlog *wl, const struct fsc_wlog_params *p)
+{
+  wl->size = p->size;
+  wl->has_generation = p->generation != NULL;
+  memset (wl->generation, 0, sizeof wl->generation);
+  if (p->generation)
+    strncpy (wl->generation, p->generation, FSC_GEN_MAX);
+  wl->sample = p->sample;
+}
+
+int
+fsc_wlog_open (struct fsc_cache *cache, const struct fsc_wlog_params *p,
+               unsigned flags, struct fsc_wlog **wlp,
+               struct fsc_wlog_info *info)
+{
+  memset (info, 0, sizeof *info);
+  struct fsc_wlog *wl = calloc (1, sizeof *wl);
+  if (wl == NULL)
+    return -1;
+  wl->cache = cache;
+  wl->fd = -1;
+  wl->hdr_slot = 1;
+  wl->dirty_max = p->dirty_max ? p->dirty_max : FSC_WLOG_DEFAULT_DIRTY_MAX;
+  wl->prng = (uint32_t) (uintptr_t) wl ^ (uint32_t) now_ms ();
+  pthread_mutex_init (&wl->lock, NULL);
+  pthread_cond_init (&wl->cond, NULL);
+  pthread_rwlockattr_t ra;
+  pthread_rwlockattr_init (&ra);
+  pthread_rwlockattr_setkind_np (&ra,
+                                 PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
+  pthread_rwlock_init (&wl->punch, &ra);
+  pthread_rwlockattr_destroy (&ra);
+
+  fsc_key_hash (p->key, p->key_len, &wl->key_lo, &wl->key_hi);
+  wl->key_len = p->key_len;
+  wl->fd = open_log_file (cache, p->key, p->key_len,
+                          flags & FSC_WLOG_CREATE);
+  if (wl->fd == -1)
+    goto err;
+  if (flock (wl->fd, LOCK_EX | LOCK_NB) == -1) {
+    if (errno == EWOULDBLOCK)
+      errno = EBUSY;
+    goto err;
+  }
+  struct stat st;
+  if (fstat (wl->fd, &st) == -1)
+    goto err;
+
+  if (st.st_size == 0) {
+    /* New: a header of our own, both slots (the first write). */
+    uuid_t u;
+    uuid_generate_random (u);
+    memcpy (&wl->incarnation, u, sizeof wl->incarnation);
+    wl->tail_pos = wl->head_pos = WL_START;
+    wl->tail_seq = wl->next_seq = 1;
+    adopt (wl, p);
+    info->created = true;
+    if (wl_write_header (wl) == -1 || wl_write_header (wl) == -1)
+      goto err;
+  }
+  else {
+    uint64_t lo = wl->key_lo, hi = wl->key_hi, kl = wl->key_len;
+    if (load_header (wl) == -1)
+      goto err;
+    if (wl->key_lo != lo || wl->key_hi != hi || wl->key_len != kl) {
+      errno = EBADMSG;
+      goto err;
+    }
+    uint64_t dropped;
+    if (scan_records (wl, st.st_size, true, &dropped) == -1)
+      goto err;
+    info->dropped_records = dropped;
+    /* Cut what follows the last good record: nothing there was
+     * promised, and a record of this run must never be followed by a
+     * stale one of the last run.
+     */
+    if ((uint64_t) st.st_size > wl->head_pos &&
+        (ftruncate (wl->fd, wl->head_pos) == -1 ||
+         fsc_io_sync (&cache->io, FSC_FILE_WLOG, wl->fd) == -1))
+      goto err;
+    if (wl->rlen) {
+      info->mismatch = check_fit (wl, p);
+      if (info->mismatch != FSC_WLOG_FITS) {
+        fsc_wlog_counters (wl, info);
+        info->mismatch = check_fit (wl, p);
+        errno = ESTALE;
+        goto err;
+      }
+      /* New writes come after whatever survived of the last epoch. */
+      wl->epoch = wl_entry_at (wl, wl->rlen - 1)->epoch + 1;
+      wl->first_epoch = wl_entry_at (wl, 0)->epoch;
+    }
+    else {
+      /* Empty: start over at the beginning, with today's upstream. */
+      adopt (wl, p);
+      wl->tail_pos = wl->head_pos = WL_START;
+      wl->tail_seq = wl->next_seq;
+      if (wl_write_header (wl) == -1 ||
+          ftruncate (wl->fd, WL_START) == -1)
+        goto err;
+    }
+  }
+  wl->ring_seq = wl->tail_seq;
+  for (size_t i = 0; i < wl->rlen; ++i) {
+    struct wl_entry *e = wl_entry_at (wl, i);
+    wl_map_insert (wl, &wl->root, e->off, e->off + e->len, e);
+  }
+  wl->applied_seq = wl->durable_seq = wl->next_seq;
+  if (wl->failed) {
+    errno = ENOMEM;
+    goto err;
+  }
+  wl->unordered = getenv ("NBD_FSCACHE_WB_UNORDERED") != NULL;
+  fsc_wlog_counters (wl, info);
+  *wlp = wl;
+  return 0;
+
+ err:;
+  int e = errno;
+  wlog_free (wl);
+  errno = e;
+  return -1;
+}
+
+bool
+fsc_wlog_dirty (struct fsc_wlog *wl)
+{
+  SCOPED_LOCK (&wl->lock);
+  return wl->rlen > 0;
+}
+
+void
+fsc_wlog_close (struct fsc_wlog *wl)
+{
+  if (wl == NULL)
+    return;
+  wl_writer_stop (wl);
+  /* The header as of the last retire is already durable; the records
+   * after it were synced by flushes (or are lost as unflushed writes
+   * may be): nothing to write but a final sync for the rest.
+   */
+  if (!wl->failed)
+    (void) fsc_io_sync (&wl->cache->io, FSC_FILE_WLOG, wl->fd);
+  wlog_free (wl);
+}
+
+void
+fsc_wlog_counters (struct fsc_wlog *wl, struct fsc_wlog_info *info)
+{
+  SCOPED_LOCK (&wl->lock);
+  info->dirty_bytes = wl->dirty_bytes;
+  info->log_bytes = wl->head_pos - wl->tail_pos;
+  info->records = wl->rlen;
+  info->size = wl->size;
+  if (wl->rlen) {
+    const struct wl_entry *f = wl_entry_at (wl, 0);
+    const struct wl_entry *l = wl_entry_at (wl, wl->rlen - 1);
+    info->epochs = l->epoch - f->epoch + 1;
+    info->oldest_ms = f->time_ms;
+  }
+  else {
+    info->epochs = 0;
+    info->oldest_ms = 0;
+  }
+}
+
+unsigned
+fsc_wlog_take_notices (struct fsc_wlog *wl, int *err, uint64_t *offset)
+{
+  SCOPED_LOCK (&wl->lock);
+  unsigned n = wl->notices;
+  wl->notices = 0;
+  if (err)
+    *err = wl->notice_err;
+  if (offset)
+    *offset = wl->notice_off;
+  return n;
+}
+
+int
+fsc_wlog_inspect (int dirfd, const char *name, struct fsc_wlog_info *info)
+{
+  char file[FSC_NAME_MAX + 8];
+  memset (info, 0, sizeof *info);
+  if (snprintf (file, sizeof file, "%s.wlog", name) >= (int) sizeof file) {
+    errno = ENAMETOOLONG;
+    return -1;
+  }
+  int fd = openat (dirfd, file, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd == -1)
+    return -1;
+  struct fsc_cache c;
+  memset (&c, 0, sizeof c);
+  struct fsc_wlog *wl = calloc (1, sizeof *wl);
+  struct stat st;
+  int r = -1;
+  if (wl == NULL || fstat (fd, &st) == -1)
+    goto out;
+  wl->cache = &c;
+  wl->fd = fd;
+  pthread_mutex_init (&wl->lock, NULL);
+  if (st.st_size == 0) {
+    r = 0;
+    goto out_free;
+  }
+  uint64_t dropped;
+  if (load_header (wl) == -1 ||
+      scan_records (wl, st.st_size, false, &dropped) == -1)
+    goto out_free;
+  fsc_wlog_counters (wl, info);
+  r = 0;
+ out_free:
+  for (size_t i = 0; i < wl->rlen; ++i)
+    free_entry (wl_entry_at (wl, i));
+  free (wl->ring);
+  pthread_mutex_destroy (&wl->lock);
+ out:;
+  int e = errno;
+  free (wl);
+  close (fd);
+  errno = e;
+  return r;
+}

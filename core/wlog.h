@@ -1,0 +1,193 @@
+/* libfscache: the write log of fscache-mode=writeback.
+ *
+ * In writeback mode a client's write is acknowledged once it is in the
+ * object's write log, NAME.wlog, beside the object's other files: an
+ * append-only file of checksummed records (docs/format.md, "Write
+ * log"), each a write, zero or trim of whole 4 KiB units, tagged with
+ * a sequence number and the client's flush epoch.  A FLUSH (or FUA)
+ * syncs the log: one local fdatasync, never an upstream round trip.
+ * Reads see the newest logged version of every unit through an
+ * in-memory extent map and take the rest from the object (cache and
+ * upstream).  A background writer (writeback.c) sends the log to the
+ * upstream one epoch at a time, each epoch followed by an upstream
+ * flush, so that the upstream always holds a state the client had at
+ * one of its flushes plus part of the next epoch; only then does the
+ * log's tail advance and its space get punched.  docs/design.md,
+ * "Writeback", says why a log and not dirty bits in the index.
+ *
+ * The log is independent of the object's index: the object stays a
+ * clean copy of the upstream (the writer keeps it so with
+ * fsc_object_write_begin/end, as a writethrough write would), and can
+ * be withdrawn, evicted, culled or discarded without losing a dirty
+ * byte.  The log has its own flock: one process at a time.
+ *
+ * Like everything in core/, these return -1 with errno and print
+ * nothing; what the caller should say loudly comes back as notices.
+ */
+#ifndef FSC_WLOG_H
+#define FSC_WLOG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "fscache.h"
+
+struct fsc_wlog;
+
+#define FSC_WLOG_UNIT 4096u             /* the log's unit of data */
+#define FSC_WLOG_SAMPLES 8              /* coherency sample regions */
+#define FSC_WLOG_DEFAULT_DIRTY_MAX (UINT64_C (1) << 30)
+
+/* The upstream's coherency sample, region by region (the filter's
+ * fscache-validate=sample), so that the log can tell regions its own
+ * pending writes may have changed from regions someone else changed.
+ */
+struct fsc_wlog_sample {
+  unsigned n;                           /* 0: not sampled */
+  uint64_t off[FSC_WLOG_SAMPLES];
+  uint32_t len[FSC_WLOG_SAMPLES];
+  uint64_t hash[FSC_WLOG_SAMPLES];      /* XXH3 of each region */
+};
+
+struct fsc_wlog_params {
+  const void *key;              /* the object's key (fsc_object_params) */
+  size_t key_len;
+  uint64_t size;                /* upstream size now */
+  const char *generation;       /* NULL or the fscache-generation */
+  struct fsc_wlog_sample sample;/* the upstream's now (n = 0: none) */
+  uint64_t dirty_max;           /* bytes of log before writes wait */
+};
+
+/* Why a log with dirty data does not fit the upstream (ESTALE). */
+enum fsc_wlog_mismatch {
+  FSC_WLOG_FITS = 0,
+  FSC_WLOG_SIZE_CHANGED = 1,
+  FSC_WLOG_GENERATION_CHANGED = 2,
+  FSC_WLOG_SAMPLE_CHANGED = 3,
+};
+extern const char *fsc_wlog_mismatch_name (int m);
+
+/* What a log holds (fsc_wlog_open, fsc_wlog_counters, fsc_wlog_inspect). */
+struct fsc_wlog_info {
+  uint64_t dirty_bytes;         /* data, zeroes and trims not yet
+                                 * written back (bytes of the export) */
+  uint64_t log_bytes;           /* bytes of log they take */
+  uint64_t records;
+  uint64_t epochs;              /* flush epochs waiting */
+  uint64_t oldest_ms;           /* realtime ms of the oldest, 0: none */
+  uint64_t size;                /* upstream size recorded */
+  int mismatch;                 /* enum fsc_wlog_mismatch */
+  uint64_t dropped_records;     /* torn records cut off at open */
+  bool created;                 /* no log was there */
+};
+
+/* Flags of fsc_wlog_open. */
+#define FSC_WLOG_CREATE 1u      /* create the log if missing */
+
+/* Open the write log of the object with P->key in CACHE, taking its
+ * lock, and recover it: records are checked from the durable tail on
+ * and the first bad one ends the log (nothing after it was ever
+ * promised durable).  A log with records is checked against P: a
+ * different size or generation, or a sampled region that differs
+ * although no pending record touches it, is ESTALE (INFO->mismatch
+ * says which), and nothing is changed.  An empty log takes P's
+ * coherency data.  Errors: ENOENT (no log, without FSC_WLOG_CREATE),
+ * EBUSY (another process has it), EBADMSG (header unreadable or of
+ * another key: refuse rather than guess), ESTALE, I/O errors.
+ */
+extern int fsc_wlog_open (struct fsc_cache *cache,
+                          const struct fsc_wlog_params *p, unsigned flags,
+                          struct fsc_wlog **wlp, struct fsc_wlog_info *info);
+
+/* Stop the writer (if started), write the header, drop the lock. */
+extern void fsc_wlog_close (struct fsc_wlog *wl);
+
+/* True if the log holds records not yet written back. */
+extern bool fsc_wlog_dirty (struct fsc_wlog *wl);
+
+/* The client's operations.  Each returns 0 or -1 with errno: EIO once
+ * the log failed (a cache write or sync error: everything after it may
+ * be lost, so nothing more is accepted), or an upstream error reading
+ * the rest of a unit for an unaligned write.  A write is acknowledged
+ * once it is in the log (FUA: durable); writes beyond the dirty bound
+ * wait for the writer.  OBJ and UP serve what the log does not hold
+ * (the rest of a unit an unaligned write covers).
+ */
+extern int fsc_wlog_pwrite (struct fsc_wlog *wl, struct fsc_object *obj,
+                            const struct fsc_upstream *up, const void *buf,
+                            uint32_t count, uint64_t offset, bool fua);
+extern int fsc_wlog_zero (struct fsc_wlog *wl, struct fsc_object *obj,
+                          const struct fsc_upstream *up, uint32_t count,
+                          uint64_t offset, bool fua);
+extern int fsc_wlog_trim (struct fsc_wlog *wl, uint32_t count,
+                          uint64_t offset, bool fua);
+/* End the current epoch and make everything before it durable. */
+extern int fsc_wlog_flush (struct fsc_wlog *wl);
+
+/* Read through the log: the newest logged version of each unit
+ * (verified; a bad one is EIO, never the upstream's older data), the
+ * rest through fsc_object_read (OBJ, UP, FLAGS).
+ */
+extern int fsc_wlog_read (struct fsc_wlog *wl, struct fsc_object *obj,
+                          void *buf, uint32_t count, uint64_t offset,
+                          const struct fsc_upstream *up, unsigned flags);
+
+/* The writer's way to the upstream: each returns 0 or -1 with errno.
+ * Called from the writer's threads, never under a lock of ours; at
+ * most NPARALLEL at once (1 for a serial upstream).
+ */
+struct fsc_wb_upstream {
+  int (*pwrite) (void *opaque, const void *buf, uint32_t count,
+                 uint64_t offset);
+  int (*zero) (void *opaque, uint32_t count, uint64_t offset);
+  int (*trim) (void *opaque, uint32_t count, uint64_t offset);
+  int (*flush) (void *opaque);
+  int (*pread) (void *opaque, void *buf, uint32_t count, uint64_t offset);
+  /* After failures: drop the connection and open it again (the writer
+   * then carries on); NULL if it cannot.  Returns 0 or -1.
+   */
+  int (*reopen) (void *opaque);
+  void *opaque;
+  unsigned nparallel;           /* requests in flight at most, >= 1 */
+  bool can_trim;                /* else trims are not sent */
+  bool can_zero;                /* else zeroes are written as data */
+  bool can_flush;               /* else no flush (the upstream has
+                                 * nothing to flush) */
+};
+
+/* Start the writer: it writes the log back through UP, keeping OBJ
+ * (may be NULL: a tool draining a log without the object) a clean copy
+ * of what it wrote.  Takes a reference on OBJ.  Returns 0 or -1.
+ */
+extern int fsc_wlog_start_writer (struct fsc_wlog *wl, struct fsc_object *obj,
+                                  const struct fsc_wb_upstream *up);
+
+/* Wait until everything logged so far is written back, or TIMEOUT_MS
+ * passed (0: do not wait).  Returns the dirty bytes left.
+ */
+extern uint64_t fsc_wlog_drain (struct fsc_wlog *wl, uint64_t timeout_ms);
+
+/* Counters now. */
+extern void fsc_wlog_counters (struct fsc_wlog *wl,
+                               struct fsc_wlog_info *info);
+
+/* Events the caller should say loudly once (fsc_wlog_take_notices). */
+#define FSC_WLOG_NOTICE_FAILED   1u  /* log write/sync failed: EIO now */
+#define FSC_WLOG_NOTICE_BADREAD  2u  /* a dirty unit failed its check */
+#define FSC_WLOG_NOTICE_UPSTREAM 4u  /* the writer cannot reach the
+                                      * upstream, retrying */
+#define FSC_WLOG_NOTICE_BACK     8u  /* ... and reached it again */
+#define FSC_WLOG_NOTICE_STALLED 16u  /* writes wait at the dirty bound */
+extern unsigned fsc_wlog_take_notices (struct fsc_wlog *wl, int *err,
+                                       uint64_t *offset);
+
+/* For tools: read the log of the object named NAME (a file name
+ * without suffix) in fan-out directory DIRFD without locking or
+ * changing it: its header and record headers (data not verified).
+ * Returns 0, or -1 with errno (ENOENT: no log; EBADMSG: damaged).
+ */
+extern int fsc_wlog_inspect (int dirfd, const char *name,
+                             struct fsc_wlog_info *info);
+
+#endif /* FSC_WLOG_H */

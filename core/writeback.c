@@ -1,0 +1,567 @@
+/* libfscache: the writer of writeback mode, which sends the write log
+ * (wlog.c) to the upstream in order.
+ *
+ * One round:
+ *
+ *   1. Take a batch: the oldest applied records, all of one flush epoch
+ *      (the epoch may still be open: its later records come in a later
+ *      round, which is still "part of the next epoch"), at most
+ *      BATCH_BYTES of them.
+ *   2. Collapse it: within an epoch the order of writes to different
+ *      bytes does not matter, and of writes to the same bytes only the
+ *      last counts, so the batch becomes the newest version of each
+ *      byte, and neighbours of one kind merge into requests of up to
+ *      MAX_REQ bytes.
+ *   3. Send the requests, NPARALLEL at a time (1 for a serial upstream:
+ *      the filter's gate keeps the thread model, we only avoid queueing
+ *      on it), each as a writethrough write would go: the object drops
+ *      the blocks first (rule 2 of design.md), and stores the new bytes
+ *      after.  Then an upstream flush.
+ *   4. Only now is the batch safe upstream: re-read the coherency sample
+ *      regions the batch touched, move the header's tail past the batch
+ *      (synced), and retire its records (wl_retire frees them and
+ *      punches their space once no reader holds them).
+ *
+ * Any upstream failure (an outage, an error) makes the round start
+ * over after a pause that doubles up to MAX_BACKOFF_MS, with a reopen
+ * of the upstream connection; the requests are idempotent, and the
+ * next epoch is never touched before this one is flushed, so a failure
+ * anywhere leaves the upstream at a flushed state plus part of the
+ * epoch being written.
+ *
+ * When the log is empty the writer rewinds it to its start (the header
+ * first, then the file is cut), so the file does not grow forever.
+ */
+#include <config.h>
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "xxh.h"
+
+#include "wlog-int.h"
+
+#define BATCH_BYTES (UINT64_C (256) << 20)
+#define MAX_REQ (UINT64_C (4) << 20)    /* bytes per upstream request */
+#define MIN_BACKOFF_MS 100
+#define MAX_BACKOFF_MS 5000
+#define IDLE_MS 1000                    /* look again at least this often */
+
+/* One upstream request of a batch. */
+struct req {
+  uint64_t off, len;
+  int type;                             /* enum wl_type */
+  /* Pieces of records whose bytes make it up (data only). */
+  size_t first, n;                      /* into the batch's piece list */
+};
+
+struct piece {
+  uint64_t start, end;
+  const struct wl_entry *e;
+};
+
+struct batch {
+  struct fsc_wlog *wl;
+  struct piece *pc;
+  size_t npc, pccap;
+  struct req *rq;
+  size_t nrq, rqcap;
+  bool nomem;
+  /* Dispatch. */
+  pthread_mutex_t lock;
+  size_t next;                          /* next request to send */
+  int err;                              /* first failure */
+  bool bad_log;                         /* a record failed its check */
+  uint64_t bad_off;
+};
+
+static void
+add_piece (void *opaque, const struct wl_ext *x)
+{
+  struct batch *b = opaque;
+  if (b->npc == b->pccap) {
+    size_t ncap = b->pccap ? 2 * b->pccap : 64;
+    struct piece *v = realloc (b->pc, ncap * sizeof *v);
+    if (v == NULL) {
+      b->nomem = true;
+      return;
+    }
+    b->pc = v;
+    b->pccap = ncap;
+  }
+  b->pc[b->npc++] = (struct piece) { x->start, x->end, x->e };
+}
+
+static int
+add_req (struct batch *b, const struct piece *p, size_t i)
+{
+  struct req *last = b->nrq ? &b->rq[b->nrq - 1] : NULL;
+  if (last && last->type == p->e->type && last->off + last->len == p->start &&
+      (p->e->type != WL_DATA || last->len + (p->end - p->start) <= MAX_REQ) &&
+      last->len + (p->end - p->start) <= UINT32_MAX / 2) {
+    last->len += p->end - p->start;
+    last->n++;
+    return 0;
+  }
+  if (b->nrq == b->rqcap) {
+    size_t ncap = b->rqcap ? 2 * b->rqcap : 64;
+    struct req *v = realloc (b->rq, ncap * sizeof *v);
+    if (v == NULL)
+      return -1;
+    b->rq = v;
+    b->rqcap = ncap;
+  }
+  b->rq[b->nrq++] = (struct req) {
+    .off = p->start, .len = p->end - p->start, .type = p->e->type,
+    .first = i, .n = 1,
+  };
+  return 0;
+}
+
+/* Send request R upstream, keeping the object a clean copy. */
+static int
+send_req (struct batch *b, const struct req *r)
+{
+  struct fsc_wlog *wl = b->wl;
+  const struct fsc_wb_upstream *up = &wl->up;
+  unsigned char *data = NULL;
+  int ret = 0;
+
+  /* An upstream request is at most 32 bits of bytes: a huge zero or
+   * trim goes in slices.
+   */
+  if (r->type != WL_DATA) {
+    for (uint64_t done = 0; done < r->len && ret == 0;) {
+      uint32_t n = MIN (r->len - done, (uint64_t) 1 << 30);
+      uint64_t off = r->off + done;
+      struct fsc_write w;
+      bool zero = r->type == WL_ZERO;
+      /* Dropped from the object, not stored: its zeroes would cost
+       * data (design.md, "Writeback").
+       */
+      if (wl->obj && fsc_object_write_begin (wl->obj, off, n, false, &w) == -1)
+        return -1;
+      if (zero && up->can_zero)
+        ret = up->zero (up->opaque, n, off);
+      else if (zero) {
+        /* No zero upstream: write zeroes, a slice at a time. */
+        unsigned char *z = calloc (1, MIN ((uint64_t) n, MAX_REQ));
+        if (z == NULL)
+          ret = -1;
+        for (uint64_t k = 0; k < n && ret == 0; k += MAX_REQ)
+          ret = up->pwrite (up->opaque, z, MIN ((uint64_t) n - k, MAX_REQ),
+                            off + k);
+        free (z);
+      }
+      else if (up->can_trim)
+        ret = up->trim (up->opaque, n, off);
+      if (wl->obj)
+        fsc_object_write_end (wl->obj, &w, NULL, ret == 0);
+      done += n;
+    }
+    return ret;
+  }
+
+  data = malloc (r->len);
+  if (data == NULL)
+    return -1;
+  for (size_t i = r->first; i < r->first + r->n; ++i) {
+    const struct piece *p = &b->pc[i];
+    uint64_t ua = p->e->off +
+      ROUND_DOWN (p->start - p->e->off, (uint64_t) FSC_WLOG_UNIT);
+    if (ua == p->start &&
+        (p->end == p->e->off + p->e->len ||
+         (p->end - p->e->off) % FSC_WLOG_UNIT == 0))
+      ret = wl_read_units (wl, p->e, p->start, p->end - p->start,
+                           data + (p->start - r->off));
+    else
+      ret = -1;                 /* extents are unit-aligned: never */
+    if (ret == -1) {
+      pthread_mutex_lock (&b->lock);
+      b->bad_log = true;
+      b->bad_off = p->start;
+      pthread_mutex_unlock (&b->lock);
+      free (data);
+      errno = EIO;
+      return -1;
+    }
+  }
+  struct fsc_write w;
+  if (wl->obj &&
+      fsc_object_write_begin (wl->obj, r->off, r->len, true, &w) == -1) {
+    free (data);
+    return -1;
+  }
+  ret = up->pwrite (up->opaque, data, r->len, r->off);
+  if (wl->obj)
+    fsc_object_write_end (wl->obj, &w, data, ret == 0);
+  free (data);
+  return ret;
+}
+
+static void *
+sender (void *arg)
+{
+  struct batch *b = arg;
+  for (;;) {
+    pthread_mutex_lock (&b->lock);
+    if (b->err || b->next >= b->nrq) {
+      pthread_mutex_unlock (&b->lock);
+      return NULL;
+    }
+    size_t i = b->next++;
+    pthread_mutex_unlock (&b->lock);
+    if (send_req (b, &b->rq[i]) == -1) {
+      int e = errno ? errno : EIO;
+      pthread_mutex_lock (&b->lock);
+      if (!b->err)
+        b->err = e;
+      pthread_mutex_unlock (&b->lock);
+    }
+  }
+}
+
+/* Send every request of B, up to NPARALLEL at once.  0 or -1. */
+static int
+send_all (struct fsc_wlog *wl, struct batch *b)
+{
+  unsigned n = MAX (1u, MIN (wl->up.nparallel, 16u));
+  pthread_t th[16];
+  unsigned started = 0;
+  if (n > b->nrq)
+    n = b->nrq;
+  for (unsigned i = 1; i < n; ++i)
+    if (pthread_create (&th[started], NULL, sender, b) == 0)
+      started++;
+  sender (b);
+  for (unsigned i = 0; i < started; ++i)
+    pthread_join (th[i], NULL);
+  if (b->err) {
+    errno = b->err;
+    return -1;
+  }
+  return 0;
+}
+
+/* Rehash the sample regions the batch touched, from the upstream. */
+static int
+resample (struct fsc_wlog *wl, const struct batch *b,
+          struct fsc_wlog_sample *s)
+{
+  pthread_mutex_lock (&wl->lock);
+  *s = wl->sample;
+  pthread_mutex_unlock (&wl->lock);
+  unsigned char *buf = NULL;
+  for (unsigned i = 0; i < s->n; ++i) {
+    uint64_t a = s->off[i], z = a + s->len[i];
+    bool touched = false;
+    for (size_t k = 0; k < b->nrq && !touched; ++k)
+      touched = b->rq[k].off < z && b->rq[k].off + b->rq[k].len > a;
+    if (!touched || s->len[i] == 0)
+      continue;
+    if (buf == NULL && (buf = malloc (4096 > s->len[i] ? 4096 : s->len[i]))
+        == NULL)
+      return -1;
+    if (s->len[i] > 4096 ||
+        wl->up.pread (wl->up.opaque, buf, s->len[i], a) == -1) {
+      free (buf);
+      return -1;
+    }
+    s->hash[i] = XXH3_64bits (buf, s->len[i]);
+  }
+  free (buf);
+  return 0;
+}
+
+/* The log cannot go on: a header write failed, or a logged unit is
+ * bad (BAD_OFF, or UINT64_MAX).  Said loudly; the writer then stops
+ * sending (never what it cannot vouch for) and new writes get EIO.
+ */
+static void
+writer_fail (struct fsc_wlog *wl, int err, uint64_t bad_off)
+{
+  pthread_mutex_lock (&wl->lock);
+  if (bad_off != UINT64_MAX)
+    wl_notice (wl, FSC_WLOG_NOTICE_BADREAD, err, bad_off);
+  wl->failed = true;
+  wl->err = err;
+  wl_notice (wl, FSC_WLOG_NOTICE_FAILED, err, 0);
+  pthread_cond_broadcast (&wl->cond);
+  pthread_mutex_unlock (&wl->lock);
+}
+
+static void
+sleep_ms (struct fsc_wlog *wl, unsigned ms)
+{
+  struct timespec ts;
+  clock_gettime (CLOCK_REALTIME, &ts);
+  ts.tv_sec += ms / 1000;
+  ts.tv_nsec += (long) (ms % 1000) * 1000000;
+  if (ts.tv_nsec >= 1000000000) {
+    ts.tv_sec++;
+    ts.tv_nsec -= 1000000000;
+  }
+  pthread_mutex_lock (&wl->lock);
+  if (!wl->stopping)
+    pthread_cond_timedwait (&wl->cond, &wl->lock, &ts);
+  pthread_mutex_unlock (&wl->lock);
+}
+
+/* The log is empty and nothing is being appended: start it over at
+ * WL_START, header first so that a crash in between finds an empty
+ * log (the old records' sequence numbers are below the new tail's).
+ */
+static void
+rewind_log (struct fsc_wlog *wl)
+{
+  pthread_mutex_lock (&wl->lock);
+  if (wl->rlen || wl->head_pos == WL_START || wl->failed ||
+      wl->next_seq != wl->applied_seq) {
+    pthread_mutex_unlock (&wl->lock);
+    return;
+  }
+  wl->resetting = true;
+  uint64_t old_tail = wl->tail_pos;
+  wl->tail_pos = wl->head_pos = WL_START;
+  pthread_mutex_unlock (&wl->lock);
+  int r = wl_write_header (wl);
+  pthread_rwlock_wrlock (&wl->punch);
+  if (r == 0)
+    r = ftruncate (wl->fd, WL_START);
+  pthread_rwlock_unlock (&wl->punch);
+  pthread_mutex_lock (&wl->lock);
+  if (r == -1) {
+    /* The old header still names OLD_TAIL; keep appending there. */
+    wl->tail_pos = wl->head_pos = old_tail;
+  }
+  wl->resetting = false;
+  pthread_cond_broadcast (&wl->cond);
+  pthread_mutex_unlock (&wl->lock);
+}
+
+/* One round; returns 1 if it wrote something back, 0 if there was
+ * nothing to do, -1 on an upstream or cache failure.
+ */
+static int
+round_once (struct fsc_wlog *wl)
+{
+  struct batch b;
+  memset (&b, 0, sizeof b);
+  b.wl = wl;
+  pthread_mutex_init (&b.lock, NULL);
+  struct wl_ext *map = NULL;
+  size_t n = 0;
+  uint64_t end_pos = 0, end_seq = 0, bytes = 0;
+  int ret = -1;
+
+  /* 1. The batch. */
+  pthread_mutex_lock (&wl->lock);
+  size_t avail = wl->applied_seq - wl->ring_seq;
+  if (avail == 0) {
+    pthread_mutex_unlock (&wl->lock);
+    pthread_mutex_destroy (&b.lock);
+    return 0;
+  }
+  uint64_t epoch = wl_entry_at (wl, 0)->epoch;
+  for (; n < avail && bytes < BATCH_BYTES; ++n) {
+    struct wl_entry *e = wl_entry_at (wl, n);
+    if (e->epoch != epoch && !wl->unordered)
+      break;
+    /* 2. Newest version of each byte (records are in sequence order). */
+    wl_map_insert (wl, &map, e->off, e->off + e->len, e);
+    bytes += e->rsize;
+    end_pos = e->pos + e->rsize;
+    end_seq = e->seq + 1;
+  }
+  bool mapfail = wl->failed && wl->err == ENOMEM;
+  pthread_mutex_unlock (&wl->lock);
+  if (mapfail)
+    goto out;
+  wl_map_visit (map, 0, UINT64_MAX, add_piece, &b);
+  if (b.nomem)
+    goto out;
+  if (wl->unordered) {
+    /* Test knob (NBD_FSCACHE_WB_UNORDERED): what a writer that ignores
+     * epochs would do, newest first and no flush between epochs.
+     */
+    for (size_t i = 0; i < b.npc / 2; ++i) {
+      struct piece t = b.pc[i];
+      b.pc[i] = b.pc[b.npc - 1 - i];
+      b.pc[b.npc - 1 - i] = t;
+    }
+  }
+  for (size_t i = 0; i < b.npc; ++i)
+    if (add_req (&b, &b.pc[i], i) == -1)
+      goto out;
+
+  /* 3. Send, then flush. */
+  if (wl->unordered && wl->up.nparallel > 1) {
+    /* In order of the reversed list, one at a time. */
+    for (size_t i = 0; i < b.nrq; ++i)
+      if (send_req (&b, &b.rq[i]) == -1)
+        goto failed;
+  }
+  else if (send_all (wl, &b) == -1)
+    goto failed;
+  if (wl->up.can_flush && !wl->unordered &&
+      wl->up.flush (wl->up.opaque) == -1)
+    goto failed;
+
+  /* 4. Durable upstream: move the tail. */
+  struct fsc_wlog_sample s;
+  if (resample (wl, &b, &s) == -1)
+    goto failed;
+  pthread_mutex_lock (&wl->lock);
+  wl->sample = s;
+  wl->tail_pos = end_pos;
+  wl->tail_seq = end_seq;
+  pthread_mutex_unlock (&wl->lock);
+  if (wl_write_header (wl) == -1) {
+    writer_fail (wl, errno, UINT64_MAX);
+    goto out;
+  }
+  /* The retired records' space: punched from the old tail's page. */
+  pthread_mutex_lock (&wl->lock);
+  uint64_t punch_from = wl_entry_at (wl, 0)->pos;
+  pthread_mutex_unlock (&wl->lock);
+  wl_retire (wl, n);
+  pthread_rwlock_wrlock (&wl->punch);
+  uint64_t a = ROUND_UP (punch_from, (uint64_t) 4096);
+  uint64_t z = ROUND_DOWN (end_pos, (uint64_t) 4096);
+  if (a >= WL_START && z > a)
+    (void) punch_hole (wl->fd, a, z - a);
+  pthread_rwlock_unlock (&wl->punch);
+  ret = 1;
+  goto out;
+
+ failed:
+  if (b.bad_log) {
+    /* A logged unit failed its check: the only copy is bad. */
+    writer_fail (wl, EIO, b.bad_off);
+    goto out;
+  }
+  ret = -1;
+ out:
+  wl_map_free (map);
+  free (b.pc);
+  free (b.rq);
+  pthread_mutex_destroy (&b.lock);
+  return ret;
+}
+
+static void *
+writer (void *arg)
+{
+  struct fsc_wlog *wl = arg;
+  unsigned backoff = MIN_BACKOFF_MS;
+  for (;;) {
+    pthread_mutex_lock (&wl->lock);
+    bool stop = wl->stopping, failed = wl->failed;
+    bool work = wl->applied_seq > wl->tail_seq;
+    pthread_mutex_unlock (&wl->lock);
+    if (stop)
+      break;
+    if (failed && !work) {
+      sleep_ms (wl, IDLE_MS);
+      continue;
+    }
+    if (!work) {
+      rewind_log (wl);
+      pthread_mutex_lock (&wl->lock);
+      if (!wl->stopping && wl->applied_seq == wl->tail_seq) {
+        struct timespec ts;
+        clock_gettime (CLOCK_REALTIME, &ts);
+        ts.tv_sec += IDLE_MS / 1000;
+        pthread_cond_timedwait (&wl->cond, &wl->lock, &ts);
+      }
+      pthread_mutex_unlock (&wl->lock);
+      continue;
+    }
+    int r = round_once (wl);
+    if (r >= 0) {
+      if (wl->outage) {
+        pthread_mutex_lock (&wl->lock);
+        wl_notice (wl, FSC_WLOG_NOTICE_BACK, 0, 0);
+        pthread_mutex_unlock (&wl->lock);
+      }
+      wl->outage = 0;
+      backoff = MIN_BACKOFF_MS;
+      continue;
+    }
+    pthread_mutex_lock (&wl->lock);
+    if (wl->outage++ == 0)
+      wl_notice (wl, FSC_WLOG_NOTICE_UPSTREAM, errno, 0);
+    pthread_mutex_unlock (&wl->lock);
+    sleep_ms (wl, backoff);
+    backoff = MIN (backoff * 2, (unsigned) MAX_BACKOFF_MS);
+    if (wl->up.reopen)
+      (void) wl->up.reopen (wl->up.opaque);
+  }
+  return NULL;
+}
+
+int
+fsc_wlog_start_writer (struct fsc_wlog *wl, struct fsc_object *obj,
+                       const struct fsc_wb_upstream *up)
+{
+  if (wl->writer_running) {
+    errno = EBUSY;
+    return -1;
+  }
+  wl->up = *up;
+  if (wl->up.nparallel == 0)
+    wl->up.nparallel = 1;
+  wl->obj = obj;
+  if (obj)
+    fsc_object_ref (obj);
+  wl->stopping = false;
+  int e = pthread_create (&wl->writer, NULL, writer, wl);
+  if (e) {
+    if (obj)
+      fsc_object_close (obj);
+    wl->obj = NULL;
+    errno = e;
+    return -1;
+  }
+  wl->writer_running = true;
+  return 0;
+}
+
+void
+wl_writer_stop (struct fsc_wlog *wl)
+{
+  if (!wl->writer_running)
+    return;
+  pthread_mutex_lock (&wl->lock);
+  wl->stopping = true;
+  pthread_cond_broadcast (&wl->cond);
+  pthread_mutex_unlock (&wl->lock);
+  pthread_join (wl->writer, NULL);
+  wl->writer_running = false;
+  if (wl->obj)
+    fsc_object_close (wl->obj);
+  wl->obj = NULL;
+}
+
+uint64_t
+fsc_wlog_drain (struct fsc_wlog *wl, uint64_t timeout_ms)
+{
+  struct timespec end;
+  clock_gettime (CLOCK_REALTIME, &end);
+  end.tv_sec += timeout_ms / 1000;
+  end.tv_nsec += (long) (timeout_ms % 1000) * 1000000;
+  if (end.tv_nsec >= 1000000000) {
+    end.tv_sec++;
+    end.tv_nsec -= 1000000000;
+  }
+  SCOPED_LOCK (&wl->lock);
+  while (wl->rlen && timeout_ms && wl->writer_running && !wl->stopping &&
+         !(wl->failed && wl->applied_seq == wl->tail_seq)) {
+    if (pthread_cond_timedwait (&wl->cond, &wl->lock, &end) == ETIMEDOUT)
+      break;
+  }
+  return wl->dirty_bytes;
+}

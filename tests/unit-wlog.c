@@ -1,0 +1,481 @@
+/* Unit test: the write log of writeback mode (core/wlog.c) and its
+ * writer (core/writeback.c), against a model.
+ *
+ * The upstream is a buffer in memory; the client's view is another
+ * (the model), changed by every write, zero and trim the test makes
+ * through the log.  Checked: every read through the log equals the
+ * model; after a drain the upstream equals it; at every upstream flush
+ * the upstream equals the client's state at one of its flushes (the
+ * writer keeps epochs in order); recovery after a clean close and
+ * after a torn tail; a log that no longer fits the upstream is
+ * refused; a damaged dirty unit reads as EIO, never as the upstream's
+ * older bytes; writes wait at the dirty bound instead of failing.
+ */
+#include <config.h>
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "fscache.h"
+#include "keyenc.h"
+#include "wlog.h"
+#include "unit.h"
+#include "utils.h"
+
+#define BS 4096u
+#define SIZE (1024u * 1024u + 12345u)   /* not a multiple of 4K */
+#define MAXSNAP 256
+
+static unsigned char upstream[SIZE];
+static unsigned char model[SIZE];
+static pthread_mutex_t up_lock = PTHREAD_MUTEX_INITIALIZER;
+static unsigned in_flight, max_in_flight;
+static int up_fail;                     /* writer's calls fail */
+static uint64_t up_writes, up_flushes;
+
+/* Client states at each flush, for the epoch check. */
+static unsigned char *snap[MAXSNAP];
+static unsigned nsnap;
+static bool check_epochs;
+static unsigned epoch_violations;
+
+static const char *key = "wkey\0export=";
+static const size_t key_len = 12;
+static char dir[64];
+
+static int
+up_pread (void *opaque, void *buf, uint32_t count, uint64_t offset)
+{
+  CHECK (offset + count <= SIZE);
+  pthread_mutex_lock (&up_lock);
+  memcpy (buf, upstream + offset, count);
+  pthread_mutex_unlock (&up_lock);
+  return 0;
+}
+
+static int
+enter (void)
+{
+  pthread_mutex_lock (&up_lock);
+  if (up_fail) {
+    pthread_mutex_unlock (&up_lock);
+    errno = EIO;
+    return -1;
+  }
+  if (++in_flight > max_in_flight)
+    max_in_flight = in_flight;
+  pthread_mutex_unlock (&up_lock);
+  return 0;
+}
+
+/* Calls overlap (the writer's requests are disjoint): counted only. */
+static void
+leave (void)
+{
+  pthread_mutex_lock (&up_lock);
+  in_flight--;
+  pthread_mutex_unlock (&up_lock);
+}
+
+static int
+wb_pwrite (void *o, const void *buf, uint32_t count, uint64_t offset)
+{
+  CHECK (offset + count <= SIZE);
+  if (enter () == -1)
+    return -1;
+  memcpy (upstream + offset, buf, count);
+  __atomic_add_fetch (&up_writes, 1, __ATOMIC_RELAXED);
+  usleep (100);                         /* long enough to overlap */
+  leave ();
+  return 0;
+}
+
+static int
+wb_zero (void *o, uint32_t count, uint64_t offset)
+{
+  CHECK (offset + count <= SIZE);
+  if (enter () == -1)
+    return -1;
+  memset (upstream + offset, 0, count);
+  leave ();
+  return 0;
+}
+
+static int
+wb_flush (void *o)
+{
+  if (enter () == -1)
+    return -1;
+  up_flushes++;
+  /* The writer sends nothing while it flushes. */
+  if (check_epochs) {
+    bool ok = false;
+    for (unsigned i = 0; i < nsnap && !ok; ++i)
+      ok = memcmp (snap[i], upstream, SIZE) == 0;
+    if (!ok)
+      epoch_violations++;
+  }
+  leave ();
+  return 0;
+}
+
+static int
+wb_pread (void *o, void *buf, uint32_t count, uint64_t offset)
+{
+  return up_pread (o, buf, count, offset);
+}
+
+static struct fsc_wb_upstream wbup = {
+  .pwrite = wb_pwrite, .zero = wb_zero, .trim = wb_zero, .flush = wb_flush,
+  .pread = wb_pread, .nparallel = 4, .can_trim = true, .can_zero = true,
+  .can_flush = true,
+};
+static const struct fsc_upstream up = { .pread = up_pread };
+
+static struct fsc_cache *
+open_cache (const char *faults)
+{
+  struct fsc_cache *c;
+  struct fsc_cache_config cfg = { .dir = dir, .create = true,
+                                  .faults = faults };
+  CHECK (fsc_cache_open (&cfg, &c) == 0);
+  return c;
+}
+
+static struct fsc_object *
+open_obj (struct fsc_cache *c)
+{
+  struct fsc_object *o;
+  struct fsc_open_info info;
+  struct fsc_object_params p = {
+    .key = key, .key_len = key_len, .block_size = 65536, .size = SIZE,
+    .verify = true, .validate = FSC_VALIDATE_SIZE,
+  };
+  CHECK (fsc_object_open (c, &p, &o, &info) == 0);
+  return o;
+}
+
+static struct fsc_wlog_params
+params (uint64_t size, const char *gen)
+{
+  struct fsc_wlog_params p = {
+    .key = key, .key_len = key_len, .size = size, .generation = gen,
+    .dirty_max = 64 << 20,
+  };
+  return p;
+}
+
+static struct fsc_wlog *
+open_log (struct fsc_cache *c, struct fsc_wlog_info *info)
+{
+  struct fsc_wlog *wl;
+  struct fsc_wlog_params p = params (SIZE, "g1");
+  CHECK (fsc_wlog_open (c, &p, FSC_WLOG_CREATE, &wl, info) == 0);
+  return wl;
+}
+
+static uint64_t
+rnd (uint64_t n)
+{
+  return ((uint64_t) rand () << 31 ^ rand ()) % n;
+}
+
+/* Read the whole export through the log in odd pieces; compare. */
+static void
+check_reads (struct fsc_wlog *wl, struct fsc_object *o)
+{
+  static unsigned char got[SIZE];
+  for (uint64_t off = 0; off < SIZE;) {
+    uint64_t want = 1 + rnd (200000);
+    uint32_t n = MIN (SIZE - off, want);
+    if (fsc_wlog_read (wl, o, got + off, n, off, &up, 0) != 0)
+      fprintf (stderr, "read %llu+%u: %m\n", (unsigned long long) off, n), exit (1);
+    off += n;
+  }
+  for (size_t i = 0; i < SIZE; ++i)
+    if (got[i] != model[i]) {
+      fprintf (stderr, "first difference at %zu (block %zu present %d), "
+               "upstream %s\n", i, i / 65536,
+               fsc_object_block_present (o, i / 65536),
+               upstream[i] == model[i] ? "right" : "wrong");
+      break;
+    }
+  CHECK (memcmp (got, model, SIZE) == 0);
+}
+
+/* One random client operation through the log, mirrored in the model. */
+static void
+random_op (struct fsc_wlog *wl, struct fsc_object *o)
+{
+  static unsigned char buf[300000];
+  unsigned k = rnd (10);
+  uint64_t off, n;
+  if (k < 3) {                  /* aligned write */
+    off = rnd (SIZE / BS) * BS;
+    uint64_t want = (1 + rnd (40)) * BS;
+    n = MIN (SIZE - off, want);
+  }
+  else {                        /* any alignment */
+    off = rnd (SIZE);
+    uint64_t most = MIN (SIZE - off, (uint64_t) sizeof buf);
+    n = 1 + rnd (most);
+  }
+  if (k < 7) {
+    for (uint64_t i = 0; i < n; ++i)
+      buf[i] = rand ();
+    CHECK (fsc_wlog_pwrite (wl, o, &up, buf, n, off, rnd (8) == 0) == 0);
+    memcpy (model + off, buf, n);
+  }
+  else if (k < 9) {
+    CHECK (fsc_wlog_zero (wl, o, &up, n, off, false) == 0);
+    memset (model + off, 0, n);
+  }
+  else {
+    /* A trim drops only whole units; they then read as zeroes here and
+     * upstream (wb_zero serves as trim).
+     */
+    CHECK (fsc_wlog_trim (wl, n, off, false) == 0);
+    uint64_t a = (off + BS - 1) / BS * BS;
+    uint64_t b = off + n == SIZE ? SIZE : (off + n) / BS * BS;
+    if (a < b)
+      memset (model + a, 0, b - a);
+  }
+}
+
+static void
+flush_snap (struct fsc_wlog *wl)
+{
+  CHECK (fsc_wlog_flush (wl) == 0);
+  CHECK (nsnap < MAXSNAP);
+  snap[nsnap] = malloc (SIZE);
+  CHECK (snap[nsnap] != NULL);
+  memcpy (snap[nsnap++], model, SIZE);
+}
+
+static void
+path_of (char *buf, size_t n, const char *suffix)
+{
+  char name[FSC_NAME_MAX + 1], fan[FSC_FAN_MAX + 1];
+  fsc_key_encode (key, key_len, name, fan);
+  snprintf (buf, n, "%s/objects/%s/%s%s", dir, fan, name, suffix);
+}
+
+int
+main (void)
+{
+  struct fsc_wlog_info info;
+  char logpath[512];
+
+  srand (7);
+  for (size_t i = 0; i < SIZE; ++i)
+    upstream[i] = model[i] = rand ();
+  snprintf (dir, sizeof dir, "/tmp/unit-wlog-XXXXXX");
+  CHECK (mkdtemp (dir) != NULL);
+  strcat (dir, "/cache");
+  path_of (logpath, sizeof logpath, ".wlog");
+
+  /* 1. Writes without a writer: reads see them, the upstream not. */
+  struct fsc_cache *c = open_cache (NULL);
+  struct fsc_object *o = open_obj (c);
+  struct fsc_wlog *wl = open_log (c, &info);
+  CHECK (info.created);
+  snap[nsnap] = malloc (SIZE);
+  memcpy (snap[nsnap++], model, SIZE);  /* the state before any write */
+  static unsigned char orig[SIZE];
+  memcpy (orig, upstream, SIZE);
+  for (int i = 0; i < 300; ++i) {
+    random_op (wl, o);
+    if (rnd (12) == 0)
+      flush_snap (wl);
+    if (rnd (50) == 0)
+      check_reads (wl, o);
+  }
+  flush_snap (wl);
+  check_reads (wl, o);
+  CHECK (memcmp (upstream, orig, SIZE) == 0);
+  fsc_wlog_counters (wl, &info);
+  CHECK (info.records > 0 && info.dirty_bytes > 0 && info.epochs > 1);
+  uint64_t epochs_logged = info.epochs;
+  fprintf (stderr, "logged: %llu records, %llu epochs, %llu bytes\n",
+           (unsigned long long) info.records,
+           (unsigned long long) info.epochs,
+           (unsigned long long) info.log_bytes);
+
+  /* 2. Recovery after a clean close: the same view. */
+  fsc_wlog_close (wl);
+  wl = open_log (c, &info);
+  CHECK (!info.created && info.records > 0);
+  check_reads (wl, o);
+
+  /* 3. A log that does not fit the upstream is refused, untouched. */
+  struct fsc_wlog *wl2;
+  struct fsc_wlog_params p2 = params (SIZE, "g1");
+  CHECK (fsc_wlog_open (c, &p2, 0, &wl2, &info) == -1 && errno == EBUSY);
+  fsc_wlog_close (wl);
+  p2 = params (SIZE + 4096, "g1");
+  CHECK (fsc_wlog_open (c, &p2, 0, &wl2, &info) == -1 && errno == ESTALE);
+  CHECK_EQ (info.mismatch, FSC_WLOG_SIZE_CHANGED);
+  p2 = params (SIZE, "g2");
+  CHECK (fsc_wlog_open (c, &p2, 0, &wl2, &info) == -1 && errno == ESTALE);
+  CHECK_EQ (info.mismatch, FSC_WLOG_GENERATION_CHANGED);
+  wl = open_log (c, &info);
+  check_reads (wl, o);
+
+  /* 4. The writer, epoch by epoch: at each upstream flush the upstream
+   * is one of the client's flushed states; after the drain, the model.
+   */
+  check_epochs = true;
+  CHECK (fsc_wlog_start_writer (wl, o, &wbup) == 0);
+  CHECK_EQ (fsc_wlog_drain (wl, 60000), 0);
+  CHECK (memcmp (upstream, model, SIZE) == 0);
+  CHECK_EQ (epoch_violations, 0);
+  CHECK (up_flushes >= epochs_logged);
+  CHECK (max_in_flight > 1);            /* it used the parallelism */
+  check_reads (wl, o);
+  fprintf (stderr, "written back: %llu writes, %llu flushes, %u at once\n",
+           (unsigned long long) up_writes, (unsigned long long) up_flushes,
+           max_in_flight);
+  check_epochs = false;
+
+  /* 5. With the writer running: reads always right, then drained; a
+   * serial upstream never sees two calls at once.
+   */
+  fsc_wlog_close (wl);
+  wbup.nparallel = 1;
+  max_in_flight = 0;
+  wl = open_log (c, &info);
+  CHECK (fsc_wlog_start_writer (wl, o, &wbup) == 0);
+  for (int i = 0; i < 300; ++i) {
+    random_op (wl, o);
+    if (rnd (10) == 0)
+      CHECK (fsc_wlog_flush (wl) == 0);
+    if (rnd (60) == 0)
+      check_reads (wl, o);
+  }
+  CHECK (fsc_wlog_flush (wl) == 0);
+  CHECK_EQ (fsc_wlog_drain (wl, 60000), 0);
+  CHECK (memcmp (upstream, model, SIZE) == 0);
+  CHECK_EQ (max_in_flight, 1);
+  check_reads (wl, o);
+
+  /* 6. An outage: writes and flushes go on, the writer retries. */
+  up_fail = 1;
+  for (int i = 0; i < 50; ++i)
+    random_op (wl, o);
+  CHECK (fsc_wlog_flush (wl) == 0);
+  check_reads (wl, o);
+  CHECK (fsc_wlog_drain (wl, 300) > 0);
+  up_fail = 0;
+  CHECK_EQ (fsc_wlog_drain (wl, 60000), 0);
+  CHECK (memcmp (upstream, model, SIZE) == 0);
+  unsigned n = fsc_wlog_take_notices (wl, NULL, NULL);
+  CHECK (n & FSC_WLOG_NOTICE_UPSTREAM);
+  fsc_wlog_close (wl);
+
+  /* 7. A torn tail: flushed records survive any cut after them. */
+  wl = open_log (c, &info);
+  CHECK_EQ (info.records, 0);
+  for (int i = 0; i < 40; ++i)
+    random_op (wl, o);
+  CHECK (fsc_wlog_flush (wl) == 0);
+  static unsigned char flushed[SIZE];
+  memcpy (flushed, model, SIZE);
+  struct stat st;
+  CHECK (stat (logpath, &st) == 0);
+  off_t durable = st.st_size;
+  /* Then 40 writes of one record each, unflushed, and the client's
+   * state after each: recovery must find one of these states.
+   */
+  enum { NW = 40 };
+  static unsigned char states[NW + 1][SIZE];
+  memcpy (states[0], model, SIZE);
+  for (int i = 0; i < NW; ++i) {
+    static unsigned char buf[16 * BS];
+    uint64_t off = rnd (SIZE / BS - 16) * BS, len = (1 + rnd (16)) * BS;
+    for (uint64_t k = 0; k < len; ++k)
+      buf[k] = rand ();
+    CHECK (fsc_wlog_pwrite (wl, o, &up, buf, len, off, false) == 0);
+    memcpy (model + off, buf, len);
+    memcpy (states[i + 1], model, SIZE);
+  }
+  fsc_wlog_close (wl);
+  CHECK (stat (logpath, &st) == 0);
+  CHECK (st.st_size > durable);
+  /* Cut in the middle of the unflushed records. */
+  CHECK (truncate (logpath, durable + (st.st_size - durable) / 2 + 3) == 0);
+  wl = open_log (c, &info);
+  CHECK (info.dropped_records == 1);
+  {
+    static unsigned char got[SIZE];
+    CHECK (fsc_wlog_read (wl, o, got, SIZE, 0, &up, 0) == 0);
+    int k = -1;
+    for (int i = 0; i <= NW && k < 0; ++i)
+      if (memcmp (got, states[i], SIZE) == 0)
+        k = i;
+    CHECK (k >= 0 && k < NW);
+    fprintf (stderr, "torn tail: recovered the flush and %d of %d writes\n",
+             k, NW);
+    memcpy (model, got, SIZE);          /* this is the client's disk now */
+  }
+
+  /* 8. A flipped byte in a dirty unit: EIO, never the older bytes. */
+  fsc_wlog_counters (wl, &info);
+  CHECK (info.records > 0);
+  fsc_wlog_close (wl);
+  {
+    int fd = open (logpath, O_RDWR);
+    CHECK (fd >= 0);
+    /* The first record's data starts after its header and hashes;
+     * flip a byte well inside the records.
+     */
+    unsigned char b;
+    off_t at = 8192 + 64 + 8 + 100;
+    CHECK (pread (fd, &b, 1, at) == 1);
+    b ^= 0x40;
+    CHECK (pwrite (fd, &b, 1, at) == 1);
+    close (fd);
+  }
+  wl = open_log (c, &info);
+  /* Recovery verifies data: the damaged record ends the log there. */
+  CHECK (info.dropped_records == 1);
+  fsc_wlog_close (wl);
+
+  /* 9. Backpressure: a bound of 64 KiB, a slow writer; writes of
+   * 1 MiB in all wait, none fails.
+   */
+  {
+    struct fsc_wlog_params p = params (SIZE, "g1");
+    p.dirty_max = 64 * 1024;
+    CHECK (fsc_wlog_open (c, &p, FSC_WLOG_CREATE, &wl, &info) == 0);
+    CHECK (fsc_wlog_start_writer (wl, o, &wbup) == 0);
+    static unsigned char buf[BS];
+    for (int i = 0; i < 256; ++i) {
+      memset (buf, i, BS);
+      CHECK (fsc_wlog_pwrite (wl, o, &up, buf, BS, (uint64_t) i * BS,
+                              false) == 0);
+      memcpy (model + (uint64_t) i * BS, buf, BS);
+      fsc_wlog_counters (wl, &info);
+      CHECK (info.log_bytes <= 64 * 1024 + BS + 200);
+    }
+    CHECK (fsc_wlog_flush (wl) == 0);
+    CHECK_EQ (fsc_wlog_drain (wl, 60000), 0);
+    fsc_wlog_close (wl);
+  }
+
+  fsc_object_close (o);
+  fsc_cache_close (c);
+  for (unsigned i = 0; i < nsnap; ++i)
+    free (snap[i]);
+  char cmd[128];
+  snprintf (cmd, sizeof cmd, "rm -rf %.*s", (int) (strlen (dir) - 6), dir);
+  CHECK (system (cmd) == 0);
+  fprintf (stderr, "unit-wlog: ok\n");
+  return 0;
+}
