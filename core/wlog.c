@@ -1362,3 +1362,20 @@ fsc_wlog_inspect (int dirfd, const char *name, struct fsc_wlog_info *info)
   errno = e;
   return r;
 }
+
+int
+fsc_wlog_peek (struct fsc_cache *cache, const void *key, size_t key_len,
+               struct fsc_wlog_info *info)
+{
+  char name[FSC_NAME_MAX + 1], fan[FSC_FAN_MAX + 1];
+  fsc_key_encode (key, key_len, name, fan);
+  int dfd = openat (cache->objdirfd, fan,
+                    O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (dfd == -1)
+    return -1;
+  int r = fsc_wlog_inspect (dfd, name, info);
+  int e = errno;
+  close (dfd);
+  errno = e;
+  return r;
+}

@@ -190,4 +190,8 @@ extern unsigned fsc_wlog_take_notices (struct fsc_wlog *wl, int *err,
 extern int fsc_wlog_inspect (int dirfd, const char *name,
                              struct fsc_wlog_info *info);
 
+/* The same for the object with KEY in CACHE. */
+extern int fsc_wlog_peek (struct fsc_cache *cache, const void *key,
+                          size_t key_len, struct fsc_wlog_info *info);
+
 #endif /* FSC_WLOG_H */

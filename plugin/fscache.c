@@ -7,7 +7,10 @@
  *
  *   params.c    the fscache-* parameters, parsed and checked;
  *   identity.c  each export's object key and coherency fingerprint;
- *   upstream.c  every call to the upstream, gated.
+ *   upstream.c  every call to the upstream, gated;
+ *   writeback.c fscache-mode=writeback: the writer's upstream, who may
+ *               open an object with a write log, the client's requests
+ *               through the log.
  *
  * Every call to the upstream, from a client request or from a
  * readahead thread, goes through upstream.c, which keeps the
@@ -25,6 +28,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <limits.h>
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -44,6 +48,7 @@
 
 #include "identity.h"
 #include "params.h"
+#include "writeback.h"
 
 /* The process's cache state, open from .config_complete to .cleanup
  * and shared by every connection (core/ locks what it needs).
@@ -75,7 +80,16 @@ struct handle {
   struct fsc_upstream up;       /* the same, for core/ */
   char *exportname;
   bool traced;                  /* its reads go into the trace */
+  struct wb *wb;                /* writeback mode: the export's writer
+                                 * and log (the process's, shared) */
 };
+
+/* Held while a connection opens an object not yet open in this
+ * process: the write log's flock is per open file, so two connections
+ * of one process racing to open it would refuse each other.  Only
+ * first opens take it, never a request.
+ */
+static pthread_mutex_t open_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static void
 fscache_unload (void)
@@ -148,6 +162,12 @@ static int
 fscache_get_ready (int thread_model)
 {
   upstream_set_thread_model (thread_model);
+  if (params.mode == MODE_WRITEBACK && !upstream_model_allows_shared ()) {
+    nbdkit_error ("fscache-mode=writeback: the upstream's thread model "
+                  "(%s) allows one connection at a time, and the writer "
+                  "needs one of its own", upstream_thread_model_name ());
+    return -1;
+  }
   nbdkit_debug ("fscache: upstream calls follow thread model %s",
                 upstream_thread_model_name ());
   return 0;
@@ -160,6 +180,7 @@ fscache_after_fork (nbdkit_backend *nxdata)
     nbdkit_error ("fscache: starting the committer thread: %m");
     return -1;
   }
+  wb_set_backend (nxdata);
   return 0;
 }
 
@@ -193,6 +214,8 @@ write_stats (void)
 static void
 fscache_cleanup (nbdkit_backend *nxdata)
 {
+  /* Writers first: they write back through the cache's objects. */
+  wb_shutdown_all ();
   if (state.cache) {
     fsc_cache_commit_all (state.cache);
     write_stats ();
@@ -310,6 +333,16 @@ prepare_offline (struct handle *h, struct fsc_object_params *p)
                   "cached copy to serve (%m)", h->exportname);
     return -1;
   }
+  /* Written data not yet written back: the copy alone is stale. */
+  struct fsc_wlog_info wi;
+  if (fsc_wlog_peek (state.cache, p->key, p->key_len, &wi) == 0 &&
+      wi.records) {
+    nbdkit_error ("fscache: export \"%s\": upstream unavailable, and the "
+                  "cache holds %" PRIu64 " bytes written in writeback mode "
+                  "that the upstream lacks; refusing to serve a stale copy",
+                  h->exportname, wi.dirty_bytes);
+    return -1;
+  }
   p->size = size;
   p->offline = true;
   struct fsc_open_info info = { .shared = true };
@@ -335,6 +368,33 @@ prepare_offline (struct handle *h, struct fsc_object_params *p)
                 "(%" PRIu64 " blocks cached; reads of the rest fail with "
                 "EIO)", h->exportname, fsc_object_present_blocks (h->obj));
   return 0;
+}
+
+/* If the object is open in this process already, join it (and its
+ * writer, in writeback mode) and return true; h->obj is then NULL only
+ * if joining failed (said).
+ */
+static bool
+join_open (struct handle *h, const struct fsc_object_params *p,
+           const char *k, size_t klen)
+{
+  h->obj = fsc_object_get (state.cache, p);
+  if (h->obj == NULL)
+    return false;
+  if (params.mode == MODE_WRITEBACK) {
+    h->wb = wb_find (k, klen);
+    if (h->wb == NULL) {
+      /* Open here without a writer: its first open was refused one. */
+      nbdkit_error ("fscache: export \"%s\": no writeback for it in this "
+                    "process (see the first connection's error)",
+                    h->exportname);
+      fsc_object_close (h->obj);
+      h->obj = NULL;
+      return true;
+    }
+  }
+  bind_trace (h, k, klen, h->size);
+  return true;
 }
 
 static int
@@ -364,23 +424,46 @@ fscache_prepare (nbdkit_next *next, void *handle, int readonly)
   h->size = p.size = size;
 
   /* Another connection has the object open: it was validated then. */
-  h->obj = fsc_object_get (state.cache, &p);
-  if (h->obj) {
-    bind_trace (h, k, klen, size);
-    return start_readahead (h);
-  }
+  if (join_open (h, &p, k, klen))
+    return h->obj ? start_readahead (h) : -1;
 
+  struct fscache_sample_set set = { 0 };
   if (params.validate == FSC_VALIDATE_SAMPLE &&
-      fingerprint (&h->upstream, k, klen, size, &p.fingerprint) == -1) {
+      fingerprint_regions (&h->upstream, k, klen, size, &set,
+                           &p.fingerprint) == -1) {
     nbdkit_error ("fscache: reading the coherency sample upstream: %m");
     return -1;
   }
 
-  struct fsc_open_info info;
-  if (fsc_object_open (state.cache, &p, &h->obj, &info) == -1) {
-    nbdkit_error ("fscache: opening the cache object: %m");
+  pthread_mutex_lock (&open_lock);
+  if (join_open (h, &p, k, klen)) {
+    pthread_mutex_unlock (&open_lock);
+    return h->obj ? start_readahead (h) : -1;
+  }
+  struct fsc_wlog *wl = NULL;
+  if (wb_check_log (state.cache, h->exportname, k, klen, size, &set,
+                    &wl) == -1) {
+    pthread_mutex_unlock (&open_lock);
     return -1;
   }
+  struct fsc_open_info info;
+  if (fsc_object_open (state.cache, &p, &h->obj, &info) == -1) {
+    pthread_mutex_unlock (&open_lock);
+    nbdkit_error ("fscache: opening the cache object: %m");
+    fsc_wlog_close (wl);
+    return -1;
+  }
+  if (wl) {
+    h->wb = wb_start (state.cache, h->exportname, k, klen, wl, h->obj,
+                      &info);
+    if (h->wb == NULL) {
+      pthread_mutex_unlock (&open_lock);
+      fsc_object_close (h->obj);
+      h->obj = NULL;
+      return -1;
+    }
+  }
+  pthread_mutex_unlock (&open_lock);
   if (info.busy)
     nbdkit_error ("fscache: warning: export \"%s\" is cached by another "
                   "process using %s; serving it uncached",
@@ -508,8 +591,13 @@ fscache_pread (nbdkit_next *next, void *handle, void *buf, uint32_t count,
   bool was_near = __atomic_exchange_n (&h->last_near, near, __ATOMIC_RELAXED);
   if (rflags || (near && was_near))
     rflags |= FSC_READ_NEAR;
-  int r = fsc_object_read (h->obj, buf, count, offset, &h->up, rflags);
-  *err = errno;
+  int r;
+  if (h->wb)
+    r = wb_pread (h->wb, h->obj, &h->up, buf, count, offset, rflags, err);
+  else {
+    r = fsc_object_read (h->obj, buf, count, offset, &h->up, rflags);
+    *err = errno;
+  }
   log_notices (h);
   if (r == -1) {
     log_upstream_error (h, "read", offset, count, *err);
@@ -545,6 +633,8 @@ fscache_pwrite (nbdkit_next *next, void *handle, const void *buf,
                 uint32_t count, uint64_t offset, uint32_t flags, int *err)
 {
   struct handle *h = handle;
+  if (h->wb)
+    return wb_pwrite (h->wb, h->obj, &h->up, buf, count, offset, flags, err);
   struct fsc_write w;
   if (fsc_object_write_begin (h->obj, offset, count,
                               params.mode == MODE_WRITETHROUGH,
@@ -590,6 +680,9 @@ static int
 fscache_zero (nbdkit_next *next, void *handle, uint32_t count,
               uint64_t offset, uint32_t flags, int *err)
 {
+  struct handle *h = handle;
+  if (h->wb)
+    return wb_zero (h->wb, h->obj, &h->up, count, offset, flags, err);
   return drop_then (handle, upstream_zero, "zero", count, offset, flags, err);
 }
 
@@ -597,6 +690,9 @@ static int
 fscache_trim (nbdkit_next *next, void *handle, uint32_t count,
               uint64_t offset, uint32_t flags, int *err)
 {
+  struct handle *h = handle;
+  if (h->wb)
+    return wb_trim (h->wb, count, offset, flags, err);
   return drop_then (handle, upstream_trim, "trim", count, offset, flags, err);
 }
 
@@ -604,6 +700,9 @@ static int
 fscache_flush (nbdkit_next *next, void *handle, uint32_t flags, int *err)
 {
   struct handle *h = handle;
+  /* Writeback: one local sync, never the upstream. */
+  if (h->wb)
+    return wb_flush (h->wb, err);
   if (upstream_flush (&h->upstream, flags, err) == -1)
     return -1;
   /* A cache failure only withdraws the object: not the client's error. */
@@ -645,14 +744,30 @@ fscache_block_size (nbdkit_next *next, void *handle, uint32_t *minimum,
     return upstream_##name (&h->upstream);                              \
   }
 QUERY (can_write)
-QUERY (can_flush)
 QUERY (is_rotational)
-QUERY (can_trim)
-QUERY (can_zero)
-QUERY (can_fast_zero)
-QUERY (can_extents)
-QUERY (can_fua)
-QUERY (can_multi_conn)
+
+/* In writeback mode the answers are the log's: flushes, FUA, zeroes
+ * and trims are ours (written back later, or emulated, by the writer),
+ * every connection sees the one log (multi-conn holds), and extents
+ * are not offered, since the upstream's would call freshly written
+ * data holes.
+ */
+#define WB_QUERY(name, wbval)                                           \
+  static int                                                            \
+  fscache_##name (nbdkit_next *next, void *handle)                      \
+  {                                                                     \
+    struct handle *h = handle;                                          \
+    if (h->wb)                                                          \
+      return (wbval);                                                   \
+    return upstream_##name (&h->upstream);                              \
+  }
+WB_QUERY (can_flush, 1)
+WB_QUERY (can_trim, 1)
+WB_QUERY (can_zero, NBDKIT_ZERO_NATIVE)
+WB_QUERY (can_fast_zero, 1)
+WB_QUERY (can_extents, 0)
+WB_QUERY (can_fua, NBDKIT_FUA_NATIVE)
+WB_QUERY (can_multi_conn, 1)
 
 static int
 fscache_preconnect (nbdkit_next_preconnect *next, nbdkit_backend *nxdata,

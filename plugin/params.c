@@ -29,6 +29,7 @@
 
 #include "fscache.h"
 #include "keyenc.h"
+#include "wlog.h"
 #include "utils.h"
 
 #include "params.h"
@@ -43,13 +44,22 @@ struct fscache_params params = {
   .min_free = 1,
   .min_free_inodes = 1,
   .trace_max = UINT64_C (1) << 30,
+  /* 1 GiB of dirty data: a VM's burst of writes (an install, a build)
+   * stays local, it drains in about 90 s over 100 Mbit/s, and its
+   * bookkeeping costs at most about 20 MiB of memory (4 KiB writes).
+   */
+  .dirty_max = FSC_WLOG_DEFAULT_DIRTY_MAX,
+  /* 30 s: well inside systemd's default stop timeout of 90 s; what is
+   * left stays on disk for the next proxy.
+   */
+  .writeback_drain = 30,
 };
 
 const char params_help[] =
   "fscache-dir=DIR            Cache directory.\n"
   "fscache-key=STRING         Identity of the upstream (default: derived).\n"
   "fscache-block-size=SIZE    Cache block size (default 64K).\n"
-  "fscache-mode=writethrough|writearound   Write policy.\n"
+  "fscache-mode=writethrough|writearound|writeback   Write policy.\n"
   "fscache-generation=STRING  Upstream version; a change discards the cache.\n"
   "fscache-validate=sample|size|none       Coherency check at open.\n"
   "fscache-verify=BOOL        Verify checksums of hits (default true).\n"
@@ -61,7 +71,11 @@ const char params_help[] =
   "                           upstream cannot be opened (default false).\n"
   "fscache-stats=FILE         Write counters to FILE.\n"
   "fscache-trace=FILE         Record the first touches of the export.\n"
-  "fscache-trace-max=SIZE     Stop the trace after SIZE bytes (default 1G).";
+  "fscache-trace-max=SIZE     Stop the trace after SIZE bytes (default 1G).\n"
+  "fscache-dirty-max=SIZE     Writeback: dirty data before writes wait\n"
+  "                           (default 1G).\n"
+  "fscache-writeback-drain=SECONDS  Writeback: at exit, write back for up\n"
+  "                           to this long (default 30).";
 
 void
 params_free (void)
@@ -138,9 +152,11 @@ params_config (const char *k, const char *value)
       params.mode = MODE_WRITETHROUGH;
     else if (strcmp (value, "writearound") == 0)
       params.mode = MODE_WRITEAROUND;
+    else if (strcmp (value, "writeback") == 0)
+      params.mode = MODE_WRITEBACK;
     else {
-      nbdkit_error ("fscache-mode=%s: must be writethrough or writearound",
-                    value);
+      nbdkit_error ("fscache-mode=%s: must be writethrough, writearound "
+                    "or writeback", value);
       return -1;
     }
     return 0;
@@ -253,6 +269,32 @@ params_config (const char *k, const char *value)
       return -1;
     }
     params.trace_max = r;
+    return 0;
+  }
+  if (strcmp (k, "fscache-dirty-max") == 0) {
+    int64_t r = nbdkit_parse_size (value);
+    if (r == -1) {
+      nbdkit_error ("fscache-dirty-max=%s: not a size", value);
+      return -1;
+    }
+    if (r < 1024 * 1024) {
+      nbdkit_error ("fscache-dirty-max=%s: at least 1M", value);
+      return -1;
+    }
+    params.dirty_max = r;
+    return 0;
+  }
+  if (strcmp (k, "fscache-writeback-drain") == 0) {
+    char *end;
+    errno = 0;
+    unsigned long s = strtoul (value, &end, 10);
+    if (errno || end == value || *end || !(*value >= '0' && *value <= '9') ||
+        s > 86400) {
+      nbdkit_error ("fscache-writeback-drain=%s: must be a number of "
+                    "seconds from 0 to 86400", value);
+      return -1;
+    }
+    params.writeback_drain = s;
     return 0;
   }
   if (strncmp (k, "fscache-", 8) == 0) {

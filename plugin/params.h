@@ -23,8 +23,8 @@
 enum mode {
   MODE_WRITETHROUGH,            /* the written blocks stay cached */
   MODE_WRITEAROUND,             /* the written blocks are dropped */
-  MODE_WRITEBACK,               /* writes cached first, upstream later;
-                                 * fscache-mode= does not accept it yet */
+  MODE_WRITEBACK,               /* writes logged in the cache, written
+                                 * back in flush order (writeback.c) */
 };
 
 struct fscache_params {
@@ -49,6 +49,8 @@ struct fscache_params {
   unsigned min_free_inodes;     /* fscache-min-free-inodes, % */
   char *trace_file;             /* fscache-trace, absolute, or NULL */
   uint64_t trace_max;           /* fscache-trace-max, bytes */
+  uint64_t dirty_max;           /* fscache-dirty-max, bytes */
+  unsigned writeback_drain;     /* fscache-writeback-drain, seconds */
 };
 
 /* The parameters, with their defaults until .config changes them. */

@@ -92,6 +92,36 @@ upstream_open (struct upstream *u, nbdkit_context *context, int readonly,
 }
 
 int
+upstream_open_shared (struct upstream *u, nbdkit_backend *backend,
+                      const char *exportname)
+{
+  u->next = NULL;
+  u->prepared = false;
+  u->offline_said = false;
+  pthread_mutex_init (&u->own, NULL);
+  /* A context of its own: under serialize_requests it is one more
+   * "connection", with a gate of its own; the server-wide models share
+   * the server's gate with every connection.
+   */
+  if (thread_model >= NBDKIT_THREAD_MODEL_PARALLEL)
+    u->gate = NULL;
+  else if (thread_model == NBDKIT_THREAD_MODEL_SERIALIZE_REQUESTS)
+    u->gate = &u->own;
+  else
+    u->gate = &server_gate;
+
+  GATED (u);
+  u->next = nbdkit_next_context_open (backend, 0, exportname, true);
+  return u->next ? 0 : -1;
+}
+
+bool
+upstream_model_allows_shared (void)
+{
+  return thread_model != NBDKIT_THREAD_MODEL_SERIALIZE_CONNECTIONS;
+}
+
+int
 upstream_prepare (struct upstream *u)
 {
   if (u->next == NULL)

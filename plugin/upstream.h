@@ -79,6 +79,18 @@ extern unsigned upstream_max_background (void);
 extern int upstream_open (struct upstream *u, nbdkit_context *context,
                           int readonly, const char *exportname);
 
+/* Outside any connection (the writeback writer, from .after_fork's
+ * BACKEND): open a shared, writable context for EXPORTNAME, gated as
+ * one more connection.  Same contract as upstream_open.
+ */
+extern int upstream_open_shared (struct upstream *u, nbdkit_backend *backend,
+                                 const char *exportname);
+
+/* False under serialize_connections, where a context of our own beside
+ * the client's would be a second connection the upstream forbids.
+ */
+extern bool upstream_model_allows_shared (void);
+
 /* .prepare and .finalize of the upstream context (no-ops without one). */
 extern int upstream_prepare (struct upstream *u);
 extern int upstream_finalize (struct upstream *u);
