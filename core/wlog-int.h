@@ -27,7 +27,13 @@
 #define WL_REC_HDR 64u
 #define WL_REC_UNITS 64u                /* units per record at most */
 
-enum wl_type { WL_DATA = 1, WL_ZERO = 2, WL_TRIM = 3 };
+/* WL_FLUSH marks the end of a flushed epoch: written before the sync
+ * that a client flush waits for, so that recovery can tell a torn
+ * record that was never promised (after the last marker: cut off) from
+ * a damaged one that was (before it: kept, and its bad units read as
+ * EIO).  It covers no bytes of the export.
+ */
+enum wl_type { WL_DATA = 1, WL_ZERO = 2, WL_TRIM = 3, WL_FLUSH = 4 };
 
 /* One record, in memory from its append (or recovery) until the writer
  * retires it.
@@ -40,6 +46,7 @@ struct wl_entry {
   uint32_t nunits;              /* data units (0 for zero and trim) */
   uint8_t type;                 /* enum wl_type */
   bool done;                    /* its bytes are in the file */
+  bool bad;                     /* found damaged at recovery */
   uint64_t *hashes;             /* XXH3 of each unit (data) */
 };
 
@@ -115,6 +122,9 @@ struct fsc_wlog {
   bool writer_running;
   bool stopping;
   bool unordered;                       /* test knob: ignore epochs */
+  bool halted;                          /* the writer met a bad record
+                                         * or could not move the tail:
+                                         * it sends nothing more */
   unsigned outage;                      /* consecutive failed rounds */
 };
 

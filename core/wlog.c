@@ -387,6 +387,8 @@ decode_rec_head (const struct fsc_wlog *wl, const unsigned char *p,
   e->len = get_le64 (p + 32);
   e->nunits = get_le32 (p + 40);
   e->time_ms = get_le64 (p + 48);
+  if (e->type == WL_FLUSH)
+    return e->off == 0 && e->len == 0 && e->nunits == 0;
   if (e->len == 0 || e->off % FSC_WLOG_UNIT || e->off >= wl->size ||
       e->len > wl->size - e->off)
     return false;
@@ -469,7 +471,8 @@ apply_done (struct fsc_wlog *wl)
     struct wl_entry *e = wl_entry_at (wl, wl->applied_seq - wl->ring_seq);
     if (!e->done)
       break;
-    wl_map_insert (wl, &wl->root, e->off, e->off + e->len, e);
+    if (e->type != WL_FLUSH)
+      wl_map_insert (wl, &wl->root, e->off, e->off + e->len, e);
     wl->applied_seq++;
     any = true;
   }
@@ -559,7 +562,7 @@ append (struct fsc_wlog *wl, int type, uint64_t off, uint64_t len,
   bool said = false;
   while (!wl->failed &&
          (wl->resetting ||
-          (wl->head_pos > wl->tail_pos &&
+          (type != WL_FLUSH && wl->head_pos > wl->tail_pos &&
            wl->head_pos - wl->tail_pos + total > wl->dirty_max))) {
     if (!said && !wl->resetting) {
       wl_notice (wl, FSC_WLOG_NOTICE_STALLED, 0, 0);
@@ -593,6 +596,8 @@ append (struct fsc_wlog *wl, int type, uint64_t off, uint64_t len,
   }
   if (wl->rlen == nrec)
     wl->first_epoch = wl->epoch;
+  if (type == WL_FLUSH)
+    wl->epoch++;                /* what follows is the next epoch */
   pthread_mutex_unlock (&wl->lock);
 
   /* The records' bytes, then one write. */
@@ -896,12 +901,19 @@ int
 fsc_wlog_flush (struct fsc_wlog *wl)
 {
   pthread_mutex_lock (&wl->lock);
-  uint64_t target = wl->next_seq;
-  /* A new epoch only if the current one holds a record: the epochs
-   * waiting then count real barriers.
+  /* A marker only if the current epoch holds a record: the epochs
+   * waiting then count real barriers, and an idle flush costs nothing.
    */
-  if (wl->rlen && wl_entry_at (wl, wl->rlen - 1)->epoch == wl->epoch)
-    wl->epoch++;
+  bool mark = wl->rlen && wl_entry_at (wl, wl->rlen - 1)->epoch == wl->epoch &&
+    wl_entry_at (wl, wl->rlen - 1)->type != WL_FLUSH;
+  pthread_mutex_unlock (&wl->lock);
+  /* The marker goes in like a write (which bumps the epoch), so the
+   * sync below covers it with everything reserved before it.
+   */
+  if (mark && append (wl, WL_FLUSH, 0, 0, NULL, false) == -1)
+    return -1;
+  pthread_mutex_lock (&wl->lock);
+  uint64_t target = wl->next_seq;
   while (!wl->failed && wl->applied_seq < target)
     pthread_cond_wait (&wl->cond, &wl->lock);
   int r = sync_upto (wl, target);
@@ -1041,10 +1053,8 @@ scan_records (struct fsc_wlog *wl, uint64_t file_size, bool verify_data,
         e->hashes[u] = get_le64 (hb + WL_REC_HDR + 8 * u);
     }
     if (verify_data && h.type == WL_DATA &&
-        wl_read_units (wl, e, e->off, e->len, db) == -1) {
-      free_entry (e);
-      break;
-    }
+        wl_read_units (wl, e, e->off, e->len, db) == -1)
+      e->bad = true;            /* torn or damaged: decided below */
     if (ring_push (wl, e) == -1) {
       free_entry (e);
       goto nomem;
@@ -1058,6 +1068,32 @@ scan_records (struct fsc_wlog *wl, uint64_t file_size, bool verify_data,
     *dropped = 1;
   wl->head_pos = pos;
   wl->next_seq = seq;
+  /* A record whose data is bad after the last flush marker was never
+   * promised: a torn write, cut off with everything after it.  Before
+   * a marker it was flushed: damage, kept so that its units read as
+   * EIO rather than as the upstream's older bytes.
+   */
+  size_t last_mark = SIZE_MAX, first_bad = SIZE_MAX;
+  for (size_t i = 0; i < wl->rlen; ++i) {
+    const struct wl_entry *e = wl_entry_at (wl, i);
+    if (e->type == WL_FLUSH)
+      last_mark = i;
+    if (e->bad && first_bad == SIZE_MAX)
+      first_bad = i;
+  }
+  if (first_bad != SIZE_MAX &&
+      (last_mark == SIZE_MAX || first_bad > last_mark)) {
+    struct wl_entry *fb = wl_entry_at (wl, first_bad);
+    wl->head_pos = fb->pos;
+    wl->next_seq = fb->seq;
+    while (wl->rlen > first_bad) {
+      struct wl_entry *e = wl_entry_at (wl, wl->rlen - 1);
+      wl->dirty_bytes -= e->len;
+      free_entry (e);
+      wl->rlen--;
+    }
+    *dropped = 1;
+  }
   free (hb);
   free (db);
   return 0;
@@ -1244,7 +1280,10 @@ fsc_wlog_open (struct fsc_cache *cache, const struct fsc_wlog_params *p,
   wl->ring_seq = wl->tail_seq;
   for (size_t i = 0; i < wl->rlen; ++i) {
     struct wl_entry *e = wl_entry_at (wl, i);
-    wl_map_insert (wl, &wl->root, e->off, e->off + e->len, e);
+    if (e->bad)
+      info->damaged_records++;
+    if (e->type != WL_FLUSH)
+      wl_map_insert (wl, &wl->root, e->off, e->off + e->len, e);
   }
   wl->applied_seq = wl->durable_seq = wl->next_seq;
   if (wl->failed) {

@@ -79,6 +79,9 @@ struct fsc_wlog_info {
   uint64_t size;                /* upstream size recorded */
   int mismatch;                 /* enum fsc_wlog_mismatch */
   uint64_t dropped_records;     /* torn records cut off at open */
+  uint64_t damaged_records;     /* flushed records found damaged: their
+                                 * bad units read as EIO and stop the
+                                 * writer */
   bool created;                 /* no log was there */
 };
 

@@ -287,6 +287,7 @@ writer_fail (struct fsc_wlog *wl, int err, uint64_t bad_off)
   if (bad_off != UINT64_MAX)
     wl_notice (wl, FSC_WLOG_NOTICE_BADREAD, err, bad_off);
   wl->failed = true;
+  wl->halted = true;
   wl->err = err;
   wl_notice (wl, FSC_WLOG_NOTICE_FAILED, err, 0);
   pthread_cond_broadcast (&wl->cond);
@@ -371,7 +372,8 @@ round_once (struct fsc_wlog *wl)
     if (e->epoch != epoch && !wl->unordered)
       break;
     /* 2. Newest version of each byte (records are in sequence order). */
-    wl_map_insert (wl, &map, e->off, e->off + e->len, e);
+    if (e->type != WL_FLUSH)
+      wl_map_insert (wl, &map, e->off, e->off + e->len, e);
     bytes += e->rsize;
     end_pos = e->pos + e->rsize;
     end_seq = e->seq + 1;
@@ -459,12 +461,15 @@ writer (void *arg)
   unsigned backoff = MIN_BACKOFF_MS;
   for (;;) {
     pthread_mutex_lock (&wl->lock);
-    bool stop = wl->stopping, failed = wl->failed;
+    bool stop = wl->stopping, halted = wl->halted;
     bool work = wl->applied_seq > wl->tail_seq;
     pthread_mutex_unlock (&wl->lock);
     if (stop)
       break;
-    if (failed && !work) {
+    /* A failed append leaves the records before it good: they are
+     * still written back.  A halt sends nothing more.
+     */
+    if (halted) {
       sleep_ms (wl, IDLE_MS);
       continue;
     }
@@ -559,6 +564,7 @@ fsc_wlog_drain (struct fsc_wlog *wl, uint64_t timeout_ms)
   }
   SCOPED_LOCK (&wl->lock);
   while (wl->rlen && timeout_ms && wl->writer_running && !wl->stopping &&
+         !wl->halted &&
          !(wl->failed && wl->applied_seq == wl->tail_seq)) {
     if (pthread_cond_timedwait (&wl->cond, &wl->lock, &end) == ETIMEDOUT)
       break;

@@ -269,6 +269,15 @@ wb_check_log (struct fsc_cache *cache, const char *exportname,
                     params.dir);
       return -1;
     default:
+      if (!wbmode) {
+        /* No log of ours can be behind a path we cannot open (a
+         * planted link, a foreign file): the object's own checks
+         * decide about the rest.
+         */
+        nbdkit_debug ("fscache: export \"%s\": no usable write log: %m",
+                      exportname);
+        return 0;
+      }
       nbdkit_error ("fscache: export \"%s\": opening its write log: %m",
                     exportname);
       return -1;

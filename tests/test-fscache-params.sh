@@ -80,7 +80,12 @@ expect_refused fscache-offline fscache-offline=perhaps
 expect_refused fscache-generation \
   fscache-generation="$(printf '%0300d' 0)"
 # A good parameter before the bad one changes nothing.
-expect_refused fscache-mode fscache-block-size=4K fscache-mode=writeback
+expect_refused fscache-mode fscache-block-size=4K fscache-mode=writebehind
+expect_refused fscache-dirty-max fscache-dirty-max=100K
+expect_refused fscache-dirty-max fscache-dirty-max=lots
+expect_refused fscache-writeback-drain fscache-writeback-drain=-1
+expect_refused fscache-writeback-drain fscache-writeback-drain=10s
+expect_refused fscache-writeback-drain fscache-writeback-drain=100000
 
 # An empty fscache-dir.
 run_nbdkit "$TMP/err-empty" fscache-dir=

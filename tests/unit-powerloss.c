@@ -85,6 +85,9 @@ trace (void *opaque, int op, int kind, const void *buf, size_t n,
 }
 
 /* The upstream the object reads from: OPAQUE is a SIZE-byte buffer. */
+/* The object's own files (the write log has its own test, below). */
+#define OBJ_FILE_KINDS (FSC_FILE_SUMS + 1)
+
 static int
 up_pread (void *opaque, void *buf, uint32_t count, uint64_t offset)
 {
@@ -189,14 +192,14 @@ run (unsigned seed)
   struct fsc_cache *c = open_cache (cdir);
   struct fsc_object *o = open_obj (c, true, &info);
   CHECK_EQ (info.state, FSC_OBJ_AVAILABLE);
-  struct image base[FSC_FILE_KINDS];
-  const char *paths[FSC_FILE_KINDS];
+  struct image base[OBJ_FILE_KINDS];
+  const char *paths[OBJ_FILE_KINDS];
   paths[FSC_FILE_DATA] = data;
   paths[FSC_FILE_INDEX] = idx;
   paths[FSC_FILE_SUMS] = sums;
   size_t hdr_len;
   unsigned char *base_hdr = slurp (hdr, &hdr_len);
-  for (int i = 0; i < FSC_FILE_KINDS; ++i)
+  for (int i = 0; i < OBJ_FILE_KINDS; ++i)
     base[i].p = slurp (paths[i], &base[i].len);
   unsigned char *base_up = malloc (SIZE);
   memcpy (base_up, upstream, SIZE);
@@ -254,13 +257,13 @@ run (unsigned seed)
   uint64_t states_with_hits = 0, reused = 0;
   for (int k = 0; k < STATES; ++k) {
     size_t at = k == STATES - 1 ? nev : (size_t) rand () % (nev + 1);
-    ssize_t last_sync[FSC_FILE_KINDS] = { -1, -1, -1 };
+    ssize_t last_sync[OBJ_FILE_KINDS] = { -1, -1, -1 };
     for (size_t j = 0; j < at; ++j)
       if (ev[j].type == EV_SYNC)
         last_sync[ev[j].kind] = j;
 
-    struct image im[FSC_FILE_KINDS];
-    for (int i = 0; i < FSC_FILE_KINDS; ++i) {
+    struct image im[OBJ_FILE_KINDS];
+    for (int i = 0; i < OBJ_FILE_KINDS; ++i) {
       im[i].p = malloc (base[i].len + 1);
       memcpy (im[i].p, base[i].p, base[i].len);
       im[i].len = base[i].len;
@@ -288,7 +291,7 @@ run (unsigned seed)
               cdir, cdir, fan);
     CHECK (system (cmd) == 0);
     spew (hdr, base_hdr, hdr_len);
-    for (int i = 0; i < FSC_FILE_KINDS; ++i) {
+    for (int i = 0; i < OBJ_FILE_KINDS; ++i) {
       spew (paths[i], im[i].p, im[i].len);
       free (im[i].p);
     }
@@ -332,7 +335,7 @@ run (unsigned seed)
   char cmd[128];
   snprintf (cmd, sizeof cmd, "rm -rf %s", dir);
   CHECK (system (cmd) == 0);
-  for (int i = 0; i < FSC_FILE_KINDS; ++i)
+  for (int i = 0; i < OBJ_FILE_KINDS; ++i)
     free (base[i].p);
   for (size_t j = 0; j < nev; ++j)
     free (ev[j].data);

@@ -425,27 +425,53 @@ main (void)
     memcpy (model, got, SIZE);          /* this is the client's disk now */
   }
 
-  /* 8. A flipped byte in a dirty unit: EIO, never the older bytes. */
-  fsc_wlog_counters (wl, &info);
-  CHECK (info.records > 0);
+  /* 8. A flipped byte in a flushed unit: EIO, never the older bytes.
+   * A fresh log: unit 0 (the first record, right after the header
+   * slots), a flush, unit 1, a flush.
+   */
+  fsc_wlog_close (wl);
+  CHECK (unlink (logpath) == 0);
+  memcpy (model, upstream, SIZE);
+  wl = open_log (c, &info);
+  {
+    static unsigned char buf[BS];
+    memset (buf, 0xa5, BS);
+    CHECK (fsc_wlog_pwrite (wl, o, &up, buf, BS, 0, false) == 0);
+    CHECK (fsc_wlog_flush (wl) == 0);
+    CHECK (fsc_wlog_pwrite (wl, o, &up, buf, BS, BS, false) == 0);
+    CHECK (fsc_wlog_flush (wl) == 0);
+  }
   fsc_wlog_close (wl);
   {
     int fd = open (logpath, O_RDWR);
     CHECK (fd >= 0);
-    /* The first record's data starts after its header and hashes;
-     * flip a byte well inside the records.
-     */
     unsigned char b;
-    off_t at = 8192 + 64 + 8 + 100;
+    off_t at = 8192 + 64 + 8 + 100;     /* record 1's data */
     CHECK (pread (fd, &b, 1, at) == 1);
+    CHECK (b == 0xa5);
     b ^= 0x40;
     CHECK (pwrite (fd, &b, 1, at) == 1);
     close (fd);
   }
   wl = open_log (c, &info);
-  /* Recovery verifies data: the damaged record ends the log there. */
-  CHECK (info.dropped_records == 1);
+  CHECK_EQ (info.damaged_records, 1);
+  CHECK_EQ (info.dropped_records, 0);
+  {
+    static unsigned char got[2 * BS];
+    CHECK (fsc_wlog_read (wl, o, got, BS, 0, &up, 0) == -1 &&
+           errno == EIO);
+    CHECK (fsc_wlog_take_notices (wl, NULL, NULL) &
+           FSC_WLOG_NOTICE_BADREAD);
+    CHECK (fsc_wlog_read (wl, o, got, BS, BS, &up, 0) == 0);
+    CHECK (got[0] == 0xa5 && got[BS - 1] == 0xa5);
+  }
+  /* The writer will not send it: it stops, loudly, the log refuses. */
+  CHECK (fsc_wlog_start_writer (wl, o, &wbup) == 0);
+  fsc_wlog_drain (wl, 10000);
+  CHECK (fsc_wlog_take_notices (wl, NULL, NULL) & FSC_WLOG_NOTICE_FAILED);
+  CHECK (memcmp (upstream, model, BS) == 0);    /* still the old bytes */
   fsc_wlog_close (wl);
+  CHECK (unlink (logpath) == 0);
 
   /* 9. Backpressure: a bound of 64 KiB, a slow writer; writes of
    * 1 MiB in all wait, none fails.
