@@ -37,6 +37,11 @@ struct wb {
                                  * holds another) */
   struct upstream up;           /* the writer's own, shared context */
   uint64_t size;
+  /* What the writer was told the upstream can do (fsc_wb_upstream),
+   * from the first context; every reopened one must still can.
+   */
+  bool caps_known;
+  bool can_flush, can_trim, can_zero;
   /* Messages (under list_lock). */
   bool outage;                  /* said that the upstream is away */
   time_t stall_said;            /* last backpressure message */
@@ -147,6 +152,30 @@ open_upstream (struct wb *wb)
                   wb->exportname, size, wb->size);
     upstream_close (&wb->up);
     errno = ESTALE;
+    return -1;
+  }
+  /* Ask the new context what it can do: nbdkit answers a data call on
+   * a context only after the matching can_* was asked on that context
+   * (it asserts so), and a reopened context is a new one.
+   */
+  bool can_write = upstream_can_write (&wb->up) == 1;
+  bool can_flush = upstream_can_flush (&wb->up) == 1;
+  bool can_trim = upstream_can_trim (&wb->up) == 1;
+  bool can_zero = upstream_can_zero (&wb->up) > NBDKIT_ZERO_NONE;
+  if (!wb->caps_known) {
+    wb->caps_known = true;
+    wb->can_flush = can_flush;
+    wb->can_trim = can_trim;
+    wb->can_zero = can_zero;
+  }
+  if (!can_write || (wb->can_flush && !can_flush) ||
+      (wb->can_trim && !can_trim) || (wb->can_zero && !can_zero)) {
+    nbdkit_error ("fscache: export \"%s\": writeback: the upstream no "
+                  "longer accepts %s; not writing back", wb->exportname,
+                  !can_write ? "writes" : !can_flush ? "flushes" :
+                  !can_trim ? "trims" : "zeroes");
+    upstream_close (&wb->up);
+    errno = EROFS;
     return -1;
   }
   return 0;
@@ -344,9 +373,9 @@ wb_start (struct fsc_cache *cache, const char *exportname, const void *k,
     .pwrite = w_pwrite, .zero = w_zero, .trim = w_trim, .flush = w_flush,
     .pread = w_pread, .reopen = w_reopen, .opaque = wb,
     .nparallel = upstream_parallel (&wb->up) ? 8 : 1,
-    .can_trim = upstream_can_trim (&wb->up) > 0,
-    .can_zero = upstream_can_zero (&wb->up) > NBDKIT_ZERO_NONE,
-    .can_flush = upstream_can_flush (&wb->up) > 0,
+    .can_trim = wb->can_trim,
+    .can_zero = wb->can_zero,
+    .can_flush = wb->can_flush,
   };
   if (fsc_wlog_start_writer (wl, obj, &wup) == -1) {
     nbdkit_error ("fscache: export \"%s\": starting the writer: %m",
