@@ -425,13 +425,17 @@ round_once (struct fsc_wlog *wl)
     writer_fail (wl, errno, UINT64_MAX);
     goto out;
   }
-  /* The retired records' space: punched from the old tail's page. */
+  /* The retired records' space: punched from the old tail's page on
+   * (whatever precedes the old tail in that page was retired before;
+   * rounding up would leave one page of every batch allocated until
+   * the log empties), up to the new tail's page, which stays.
+   */
   pthread_mutex_lock (&wl->lock);
   uint64_t punch_from = wl_entry_at (wl, 0)->pos;
   pthread_mutex_unlock (&wl->lock);
   wl_retire (wl, n);
   pthread_rwlock_wrlock (&wl->punch);
-  uint64_t a = ROUND_UP (punch_from, (uint64_t) 4096);
+  uint64_t a = ROUND_DOWN (punch_from, (uint64_t) 4096);
   uint64_t z = ROUND_DOWN (end_pos, (uint64_t) 4096);
   if (a >= WL_START && z > a)
     (void) punch_hole (wl->fd, a, z - a);
