@@ -11,9 +11,20 @@
  *      used since, and is skipped (cachefilesd skips objects whose
  *      atime changed).  A proxy opening the object from now on finds
  *      it locked and serves that connection uncached.
+ *      The write log NAME.wlog (fscache-mode=writeback), if there is
+ *      one, is locked too (it has its own lock: a writeback proxy
+ *      whose object was withdrawn, or nbd-fscache writeback, holds
+ *      only that one): if that fails the object is in use.  Under the
+ *      lock the log is read (fsc_wlog_inspect): one that holds data
+ *      not yet written back, or that cannot be read, is the only copy
+ *      of what a client wrote, and keeps the whole object
+ *      (FSCD_CULL_DIRTY) unless the caller forces it (nbd-fscache
+ *      invalidate --force).  A log that was not there when we looked
+ *      is never removed: one created since is a proxy's.
  *   2. Index last.  Its files are renamed into DIR/graveyard under
- *      unique names, NAME.data, NAME.sums, NAME.stale, NAME.quota and
- *      any other NAME.* first and NAME.idx last.  A proxy opening the
+ *      unique names, NAME.wlog (clean, or forced), NAME.data,
+ *      NAME.sums, NAME.stale, NAME.quota and any other NAME.* first
+ *      and NAME.idx last.  A proxy opening the
  *      object after the index has moved creates a new, empty object.
  *      A crash in between leaves an index without its data file: the
  *      filter discards such an object (data-file-size) and the next
@@ -146,17 +157,22 @@ same_time (const struct timespec *a, const struct timespec *b)
   return a->tv_sec == b->tv_sec && a->tv_nsec == b->tv_nsec;
 }
 
-/* The files of NAME in FANFD, in cull order, index last.  Returns the
- * count, or -1.
+/* The files of NAME in FANFD, in cull order, index last (the write
+ * log only WITH_WLOG, first).  Returns the count, or -1.
  */
 static int
-list_files (int fanfd, const char *name, bool with_idx,
+list_files (int fanfd, const char *name, bool with_idx, bool with_wlog,
             char *files[MAX_FILES])
 {
   static const char *const fixed[] = { ".data", ".sums", ".stale", ".quota" };
   size_t len = strlen (name);
   int n = 0;
 
+  if (with_wlog) {
+    if (asprintf (&files[n], "%s.wlog", name) == -1)
+      goto err;
+    n++;
+  }
   for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; ++i) {
     if (asprintf (&files[n], "%s%s", name, fixed[i]) == -1)
       goto err;
@@ -175,7 +191,8 @@ list_files (int fanfd, const char *name, bool with_idx,
     const char *suffix = d->d_name + len;
     if (strncmp (d->d_name, name, len) != 0 || *suffix != '.')
       continue;
-    bool known = strcmp (suffix, ".idx") == 0;
+    bool known = strcmp (suffix, ".idx") == 0 ||
+      strcmp (suffix, ".wlog") == 0;
     for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; ++i)
       known = known || strcmp (suffix, fixed[i]) == 0;
     if (known)
@@ -200,15 +217,73 @@ list_files (int fanfd, const char *name, bool with_idx,
   return -1;
 }
 
+/* Rule 1 for the write log of NAME: lock it, look at it.  *WFD gets
+ * the locked descriptor (kept until the files are unlinked), or -1;
+ * *TAKE says whether NAME.wlog goes with the object.
+ */
+static enum fscd_cull_result
+lock_wlog (int fanfd, const char *fanname, const char *name, unsigned flags,
+           int *wfd, bool *take)
+{
+  char file[300];
+  struct stat st;
+  uint64_t bytes;
+
+  *wfd = -1;
+  *take = false;
+  if (flags & FSCD_CULL_KEEP_WLOG)
+    return FSCD_CULLED;
+  snprintf (file, sizeof file, "%s.wlog", name);
+  int fd = openat (fanfd, file, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY);
+  if (fd == -1) {
+    if (errno == ENOENT)
+      return FSCD_CULLED;       /* none: none will be taken */
+    if (errno == ELOOP) {
+      *take = true;             /* a link: no log of the filter's */
+      return FSCD_CULLED;
+    }
+    fscd_log (LOG_ERR, "%s/%s: %s", fanname, file, strerror (errno));
+    return FSCD_CULL_ERROR;
+  }
+  if (fstat (fd, &st) == -1) {
+    fscd_log (LOG_ERR, "%s/%s: %s", fanname, file, strerror (errno));
+    close (fd);
+    return FSCD_CULL_ERROR;
+  }
+  if (!S_ISREG (st.st_mode)) {
+    close (fd);
+    *take = true;
+    return FSCD_CULLED;
+  }
+  if (flock (fd, LOCK_EX | LOCK_NB) == -1) {
+    int e = errno;
+    close (fd);
+    if (e == EWOULDBLOCK)
+      return FSCD_CULL_BUSY;
+    fscd_log (LOG_ERR, "%s/%s: flock: %s", fanname, file, strerror (e));
+    return FSCD_CULL_ERROR;
+  }
+  if (fscd_wlog_dirty (fanfd, name, &bytes) && !(flags & FSCD_CULL_FORCE)) {
+    fscd_debug (1, "%s/%s: holds dirty data (%" PRIu64 " bytes): kept",
+                fanname, file, bytes);
+    close (fd);
+    return FSCD_CULL_DIRTY;
+  }
+  *wfd = fd;
+  *take = true;
+  return FSCD_CULLED;
+}
+
 enum fscd_cull_result
 fscd_cull (int objdirfd, struct fscd_grave *g, const struct fscd_object *o,
-           uint64_t *freed, unsigned *nfiles)
+           unsigned flags, uint64_t *freed, unsigned *nfiles)
 {
   char fanname[4], idx[300];
   char *files[MAX_FILES];
   char *grave[MAX_FILES];
   int nf = 0, nmoved = 0;
-  int ifd = -1;
+  int ifd = -1, wfd = -1;
+  bool take_wlog = false;
   struct stat st, st2;
   enum fscd_cull_result ret = FSCD_CULL_ERROR;
   bool with_idx = (o->files & FSCD_F_IDX) != 0;
@@ -260,9 +335,14 @@ fscd_cull (int objdirfd, struct fscd_grave *g, const struct fscd_object *o,
     ret = FSCD_CULL_CHANGED;    /* an index appeared: a proxy's now */
     goto out;
   }
+  /* The write log: locked, and clean (or forced). */
+  ret = lock_wlog (fanfd, fanname, o->name, flags, &wfd, &take_wlog);
+  if (ret != FSCD_CULLED)
+    goto out;
+  ret = FSCD_CULL_ERROR;
 
   /* Rule 2: into the graveyard, index last. */
-  nf = list_files (fanfd, o->name, with_idx, files);
+  nf = list_files (fanfd, o->name, with_idx, take_wlog, files);
   if (nf == -1) {
     fscd_log (LOG_ERR, "%s/%s: %s", fanname, o->name, strerror (errno));
     nf = 0;
@@ -334,6 +414,8 @@ fscd_cull (int objdirfd, struct fscd_grave *g, const struct fscd_object *o,
  out:
   for (int i = 0; i < nf; ++i)
     free (files[i]);
+  if (wfd >= 0)
+    close (wfd);
   if (ifd >= 0)
     close (ifd);
   close (fanfd);

@@ -46,6 +46,8 @@ extern void fscd_debug (unsigned level, const char *fmt, ...)
 #define FSCD_F_OTHER 32u        /* anything else named NAME.* */
 #define FSCD_F_STATS 64u        /* NAME.stats: live counters, or the
                                  * history of a discarded object */
+#define FSCD_F_WLOG 128u        /* NAME.wlog: the write log of
+                                 * fscache-mode=writeback */
 
 /* One object found by a scan: the files NAME.* of one fan-out dir. */
 struct fscd_object {
@@ -56,14 +58,21 @@ struct fscd_object {
   struct timespec mtime;        /* of NAME.idx (else its newest file) */
   dev_t dev;                    /* NAME.idx's device and inode */
   ino_t ino;
-  bool locked;                  /* NAME.idx is in /proc/locks: in use */
+  bool locked;                  /* NAME.idx or NAME.wlog is in
+                                 * /proc/locks: in use */
+  bool dirty;                   /* NAME.wlog holds records not yet
+                                 * written back, or cannot be read
+                                 * (it may hold the only copy): never
+                                 * culled (fscd_wlog_dirty) */
+  uint64_t dirty_bytes;         /* of which bytes of the export */
   bool busy;                    /* found locked when we tried: in use */
   bool gone;                    /* culled by this tick */
 };
 
-/* A scan's result.  Objects in use (by /proc/locks) or with a quota
- * record are all kept in PINNED; of the others, only the 2^culltable
- * least recently used are kept, in CAND, oldest first.
+/* A scan's result.  Objects in use (by /proc/locks) are all kept in
+ * PINNED; idle objects whose write log holds dirty data in DIRTY
+ * (they are never culled); of the others, only the 2^culltable least
+ * recently used are kept, in CAND, oldest first.
  */
 struct fscd_scan {
   struct fscd_object *cand;
@@ -71,6 +80,10 @@ struct fscd_scan {
   bool truncated;               /* more idle objects than CAND holds */
   struct fscd_object *pinned;
   size_t npinned, pinnedcap;
+  struct fscd_object *dirty;    /* idle, with dirty data */
+  size_t ndirty, dirtycap;
+  uint64_t dirty_objects;       /* objects with dirty data, in use too */
+  uint64_t dirty_bytes;         /* the dirty bytes of all of them */
   uint64_t total_bytes;         /* every file under objects/ */
   uint64_t nobjects;
   uint64_t nfiles;
@@ -90,6 +103,15 @@ extern int fscd_open_fan (int objdirfd, unsigned fan, char name[4]);
  */
 extern int fscd_scan (int objdirfd, size_t candmax, struct fscd_scan *s);
 extern void fscd_scan_free (struct fscd_scan *s);
+
+/* Does the write log NAME.wlog in fan-out directory FANFD hold data
+ * not yet written back?  Read with fsc_wlog_inspect, without its lock
+ * (a proxy may be appending).  True if it holds records, or if it is
+ * there but cannot be read (damaged: it may hold the only copy, and
+ * the filter refuses it too); false if there is none or it is empty.
+ * *BYTES gets the dirty bytes (0 if unknown).
+ */
+extern bool fscd_wlog_dirty (int fanfd, const char *name, uint64_t *bytes);
 
 /* ---- cull.c ------------------------------------------------------ */
 
@@ -111,15 +133,25 @@ enum fscd_cull_result {
   FSCD_CULL_BUSY = 1,           /* locked: in use */
   FSCD_CULL_CHANGED = 2,        /* used or replaced since the scan */
   FSCD_CULL_ERROR = 3,          /* an error, logged */
+  FSCD_CULL_DIRTY = 4,          /* its write log holds dirty data: kept */
 };
 
+/* Flags of fscd_cull. */
+#define FSCD_CULL_FORCE 1u      /* discard a dirty write log too
+                                 * (nbd-fscache invalidate --force) */
+#define FSCD_CULL_KEEP_WLOG 2u  /* leave NAME.wlog alone: the caller
+                                 * holds its lock (nbd-fscache writeback) */
+
 /* Cull the idle object O (see the design comment of cull.c): with its
- * index locked, rename its files into the graveyard, index last, then
- * unlink them.  *FREED gets the allocated bytes removed.
+ * index locked (and its write log, if any), rename its files into the
+ * graveyard, index last, then unlink them.  A write log with dirty data
+ * keeps the whole object (FSCD_CULL_DIRTY) unless FLAGS has
+ * FSCD_CULL_FORCE.  *FREED gets the allocated bytes removed.
  */
 extern enum fscd_cull_result fscd_cull (int objdirfd, struct fscd_grave *g,
                                         const struct fscd_object *o,
-                                        uint64_t *freed, unsigned *nfiles);
+                                        unsigned flags, uint64_t *freed,
+                                        unsigned *nfiles);
 
 /* ---- cachedir.c -------------------------------------------------- */
 

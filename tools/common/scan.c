@@ -9,9 +9,16 @@
  *   - total_bytes: the sum of st_blocks * 512 of every file under
  *     objects/, which is what max-size caps ("du" of objects/);
  *   - pinned: the objects in use, as /proc/locks says: an flock on
- *     their NAME.idx's inode.  This is a hint, read without touching
- *     any lock, so that a scan never makes a proxy's open find the
- *     object busy.  Culling still takes the lock itself (cull.c);
+ *     their NAME.idx's inode, or on their write log NAME.wlog's (a
+ *     writeback proxy whose object was withdrawn, or nbd-fscache
+ *     writeback, holds only that).  This is a hint, read without
+ *     touching any lock, so that a scan never makes a proxy's open
+ *     find the object busy.  Culling still takes the locks itself
+ *     (cull.c);
+ *   - dirty: the idle objects whose write log holds data not yet
+ *     written back (fscache-mode=writeback): the only copy of what
+ *     their clients wrote.  They are never culled, so they are never
+ *     candidates; the scan counts them, in use or not;
  *   - cand: the cull candidates, i.e. every other object, least
  *     recently used first.  Last use is NAME.idx's mtime (the filter
  *     rewrites the index at open, at every commit that changed
@@ -35,6 +42,8 @@
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
 #include <unistd.h>
+
+#include "wlog.h"
 
 #include "objects.h"
 
@@ -246,6 +255,7 @@ suffix_bit (const char *suffix)
   if (strcmp (suffix, ".stale") == 0) return FSCD_F_STALE;
   if (strcmp (suffix, ".quota") == 0) return FSCD_F_QUOTA;
   if (strcmp (suffix, ".stats") == 0) return FSCD_F_STATS;
+  if (strcmp (suffix, ".wlog") == 0) return FSCD_F_WLOG;
   return FSCD_F_OTHER;
 }
 
@@ -257,6 +267,17 @@ allocated (const struct stat *st)
       __builtin_mul_overflow ((uint64_t) st->st_blocks, 512, &b))
     return 0;
   return b;
+}
+
+bool
+fscd_wlog_dirty (int fanfd, const char *name, uint64_t *bytes)
+{
+  struct fsc_wlog_info info;
+  *bytes = 0;
+  if (fsc_wlog_inspect (fanfd, name, &info) == -1)
+    return errno != ENOENT;
+  *bytes = info.dirty_bytes;
+  return info.records > 0;
 }
 
 int
@@ -320,6 +341,7 @@ scan_fan (int objdirfd, unsigned fan, const struct lock_set *ls,
     size_t j = i;
     struct fscd_object o = { .fan = fan };
     struct timespec newest = { 0, 0 };
+    bool wlog_locked = false;
 
     while (j < n && ev[j].namelen == ev[i].namelen &&
            memcmp (ev[j].file, ev[i].file, ev[i].namelen) == 0) {
@@ -334,6 +356,8 @@ scan_fan (int objdirfd, unsigned fan, const struct lock_set *ls,
         o.dev = st->st_dev;
         o.ino = st->st_ino;
       }
+      if (bit == FSCD_F_WLOG)
+        wlog_locked = is_locked (ls, st->st_dev, st->st_ino);
       if (st->st_mtim.tv_sec > newest.tv_sec ||
           (st->st_mtim.tv_sec == newest.tv_sec &&
            st->st_mtim.tv_nsec > newest.tv_nsec))
@@ -346,9 +370,25 @@ scan_fan (int objdirfd, unsigned fan, const struct lock_set *ls,
     if (o.name == NULL)
       goto out;
     s->nobjects++;
-    if ((o.files & FSCD_F_IDX) && is_locked (ls, o.dev, o.ino)) {
+    if (o.files & FSCD_F_WLOG) {
+      o.dirty = fscd_wlog_dirty (fd, o.name, &o.dirty_bytes);
+      if (o.dirty) {
+        s->dirty_objects++;
+        if (__builtin_add_overflow (s->dirty_bytes, o.dirty_bytes,
+                                    &s->dirty_bytes))
+          s->dirty_bytes = UINT64_MAX;
+      }
+    }
+    if (((o.files & FSCD_F_IDX) && is_locked (ls, o.dev, o.ino)) ||
+        wlog_locked) {
       o.locked = true;
       if (push (&s->pinned, &s->npinned, &s->pinnedcap, &o) == -1) {
+        free (o.name);
+        goto out;
+      }
+    }
+    else if (o.dirty) {
+      if (push (&s->dirty, &s->ndirty, &s->dirtycap, &o) == -1) {
         free (o.name);
         goto out;
       }
@@ -378,8 +418,11 @@ fscd_scan_free (struct fscd_scan *s)
     free (s->cand[i].name);
   for (size_t i = 0; i < s->npinned; ++i)
     free (s->pinned[i].name);
+  for (size_t i = 0; i < s->ndirty; ++i)
+    free (s->dirty[i].name);
   free (s->cand);
   free (s->pinned);
+  free (s->dirty);
   memset (s, 0, sizeof *s);
 }
 

@@ -113,16 +113,23 @@ check_group (void *opaque, const struct fsc_grec *rec, int slot)
   for (unsigned i = 0; i < FSC_GROUP_BLOCKS; ++i) {
     uint64_t b = rec->group * FSC_GROUP_BLOCKS + i, off, len, bytes;
     unsigned pieces;
+    bool zero;
     if (!(rec->present & (UINT64_C (1) << i)))
       continue;
     fsc_inspect_block_range (ck->ins, b, &off, &len);
-    if (!fsc_inspect_block (ck->ins, rec, i, &pieces, &bytes)) {
-      problem (ck, "block %" PRIu64 " (offset %" PRIu64 "): pieces 0x%04x "
-               "it cannot have (never served)", b, off, rec->pieces[i]);
+    if (!fsc_inspect_block (ck->ins, rec, i, &pieces, &zero, &bytes)) {
+      if (rec->zero & (UINT64_C (1) << i))
+        problem (ck, "block %" PRIu64 " (offset %" PRIu64 "): marked zero "
+                 "with pieces 0x%04x or a checksum not that of zeroes "
+                 "(never served)", b, off, rec->pieces[i]);
+      else
+        problem (ck, "block %" PRIu64 " (offset %" PRIu64 "): pieces 0x%04x "
+                 "it cannot have (never served)", b, off, rec->pieces[i]);
       drop |= UINT64_C (1) << i;
       continue;
     }
-    int r = fsc_inspect_verify (ck->ins, b, rec->csum[i], pieces);
+    /* A zero block reads nothing: its checksum is checked alone. */
+    int r = fsc_inspect_verify (ck->ins, b, rec->csum[i], pieces, zero);
     ck->blocks++;
     ck->done++;
     progress (ck, false);
@@ -191,6 +198,26 @@ check_one (struct check *ck, struct tool_cache *c, struct tool_object *o,
 
   ck->o = o;
   ck->ins = NULL;
+  memset (&in, 0, sizeof in);
+  if (tool_dirty (o)) {
+    if (o->wlog_err)
+      problem (ck, "write log unreadable (%s): it may hold written data "
+               "not yet written back, the only copy; kept (nbd-fscache "
+               "invalidate --force discards it)", strerror (o->wlog_err));
+    else {
+      char what[160];
+      snprintf (what, sizeof what, "holds %" PRIu64 " bytes of dirty data "
+                "in %" PRIu64 " epochs (writeback mode), not yet written "
+                "back", o->wlog.dirty_bytes, o->wlog.epochs);
+      note (ck, what);
+    }
+    if (!(o->f.files & FSCD_F_IDX)) {
+      /* A writeback proxy may drop the object and keep its log. */
+      if (o->wlog_err == 0)
+        printf ("%s: ok (%s, write log only)\n", o->f.name, o->key);
+      return;
+    }
+  }
   if (!(o->f.files & FSCD_F_IDX)) {
     problem (ck, "files without an index (what a crash while removing "
              "leaves)");
@@ -264,7 +291,7 @@ check_one (struct check *ck, struct tool_cache *c, struct tool_object *o,
   fsc_inspect_close (ck->ins);
   ck->ins = NULL;
   if (discard && ck->repair && !ck->io_error) {
-    switch (tool_discard (c, o, g)) {
+    switch (tool_discard (c, o, g, 0)) {
     case FSCD_CULLED:
       printf ("%s: discarded\n", o->f.name);
       ck->repaired += ck->problems - before;
@@ -272,6 +299,12 @@ check_one (struct check *ck, struct tool_cache *c, struct tool_object *o,
     case FSCD_CULL_BUSY:
       tool_error ("check: %s: in use by a running process: not discarded",
                   o->f.name);
+      break;
+    case FSCD_CULL_DIRTY:
+      tool_error ("check: %s: its write log holds dirty data: not "
+                  "discarded (a writeback proxy writes it back and starts "
+                  "the object again; or nbd-fscache writeback, or "
+                  "invalidate --force)", o->f.name);
       break;
     default:
       tool_error ("check: %s: could not be discarded", o->f.name);

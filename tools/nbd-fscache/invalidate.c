@@ -5,11 +5,17 @@
  * then the lock released.  A proxy opening the object afterwards
  * creates it cold; one opening it meanwhile finds it locked and serves
  * that connection uncached.  Never a half-deleted object.
+ *
+ * An object whose write log (NAME.wlog, fscache-mode=writeback) holds
+ * data not yet written back is refused: that log is the only copy of
+ * what its clients wrote.  --force discards it with the object
+ * (nbd-fscache writeback writes it back instead).
  */
 #include <config.h>
 
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,23 +26,51 @@
 
 #include "nbd-fscache.h"
 
-#define INVALIDATE_USAGE "invalidate [--dir DIR] OBJECT... | --all"
+#define INVALIDATE_USAGE "invalidate [--dir DIR] [--force] OBJECT... | --all"
 #define RETRIES 5               /* a proxy may touch the index between
                                  * our look and our lock */
+
+struct inv_opts {
+  bool all, force;
+};
 
 static int
 inv_opt (int c, const char *arg, void *opaque)
 {
-  bool *all = opaque;
+  struct inv_opts *io = opaque;
   (void) arg;
-  if (c != 'a')
-    return -1;
-  *all = true;
-  return 0;
+  switch (c) {
+  case 'a': io->all = true; return 0;
+  case 'f': io->force = true; return 0;
+  default: return -1;
+  }
+}
+
+/* Say why O (its log dirty) was not invalidated. */
+static void
+say_dirty (struct tool_cache *c, struct tool_object *o)
+{
+  uint64_t bytes = 0;
+  int fanfd = tool_open_fan (c, o);
+  struct fsc_wlog_info info;
+  int r = fanfd >= 0 ? fsc_wlog_inspect (fanfd, o->f.name, &info) : -1;
+  if (r == 0)
+    bytes = info.dirty_bytes;
+  else if (errno != ENOENT)
+    tool_error ("invalidate: %s: its write log cannot be read (%m) and may "
+                "hold data not written back (the only copy); use --force "
+                "to discard it", o->f.name);
+  if (fanfd >= 0)
+    close (fanfd);
+  if (r == 0 || errno == ENOENT)
+    tool_error ("invalidate: %s: %" PRIu64 " bytes of dirty data not "
+                "written back (the only copy); use --force to discard them",
+                o->f.name, bytes);
 }
 
 enum fscd_cull_result
-tool_discard (struct tool_cache *c, struct tool_object *o, struct fscd_grave *g)
+tool_discard (struct tool_cache *c, struct tool_object *o, struct fscd_grave *g,
+              unsigned flags)
 {
   enum fscd_cull_result r = FSCD_CULL_CHANGED;
 
@@ -61,7 +95,7 @@ tool_discard (struct tool_cache *c, struct tool_object *o, struct fscd_grave *g)
     close (fanfd);
     uint64_t freed;
     unsigned nfiles;
-    r = fscd_cull (c->objdirfd, g, &o->f, &freed, &nfiles);
+    r = fscd_cull (c->objdirfd, g, &o->f, flags, &freed, &nfiles);
   }
   return r;
 }
@@ -117,15 +151,17 @@ fscache_cmd_invalidate (int argc, char **argv)
     { "dir", required_argument, NULL, 'd' },
     { "help", no_argument, NULL, 'h' },
     { "all", no_argument, NULL, 'a' },
+    { "force", no_argument, NULL, 'f' },
     { NULL, 0, NULL, 0 },
   };
-  bool all = false;
+  struct inv_opts io = { false, false };
   struct tool_cache c;
   struct fscd_grave g;
   int ret = EXIT_SUCCESS;
 
-  int i = tool_getopt ("invalidate", INVALIDATE_USAGE, argc, argv, "d:ha",
-                       longopts, inv_opt, &all);
+  int i = tool_getopt ("invalidate", INVALIDATE_USAGE, argc, argv, "d:haf",
+                       longopts, inv_opt, &io);
+  bool all = io.all;
   if (all == (i < argc)) {
     tool_error ("invalidate: %s", all ? "--all and OBJECT exclude each other"
                                       : "no OBJECT (or --all) given");
@@ -154,10 +190,23 @@ fscache_cmd_invalidate (int argc, char **argv)
     ret = EXIT_USAGE;
   }
   for (size_t k = 0; go && k < n; ++k) {
-    switch (tool_discard (&c, v[k], &g)) {
+    bool dirty = tool_dirty (v[k]);
+    switch (tool_discard (&c, v[k], &g, io.force ? FSCD_CULL_FORCE : 0)) {
     case FSCD_CULLED:
       keep_history (&c, v[k]);
-      printf ("%s: invalidated (%s)\n", v[k]->key, v[k]->f.name);
+      if (dirty && io.force && v[k]->wlog_err == 0)
+        printf ("%s: invalidated (%s), %" PRIu64 " bytes of dirty data "
+                "discarded\n", v[k]->key, v[k]->f.name,
+                v[k]->wlog.dirty_bytes);
+      else if (dirty && io.force)
+        printf ("%s: invalidated (%s), its unreadable write log "
+                "discarded\n", v[k]->key, v[k]->f.name);
+      else
+        printf ("%s: invalidated (%s)\n", v[k]->key, v[k]->f.name);
+      break;
+    case FSCD_CULL_DIRTY:
+      say_dirty (&c, v[k]);
+      ret = EXIT_FINDING;
       break;
     case FSCD_CULL_BUSY:
       tool_error ("invalidate: %s: in use by a running process: "

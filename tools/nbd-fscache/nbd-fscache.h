@@ -9,7 +9,7 @@
  *   live.c        the counters of an object: NAME.stats (live, while a
  *                 proxy uses it) or the superblock's
  *   output.c      human sizes and times, JSON strings, messages
- *   ls.c, stat.c, prom.c, check.c, invalidate.c, warm.c
+ *   ls.c, stat.c, prom.c, check.c, invalidate.c, warm.c, writeback.c
  *                 the subcommands (prom.c: stat --prometheus)
  *
  * Messages are "nbd-fscache: what: why" on stderr.  Exit codes (the
@@ -32,6 +32,7 @@
 #include "ostats.h"
 #include "objects.h"
 #include "utils.h"
+#include "wlog.h"
 
 #define PROG "nbd-fscache"
 
@@ -81,6 +82,9 @@ struct tool_object {
   struct fsc_ostats ctr;        /* its counters */
   enum counters_source src;
   double ctr_time;              /* when they were written (unix s) */
+  int wlog_err;                 /* errno reading NAME.wlog (ENOENT:
+                                 * none), or 0 */
+  struct fsc_wlog_info wlog;    /* if wlog_err is 0 */
 };
 
 struct tool_cache {
@@ -117,8 +121,17 @@ extern struct tool_object *tool_find (const char *cmd, struct tool_cache *c,
 extern int tool_open_fan (const struct tool_cache *c,
                           const struct tool_object *o);
 
-/* "in use", "needs check" or "idle" (see ls in the man page). */
+/* "in use", "dirty", "needs check" or "idle" (see ls in the man
+ * page).
+ */
 extern const char *tool_state (const struct tool_object *o);
+
+/* Does O's write log hold data not yet written back (or is it
+ * unreadable, and so may)?  The age in seconds of its oldest dirty
+ * write, 0 if none.
+ */
+extern bool tool_dirty (const struct tool_object *o);
+extern double tool_dirty_age (const struct tool_object *o);
 
 /* Read the object's index again (after a change). */
 extern void tool_reload (struct tool_cache *c, struct tool_object *o);
@@ -130,12 +143,14 @@ extern void tool_reload (struct tool_cache *c, struct tool_object *o);
  */
 extern int tool_grave_open (struct tool_cache *c, struct fscd_grave *g,
                             const char *cmd);
-/* Discard O as the daemon culls (tools/common/cull.c), looking at its
- * index afresh first.  FSCD_CULL_BUSY: a running process holds it.
+/* Discard O as the daemon culls (tools/common/cull.c, with FLAGS),
+ * looking at its index afresh first.  FSCD_CULL_BUSY: a running
+ * process holds it; FSCD_CULL_DIRTY: its write log holds dirty data.
  */
 extern enum fscd_cull_result tool_discard (struct tool_cache *c,
                                            struct tool_object *o,
-                                           struct fscd_grave *g);
+                                           struct fscd_grave *g,
+                                           unsigned flags);
 
 /* ---- live.c ------------------------------------------------------ */
 
@@ -158,6 +173,12 @@ extern const char *fmt_size (uint64_t bytes, char buf[16]);
 extern const char *fmt_time (uint64_t t, char buf[32]);
 /* S as a JSON string, quotes included. */
 extern void json_str (FILE *fp, const char *s);
+/* O's write log as JSON members (",\n" INDENT "\"write_log\": ..."):
+ * write_log ("none", "ok", "unreadable"), dirty, dirty_bytes,
+ * dirty_epochs, dirty_oldest_age_seconds.
+ */
+extern void tool_json_dirty (FILE *fp, const struct tool_object *o,
+                             const char *indent);
 /* Print "nbd-fscache: FMT" on stderr. */
 extern void tool_error (const char *fmt, ...)
   __attribute__ ((format (printf, 1, 2)));
@@ -169,6 +190,7 @@ extern int fscache_cmd_stat (int argc, char **argv);
 extern int fscache_cmd_check (int argc, char **argv);
 extern int fscache_cmd_invalidate (int argc, char **argv);
 extern int fscache_cmd_warm (int argc, char **argv);
+extern int fscache_cmd_writeback (int argc, char **argv);
 
 /* prom.c: the Prometheus text format of objects V[0..N) and C's facts. */
 extern void tool_prometheus (FILE *fp, const struct tool_cache *c,

@@ -107,7 +107,32 @@ load (struct tool_cache *c, struct tool_object *o)
       key_show (o);
   }
   tool_load_counters (fanfd, o);
+  /* The write log, read as it is (a proxy may be appending). */
+  memset (&o->wlog, 0, sizeof o->wlog);
+  o->wlog_err = ENOENT;
+  if (fsc_wlog_inspect (fanfd, o->f.name, &o->wlog) == 0)
+    o->wlog_err = 0;
+  else
+    o->wlog_err = errno;
   close (fanfd);
+}
+
+bool
+tool_dirty (const struct tool_object *o)
+{
+  return o->wlog_err == 0 ? o->wlog.records > 0 : o->wlog_err != ENOENT;
+}
+
+double
+tool_dirty_age (const struct tool_object *o)
+{
+  struct timespec now;
+  if (o->wlog_err || o->wlog.oldest_ms == 0)
+    return 0;
+  clock_gettime (CLOCK_REALTIME, &now);
+  double age = (double) now.tv_sec + now.tv_nsec / 1e9 -
+    (double) o->wlog.oldest_ms / 1000.0;
+  return age > 0 ? age : 0;
 }
 
 void
@@ -159,7 +184,7 @@ tool_cache_open_checking (const char *cmd, const char *dir,
     return -1;
   c->total_bytes = s.total_bytes;
   c->locks_known = s.locks_known;
-  c->n = s.ncand + s.npinned;
+  c->n = s.ncand + s.npinned + s.ndirty;
   c->v = calloc (c->n ? c->n : 1, sizeof *c->v);
   if (c->v == NULL) {
     fscd_scan_free (&s);
@@ -170,7 +195,9 @@ tool_cache_open_checking (const char *cmd, const char *dir,
     c->v[i].f = s.cand[i];
   for (size_t i = 0; i < s.npinned; ++i)
     c->v[s.ncand + i].f = s.pinned[i];
-  s.ncand = s.npinned = 0;
+  for (size_t i = 0; i < s.ndirty; ++i)
+    c->v[s.ncand + s.npinned + i].f = s.dirty[i];
+  s.ncand = s.npinned = s.ndirty = 0;
   fscd_scan_free (&s);
   /* NAME.stats alone is the history a discarded object leaves for
    * its next incarnation (invalidate.c), not an object.
@@ -239,6 +266,8 @@ tool_state (const struct tool_object *o)
 {
   if (o->f.locked)
     return "in use";
+  if (tool_dirty (o))
+    return "dirty";
   if (o->err || o->info.reason != FSC_OK || o->info.stale ||
       !(o->info.sb.flags & FSC_SB_CLEAN) ||
       (o->f.files & (FSCD_F_DATA | FSCD_F_SUMS)) !=

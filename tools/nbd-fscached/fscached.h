@@ -112,6 +112,7 @@ extern uint64_t fscd_fair_level (uint64_t *d, size_t n, uint64_t budget);
   X (culled_files)          /* their files */                            \
   X (cull_busy)             /* found in use when we tried */             \
   X (cull_changed)          /* used since the scan: skipped */           \
+  X (cull_dirty)            /* found holding dirty data: kept */         \
   X (cull_errors)           /* failed culls */                           \
   X (quota_writes)          /* quota records written */                  \
   X (quota_removals)        /* quota records removed */                  \
@@ -127,6 +128,8 @@ extern uint64_t fscd_fair_level (uint64_t *d, size_t n, uint64_t budget);
   X (total_bytes)           /* allocated bytes under objects/ */         \
   X (objects)               /* objects found by the last scan */         \
   X (objects_in_use)        /* of which in use */                        \
+  X (objects_dirty)         /* of which with dirty data (never culled) */\
+  X (dirty_bytes)           /* their data not yet written back */        \
   X (blocks)                /* the file system's blocks (f_blocks) */    \
   X (free_blocks)           /* available blocks (f_bavail) */            \
   X (files)                 /* its inodes (f_files) */                   \
@@ -192,6 +195,7 @@ struct fscd_state {
   bool stopped;                 /* we keep fscache.stop */
   bool quota_mode;              /* quota records are in force */
   bool quota_stuck_said;        /* logged that quotas cannot help */
+  bool dirty_said;              /* logged that dirty objects stay */
   double last_lowering;         /* when a budget was last lowered */
 
   /* The last sample, for the time counters. */

@@ -22,7 +22,12 @@
  *    changed in the last GRACE seconds is not culled: it is being
  *    opened (a proxy creates NAME.idx before it locks it) or was just
  *    used.  A tick culls for at most TICK_BUDGET seconds, then yields
- *    to the event loop and comes back at once.
+ *    to the event loop and comes back at once.  An object whose write
+ *    log (fscache-mode=writeback) holds data not yet written back is
+ *    never culled, however little space is left: it is the only copy
+ *    of what its clients wrote.  The scan keeps such objects out of
+ *    the candidates, cull.c checks again under the lock, and the
+ *    counters say how many there are (objects_dirty, dirty_bytes).
  *
  * 3. Quotas.  When the idle objects are all gone (the scan saw every
  *    one) and a blocks or size trigger is still on, the objects in
@@ -550,6 +555,8 @@ set_gauges (struct fscd_state *st, const struct sample *s,
   st->ctr.total_bytes = total;
   st->ctr.objects = sc->nobjects;
   st->ctr.objects_in_use = ninuse;
+  st->ctr.objects_dirty = sc->dirty_objects;
+  st->ctr.dirty_bytes = sc->dirty_bytes;
   st->ctr.blocks = s->blocks;
   st->ctr.free_blocks = s->bavail;
   st->ctr.files = s->files;
@@ -640,7 +647,7 @@ fscd_tick (struct fscd_state *st, double now)
 
     uint64_t freed;
     unsigned nfiles;
-    switch (fscd_cull (st->objdirfd, &st->grave, o, &freed, &nfiles)) {
+    switch (fscd_cull (st->objdirfd, &st->grave, o, 0, &freed, &nfiles)) {
     case FSCD_CULLED:
       culled++;
       culled_bytes = sat_add (culled_bytes, freed);
@@ -667,6 +674,10 @@ fscd_tick (struct fscd_state *st, double now)
     case FSCD_CULL_CHANGED:
       st->ctr.cull_changed++;
       break;
+    case FSCD_CULL_DIRTY:
+      /* Dirty since the scan (it only counts those it sees). */
+      st->ctr.cull_dirty++;
+      break;
     case FSCD_CULL_ERROR:
       st->ctr.cull_errors++;
       break;
@@ -678,9 +689,23 @@ fscd_tick (struct fscd_state *st, double now)
   if (culled > 0)
     fscd_log (LOG_INFO, "culled %" PRIu64 " objects, %" PRIu64 " bytes; "
               "free %" PRIu64 " of %" PRIu64 " blocks, %" PRIu64 " of %"
-              PRIu64 " files, objects/ %" PRIu64 " bytes",
+              PRIu64 " files, objects/ %" PRIu64 " bytes; dirty %" PRIu64
+              " objects (%" PRIu64 " bytes, never culled)",
               culled, culled_bytes, s.bavail, s.blocks, s.favail, s.files,
-              total);
+              total, sc.dirty_objects, sc.dirty_bytes);
+  bool need_more = (st->cull_blocks && s.bavail < s.brun) ||
+    (st->cull_files && s.favail < s.frun) ||
+    (st->cull_size && total > cfg->max_size - margin_of (cfg));
+  if (exhausted && need_more && sc.dirty_objects > 0) {
+    if (!st->dirty_said)
+      fscd_log (LOG_WARNING, "dirty %" PRIu64 " objects hold %" PRIu64
+                " bytes written in writeback mode and not yet written "
+                "back: never culled (nbd-fscache ls shows them)",
+                sc.dirty_objects, sc.dirty_bytes);
+    st->dirty_said = true;
+  }
+  else if (!need_more)
+    st->dirty_said = false;
 
   /* Step 3: quotas. */
   update_triggers (st, &s, total);
