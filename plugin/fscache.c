@@ -372,17 +372,25 @@ prepare_offline (struct handle *h, struct fsc_object_params *p)
 
 /* If the object is open in this process already, join it (and its
  * writer, in writeback mode) and return true; h->obj is then NULL only
- * if joining failed (said).
+ * if joining failed (said).  LOCKED: we hold open_lock.  Without it, an
+ * object open but without its writer yet may be one whose first
+ * connection is still starting the writer (under open_lock): then
+ * return false, so that the caller asks again under the lock.
  */
 static bool
 join_open (struct handle *h, const struct fsc_object_params *p,
-           const char *k, size_t klen)
+           const char *k, size_t klen, bool locked)
 {
   h->obj = fsc_object_get (state.cache, p);
   if (h->obj == NULL)
     return false;
   if (params.mode == MODE_WRITEBACK) {
     h->wb = wb_find (k, klen);
+    if (h->wb == NULL && !locked) {
+      fsc_object_close (h->obj);
+      h->obj = NULL;
+      return false;
+    }
     if (h->wb == NULL) {
       /* Open here without a writer: its first open was refused one. */
       nbdkit_error ("fscache: export \"%s\": no writeback for it in this "
@@ -424,7 +432,7 @@ fscache_prepare (nbdkit_next *next, void *handle, int readonly)
   h->size = p.size = size;
 
   /* Another connection has the object open: it was validated then. */
-  if (join_open (h, &p, k, klen))
+  if (join_open (h, &p, k, klen, false))
     return h->obj ? start_readahead (h) : -1;
 
   struct fscache_sample_set set = { 0 };
@@ -436,7 +444,7 @@ fscache_prepare (nbdkit_next *next, void *handle, int readonly)
   }
 
   pthread_mutex_lock (&open_lock);
-  if (join_open (h, &p, k, klen)) {
+  if (join_open (h, &p, k, klen, true)) {
     pthread_mutex_unlock (&open_lock);
     return h->obj ? start_readahead (h) : -1;
   }
