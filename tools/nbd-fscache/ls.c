@@ -3,11 +3,15 @@
  * What is cached comes from the index itself (core/inspect.h: the
  * present blocks and the bytes they hold, as the filter would load
  * them), the hit ratio and last use from the counters (live.c), the
- * state from the lock and the index's flags (tool_state).  Sizes are
- * rounded in the table and exact in --json.
+ * state from the lock, the write log and the index's flags
+ * (tool_state).  DIRTY is what the object's write log (fscache-mode=
+ * writeback) holds not yet written back, read with fsc_wlog_inspect
+ * without its lock: "-" without a log.  Sizes are rounded in the table
+ * and exact in --json.
  */
 #include <config.h>
 
+#include <errno.h>
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -95,7 +99,9 @@ print_json (const struct tool_cache *c)
       printf (",\n      \"hit_ratio\": %.6f", r);
     else
       printf (",\n      \"hit_ratio\": null");
-    printf (",\n      \"last_use\": %" PRIu64 "\n    }", last_use (o));
+    printf (",\n      \"last_use\": %" PRIu64, last_use (o));
+    tool_json_dirty (stdout, o, "      ");
+    printf ("\n    }");
   }
   printf ("%s]\n}\n", c->n ? "\n  " : "");
 }
@@ -106,19 +112,22 @@ print_table (const struct tool_cache *c)
   size_t w = 3;
   for (size_t i = 0; i < c->n; ++i)
     w = MAX (w, strlen (c->v[i].key));
-  printf ("%-*s %8s %8s %6s %6s  %-19s  %s\n", (int) w, "KEY", "SIZE",
-          "CACHED", "%", "HIT%", "LAST USE", "STATE");
+  printf ("%-*s %8s %8s %6s %6s %8s  %-19s  %s\n", (int) w, "KEY", "SIZE",
+          "CACHED", "%", "HIT%", "DIRTY", "LAST USE", "STATE");
   for (size_t i = 0; i < c->n; ++i) {
     const struct tool_object *o = &c->v[i];
-    char s1[16], s2[16], t[32], pct[16], hit[16];
+    char s1[16], s2[16], s3[16], t[32], pct[16], hit[16];
     bool ok = o->err == 0 && o->info.reason == FSC_OK;
     double r = hit_ratio (o);
     snprintf (pct, sizeof pct, ok ? "%.1f" : "-", cached_pct (o));
     snprintf (hit, sizeof hit, r >= 0 ? "%.1f" : "-", 100 * r);
-    printf ("%-*s %8s %8s %6s %6s  %-19s  %s\n", (int) w, o->key,
+    printf ("%-*s %8s %8s %6s %6s %8s  %-19s  %s\n", (int) w, o->key,
             ok ? fmt_size (o->info.sb.size, s1) : "-",
             ok ? fmt_size (o->info.cached_bytes, s2) : "-",
-            pct, hit, fmt_time (last_use (o), t), tool_state (o));
+            pct, hit,
+            o->wlog_err == ENOENT ? "-" : o->wlog_err ? "?"
+            : fmt_size (o->wlog.dirty_bytes, s3),
+            fmt_time (last_use (o), t), tool_state (o));
   }
 }
 

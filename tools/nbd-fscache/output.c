@@ -6,6 +6,7 @@
  */
 #include <config.h>
 
+#include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -53,6 +54,22 @@ json_str (FILE *fp, const char *s)
       fputc (*p, fp);
   }
   fputc ('"', fp);
+}
+
+void
+tool_json_dirty (FILE *fp, const struct tool_object *o, const char *indent)
+{
+  fprintf (fp, ",\n%s\"write_log\": ", indent);
+  json_str (fp, o->wlog_err == 0 ? "ok" : o->wlog_err == ENOENT ? "none"
+                                   : "unreadable");
+  fprintf (fp, ",\n%s\"dirty\": %s", indent,
+           tool_dirty (o) ? "true" : "false");
+  fprintf (fp, ",\n%s\"dirty_bytes\": %" PRIu64
+           ",\n%s\"dirty_epochs\": %" PRIu64
+           ",\n%s\"dirty_oldest_age_seconds\": %.3f",
+           indent, o->wlog_err ? 0 : o->wlog.dirty_bytes,
+           indent, o->wlog_err ? 0 : o->wlog.epochs,
+           indent, tool_dirty_age (o));
 }
 
 static void

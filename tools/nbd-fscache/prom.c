@@ -4,7 +4,8 @@
  * Names start nbd_fscache_, in base units (bytes, seconds); counters
  * end in _total, times are gauges ending _timestamp_seconds, each
  * family has its # HELP and # TYPE lines and all of its samples
- * together.  Every object's samples carry object="NAME" and
+ * together.  The write log's figures (fscache-mode=writeback) are
+ * gauges: dirty_bytes, dirty_epochs, dirty_oldest_age_seconds.  Every object's samples carry object="NAME" and
  * key="KEY" (as ls shows it), escaped as the format wants.
  */
 #include <config.h>
@@ -46,6 +47,16 @@ sample (FILE *fp, const char *name, const struct tool_object *o, uint64_t v)
   fprintf (fp, "} %" PRIu64 "\n", v);
 }
 
+static void
+sample_f (FILE *fp, const char *name, const struct tool_object *o, double v)
+{
+  fprintf (fp, "nbd_fscache_%s{object=", name);
+  label (fp, o->f.name);
+  fprintf (fp, ",key=");
+  label (fp, o->key);
+  fprintf (fp, "} %.3f\n", v);
+}
+
 void
 tool_prometheus (FILE *fp, const struct tool_cache *c,
                  struct tool_object *const *v, size_t n,
@@ -80,6 +91,19 @@ tool_prometheus (FILE *fp, const struct tool_cache *c,
           "1 while a running process holds the object.");
   for (size_t k = 0; k < n; ++k)
     sample (fp, "object_in_use", v[k], v[k]->f.locked);
+  family (fp, "dirty_bytes", "gauge",
+          "Bytes written in writeback mode and not yet written back.");
+  for (size_t k = 0; k < n; ++k)
+    sample (fp, "dirty_bytes", v[k],
+            v[k]->wlog_err ? 0 : v[k]->wlog.dirty_bytes);
+  family (fp, "dirty_epochs", "gauge",
+          "Flush epochs of the write log waiting to be written back.");
+  for (size_t k = 0; k < n; ++k)
+    sample (fp, "dirty_epochs", v[k], v[k]->wlog_err ? 0 : v[k]->wlog.epochs);
+  family (fp, "dirty_oldest_age_seconds", "gauge",
+          "Age of the oldest write not yet written back, 0 if none.");
+  for (size_t k = 0; k < n; ++k)
+    sample_f (fp, "dirty_oldest_age_seconds", v[k], tool_dirty_age (v[k]));
 
   for (unsigned i = 0; i < FSC_OSTATS_COUNT; ++i) {
     char kind = tool_ostat_kind (i);

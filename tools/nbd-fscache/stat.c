@@ -3,7 +3,9 @@
  * file system's free space).
  *
  * Summing: counters and gauges add up; times (last_use,
- * last_invalidation) take the latest.  Output as "name value" lines,
+ * last_invalidation) take the latest.  The write log's figures
+ * (dirty_bytes, dirty_epochs: add up; dirty_oldest_age_seconds: the
+ * oldest) come from NAME.wlog, read without its lock.  Output as "name value" lines,
  * as JSON (--json) or in Prometheus' text format (--prometheus, in
  * prom.c), to stdout or, with --output FILE, to FILE.tmp.PID renamed
  * to FILE, so that a textfile collector never reads half a file.
@@ -54,6 +56,30 @@ sum_counters (struct tool_object *const *v, size_t n, struct fsc_ostats *sum)
     }
 }
 
+/* The write logs' figures, summed. */
+struct dirty_sum {
+  uint64_t objects, bytes, epochs;
+  double age;
+};
+
+static void
+sum_dirty (struct tool_object *const *v, size_t n, struct dirty_sum *d)
+{
+  memset (d, 0, sizeof *d);
+  for (size_t k = 0; k < n; ++k) {
+    const struct tool_object *o = v[k];
+    if (tool_dirty (o))
+      d->objects++;
+    if (o->wlog_err)
+      continue;
+    if (ADD_OVERFLOW (d->bytes, o->wlog.dirty_bytes, &d->bytes))
+      d->bytes = UINT64_MAX;
+    if (ADD_OVERFLOW (d->epochs, o->wlog.epochs, &d->epochs))
+      d->epochs = UINT64_MAX;
+    d->age = MAX (d->age, tool_dirty_age (o));
+  }
+}
+
 static void
 json_counters (FILE *fp, const struct fsc_ostats *ctr, const char *indent)
 {
@@ -95,11 +121,19 @@ print_json (FILE *fp, const struct tool_cache *c, struct tool_object *const *v,
              ",\n      \"last_reason\": ", o->f.bytes);
     json_str (fp, o->ctr.last_reason ? fsc_reason_name (o->ctr.last_reason)
                                        : "none");
+    tool_json_dirty (fp, o, "      ");
     fprintf (fp, ",\n      \"counters\": ");
     json_counters (fp, &o->ctr, "      ");
     fprintf (fp, "\n    }");
   }
-  fprintf (fp, "%s],\n  \"total\": ", n ? "\n  " : "");
+  struct dirty_sum d;
+  sum_dirty (v, n, &d);
+  fprintf (fp, "%s],\n  \"dirty\": {\n    \"objects\": %" PRIu64
+           ",\n    \"dirty_bytes\": %" PRIu64
+           ",\n    \"dirty_epochs\": %" PRIu64
+           ",\n    \"dirty_oldest_age_seconds\": %.3f\n  },"
+           "\n  \"total\": ", n ? "\n  " : "", d.objects, d.bytes, d.epochs,
+           d.age);
   json_counters (fp, &sum, "  ");
   fprintf (fp, "\n}\n");
 }
@@ -132,7 +166,17 @@ print_text (FILE *fp, const struct tool_cache *c, struct tool_object *const *v,
     fprintf (fp, "%-22s %" PRIu64 "\n", "object_allocated_bytes", o->f.bytes);
     fprintf (fp, "%-22s %s\n", "last_reason", o->ctr.last_reason
              ? fsc_reason_name (o->ctr.last_reason) : "none");
+    fprintf (fp, "%-22s %s\n", "write_log", o->wlog_err == 0 ? "ok"
+             : o->wlog_err == ENOENT ? "none" : "unreadable");
   }
+  struct dirty_sum d;
+  sum_dirty (v, n, &d);
+  if (!one)
+    fprintf (fp, "%-22s %" PRIu64 "\n", "dirty_objects", d.objects);
+  fprintf (fp, "%-22s %" PRIu64 " (%s)\n", "dirty_bytes", d.bytes,
+           fmt_size (d.bytes, s));
+  fprintf (fp, "%-22s %" PRIu64 "\n", "dirty_epochs", d.epochs);
+  fprintf (fp, "%-22s %.3f\n", "dirty_oldest_age_seconds", d.age);
   for (unsigned i = 0; i < FSC_OSTATS_COUNT; ++i)
     fprintf (fp, "%-22s %" PRIu64 "\n", fsc_ostat_name (i), sum.v[i]);
 }
