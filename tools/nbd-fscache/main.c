@@ -33,6 +33,8 @@ static const struct {
   { "check", fscache_cmd_check, "verify objects (and --repair them)" },
   { "invalidate", fscache_cmd_invalidate, "discard objects safely" },
   { "warm", fscache_cmd_warm, "warm a range through a running proxy" },
+  { "writeback", fscache_cmd_writeback,
+    "write an object's dirty data back without a proxy" },
 };
 #define NCOMMANDS (sizeof commands / sizeof commands[0])
 
