@@ -190,10 +190,11 @@ hup_cb (struct ev_loop *loop, ev_signal *w, int revents)
       fscd_config_free (&ncfg);
       return;
     }
-    fscd_log (LOG_NOTICE, "leaving %s for %s", d->cfg.dir, ncfg.dir);
     watch_stop (d);
     fscd_state_close (&d->st);
     d->st = nst;
+    /* Said once the old directory is released (its lock dropped). */
+    fscd_log (LOG_NOTICE, "leaving %s for %s", d->cfg.dir, ncfg.dir);
   }
   bool rewatch = d->watch.fd < 0 || strcmp (ncfg.dir, d->cfg.dir) != 0;
   fscd_config_free (&d->cfg);
