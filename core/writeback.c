@@ -121,13 +121,38 @@ add_req (struct batch *b, const struct piece *p, size_t i)
   return 0;
 }
 
-/* Send request R upstream, keeping the object a clean copy. */
+/* The bytes of data request R, from the log (verified). */
+static int
+load_req (struct batch *b, const struct req *r, unsigned char *data)
+{
+  for (size_t i = r->first; i < r->first + r->n; ++i) {
+    const struct piece *p = &b->pc[i];
+    /* Extents are unit-aligned, so each piece is whole units of its
+     * record (the last one may end at the export's end).
+     */
+    if (wl_read_units (b->wl, p->e, p->start, p->end - p->start,
+                       data + (p->start - r->off)) == -1) {
+      pthread_mutex_lock (&b->lock);
+      b->bad_log = true;
+      b->bad_off = p->start;
+      pthread_mutex_unlock (&b->lock);
+      errno = EIO;
+      return -1;
+    }
+  }
+  return 0;
+}
+
+/* Send request R upstream.  The object is left alone here: until the
+ * batch is flushed upstream and the object updated (update_obj), the
+ * log still holds R's bytes and every read of them is served from the
+ * log, so the object's older copy of those bytes is never seen.
+ */
 static int
 send_req (struct batch *b, const struct req *r)
 {
   struct fsc_wlog *wl = b->wl;
   const struct fsc_wb_upstream *up = &wl->up;
-  unsigned char *data = NULL;
   int ret = 0;
 
   /* An upstream request is at most 32 bits of bytes: a huge zero or
@@ -137,16 +162,9 @@ send_req (struct batch *b, const struct req *r)
     for (uint64_t done = 0; done < r->len && ret == 0;) {
       uint32_t n = MIN (r->len - done, (uint64_t) 1 << 30);
       uint64_t off = r->off + done;
-      struct fsc_write w;
-      bool zero = r->type == WL_ZERO;
-      /* Dropped from the object, not stored: its zeroes would cost
-       * data (design.md, "Writeback").
-       */
-      if (wl->obj && fsc_object_write_begin (wl->obj, off, n, false, &w) == -1)
-        return -1;
-      if (zero && up->can_zero)
+      if (r->type == WL_ZERO && up->can_zero)
         ret = up->zero (up->opaque, n, off);
-      else if (zero) {
+      else if (r->type == WL_ZERO) {
         /* No zero upstream: write zeroes, a slice at a time. */
         unsigned char *z = calloc (1, MIN ((uint64_t) n, MAX_REQ));
         if (z == NULL)
@@ -158,48 +176,53 @@ send_req (struct batch *b, const struct req *r)
       }
       else if (up->can_trim)
         ret = up->trim (up->opaque, n, off);
-      if (wl->obj)
-        fsc_object_write_end (wl->obj, &w, NULL, ret == 0);
       done += n;
     }
     return ret;
   }
 
-  data = malloc (r->len);
+  unsigned char *data = malloc (r->len);
   if (data == NULL)
     return -1;
-  for (size_t i = r->first; i < r->first + r->n; ++i) {
-    const struct piece *p = &b->pc[i];
-    uint64_t ua = p->e->off +
-      ROUND_DOWN (p->start - p->e->off, (uint64_t) FSC_WLOG_UNIT);
-    if (ua == p->start &&
-        (p->end == p->e->off + p->e->len ||
-         (p->end - p->e->off) % FSC_WLOG_UNIT == 0))
-      ret = wl_read_units (wl, p->e, p->start, p->end - p->start,
-                           data + (p->start - r->off));
-    else
-      ret = -1;                 /* extents are unit-aligned: never */
-    if (ret == -1) {
-      pthread_mutex_lock (&b->lock);
-      b->bad_log = true;
-      b->bad_off = p->start;
-      pthread_mutex_unlock (&b->lock);
-      free (data);
-      errno = EIO;
-      return -1;
-    }
-  }
-  struct fsc_write w;
-  if (wl->obj &&
-      fsc_object_write_begin (wl->obj, r->off, r->len, true, &w) == -1) {
-    free (data);
-    return -1;
-  }
-  ret = up->pwrite (up->opaque, data, r->len, r->off);
-  if (wl->obj)
-    fsc_object_write_end (wl->obj, &w, data, ret == 0);
+  ret = load_req (b, r, data);
+  if (ret == 0)
+    ret = up->pwrite (up->opaque, data, r->len, r->off);
   free (data);
   return ret;
+}
+
+/* After the batch is on the upstream and flushed there: make the
+ * object a copy of what the upstream now holds, as a writethrough
+ * write would (rules 2 and 3 of design.md: blocks dropped, fetches in
+ * flight discarded, whole blocks stored, partly covered ones merged if
+ * held whole), but locally only, so no block is absent for longer
+ * than a local write.  The drops need not be durable one by one: the
+ * caller commits once before the log lets go of the bytes.
+ */
+static void
+update_obj (struct batch *b, const struct req *r)
+{
+  struct fsc_object *o = b->wl->obj;
+  struct fsc_write w;
+  if (r->type != WL_DATA) {
+    /* Zeroes are stored as zero blocks, trimmed blocks just dropped. */
+    for (uint64_t done = 0; done < r->len;) {
+      uint32_t n = MIN (r->len - done, (uint64_t) 1 << 30);
+      unsigned f = FSC_WRITE_NOSYNC |
+        (r->type == WL_ZERO ? FSC_WRITE_KEEP : 0);
+      if (fsc_object_write_begin_flags (o, r->off + done, n, f, &w) == 0)
+        fsc_object_write_end (o, &w, NULL, true);
+      done += n;
+    }
+    return;
+  }
+  unsigned char *data = malloc (r->len);
+  bool ok = data && load_req (b, r, data) == 0;
+  if (fsc_object_write_begin_flags (o, r->off, r->len,
+                                    FSC_WRITE_NOSYNC |
+                                    (ok ? FSC_WRITE_KEEP : 0), &w) == 0)
+    fsc_object_write_end (o, &w, ok ? data : NULL, ok);
+  free (data);
 }
 
 static void *
@@ -411,6 +434,17 @@ round_once (struct fsc_wlog *wl)
   if (wl->up.can_flush && !wl->unordered &&
       wl->up.flush (wl->up.opaque) == -1)
     goto failed;
+  if (wl->obj) {
+    for (size_t i = 0; i < b.nrq; ++i)
+      update_obj (&b, &b.rq[i]);
+    if (b.bad_log)
+      goto failed;
+    /* Durable before the log forgets the bytes: a crash after the
+     * tail moves must not find the object naming older ones.  A
+     * failure withdraws the object (its files go): safe too.
+     */
+    (void) fsc_object_commit (wl->obj);
+  }
 
   /* 4. Durable upstream: move the tail. */
   struct fsc_wlog_sample s;
