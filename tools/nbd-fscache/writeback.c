@@ -439,7 +439,10 @@ fscache_cmd_writeback (int argc, char **argv)
     tool_cache_close (&c);
     return EXIT_SUCCESS;
   }
-  unsigned char key[FSC_NAME_MAX + 1];
+  /* A decoded name is at most FSC_NAME_MAX bytes; a hashed name's key
+   * (too long to be a name) comes whole from the superblock.
+   */
+  unsigned char key[MAX (FSC_NAME_MAX + 1, FSC_SB_KEY_PREFIX)];
   ssize_t klen = object_key (o, key, sizeof key);
   if (klen == -1)
     goto out;
@@ -518,7 +521,10 @@ fscache_cmd_writeback (int argc, char **argv)
     .can_trim = can_trim > 0, .can_zero = can_zero > 0,
     .can_flush = can_flush > 0,
   };
-  struct sigaction sa = { .sa_handler = on_signal };
+  /* The first signal stops us cleanly; a second one (the writer may
+   * be stuck in a request to a hung server) kills.
+   */
+  struct sigaction sa = { .sa_handler = on_signal, .sa_flags = SA_RESETHAND };
   sigemptyset (&sa.sa_mask);
   sigaction (SIGINT, &sa, NULL);
   sigaction (SIGTERM, &sa, NULL);
@@ -595,8 +601,9 @@ fscache_cmd_writeback (int argc, char **argv)
   wl = NULL;
   if (dropped)
     (void) discard_cache (&c, o, 0);
-  printf ("%s: wrote back %" PRIu64 " bytes in %" PRIu64 " epochs to %s "
-          "in %.1f s; %s\n", o->f.name, total, epochs, uri, el,
+  printf ("%s: wrote back %" PRIu64 " bytes in %" PRIu64 " epoch%s to %s "
+          "in %.1f s; %s\n", o->f.name, total, epochs, epochs == 1 ? "" : "s",
+          uri, el,
           dropped ? "its cached data was discarded (the next proxy starts "
                     "cold)"
                   : "its cached data could NOT be discarded: invalidate it "
