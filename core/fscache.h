@@ -237,6 +237,16 @@ struct fsc_write {
 extern int fsc_object_write_begin (struct fsc_object *obj, uint64_t offset,
                                    uint64_t count, bool keep,
                                    struct fsc_write *w);
+/* The same with FLAGS: FSC_WRITE_KEEP is KEEP; FSC_WRITE_NOSYNC does
+ * not wait for the drop to be durable (the caller commits before it
+ * relies on it: the writeback writer, whose write log covers the
+ * bytes until then).
+ */
+#define FSC_WRITE_KEEP   1u
+#define FSC_WRITE_NOSYNC 2u
+extern int fsc_object_write_begin_flags (struct fsc_object *obj,
+                                         uint64_t offset, uint64_t count,
+                                         unsigned flags, struct fsc_write *w);
 
 /* After the upstream write.  If UPSTREAM_OK and W->keep, store BUF (the
  * data written; NULL for a zero request means zeroes) into the blocks

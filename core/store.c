@@ -314,7 +314,17 @@ int
 fsc_object_write_begin (struct fsc_object *o, uint64_t offset,
                         uint64_t count, bool keep, struct fsc_write *w)
 {
+  return fsc_object_write_begin_flags (o, offset, count,
+                                       keep ? FSC_WRITE_KEEP : 0, w);
+}
+
+int
+fsc_object_write_begin_flags (struct fsc_object *o, uint64_t offset,
+                              uint64_t count, unsigned flags,
+                              struct fsc_write *w)
+{
   struct fsc_stats *st = &o->cache->stats;
+  bool keep = flags & FSC_WRITE_KEEP;
 
   memset (w, 0, sizeof *w);
   w->offset = offset;
@@ -455,7 +465,11 @@ fsc_object_write_begin (struct fsc_object *o, uint64_t offset,
   w->counted = true;
   w->first_group = g0;
   w->ngroups = g1 - g0 + 1;
-  if (need_sync)
+  /* FSC_WRITE_NOSYNC: the caller makes the drop durable itself before
+   * anything could depend on it (the writeback writer, whose log still
+   * holds the new bytes until it has committed).
+   */
+  if (need_sync && !(flags & FSC_WRITE_NOSYNC))
     fsc_commit_upto (o, c);   /* on failure the object is withdrawn */
   return 0;
 }
