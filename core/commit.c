@@ -172,6 +172,7 @@ fsc_commit_upto (struct fsc_object *o, uint64_t target)
     struct fsc_grec rec = {
       .group = gis[i], .seq = ++o->seq,
       .incarnation = o->sb.incarnation, .present = g->present,
+      .zero = g->zero & g->present,
     };
     for (int j = 0; j < FSC_GROUP_BLOCKS; ++j)
       if ((g->present >> j) & 1) {

@@ -55,6 +55,11 @@
  *  Only then does fsc_make_room return and the new data get written.
  *  Blocks dropped by writes (store.c) are punched the same way.
  *
+ * Zero blocks (store.c) hold no space: they count 0 bytes, are never
+ * put on probation nor taken as victims (evicting one would free
+ * nothing and cost a hit), and their space is punched when they are
+ * stored.
+ *
  * Space nobody names.  Blocks whose eviction was committed but not yet
  * punched when the process stopped, and fills written but never
  * committed (a crash), take space that no index names: nothing would
@@ -290,10 +295,8 @@ evict_bits (struct fsc_object *o, uint64_t gi, uint64_t taken)
 {
   struct group *g = grp (o, gi);
   uint64_t bytes = 0;
-  for (uint64_t t = taken; t; t &= t - 1) {
-    unsigned x = __builtin_ctzll (t);
-    bytes += held_bytes (o, gi * FSC_GROUP_BLOCKS + x, g->pieces[x]);
-  }
+  for (uint64_t t = taken; t; t &= t - 1)
+    bytes += block_held (o, g, gi * FSC_GROUP_BLOCKS + __builtin_ctzll (t));
   g->present &= ~taken;
   g->evicted |= taken;
   if (fsc_mark_dirty (o, gi, g) == -1 || queue_punch (o, gi) == -1) {
@@ -301,6 +304,7 @@ evict_bits (struct fsc_object *o, uint64_t gi, uint64_t taken)
     g->evicted &= ~taken;
     return 0;
   }
+  g->zero &= ~taken;            /* none, as victims go: never named */
   fsc_note_gone (o, g, taken);
   FSC_STAT_ADD (&o->cache->stats, evicted_blocks, __builtin_popcountll (taken));
   FSC_STAT_ADD (&o->cache->stats, evicted_bytes, bytes);
@@ -322,7 +326,7 @@ take_upto (struct fsc_object *o, uint64_t gi, uint64_t victims,
     victims &= victims - 1;
     unsigned x = __builtin_ctzll (bit);
     taken |= bit;
-    bytes += held_bytes (o, gi * FSC_GROUP_BLOCKS + x, grp (o, gi)->pieces[x]);
+    bytes += block_held (o, grp (o, gi), gi * FSC_GROUP_BLOCKS + x);
   }
   return taken;
 }
@@ -346,7 +350,7 @@ sweep (struct fsc_object *o, uint64_t want, uint64_t need, uint64_t budget,
       o->pq_len--;
       uint64_t gi = GROUP_OF (b), bit = BIT_OF (b);
       struct group *g = grp (o, gi);
-      if (g == NULL || !(g->present & g->probation & bit))
+      if (g == NULL || !(g->present & g->probation & bit & ~g->zero))
         continue;                       /* stale: gone or promoted */
       if ((g->referenced & bit) || (g->fetching & bit)) {
         /* Hit again since it came (or busy): promoted to main. */
@@ -379,7 +383,8 @@ sweep (struct fsc_object *o, uint64_t want, uint64_t need, uint64_t budget,
       break;
     o->hand = gi + 1;
     struct group *g = grp (o, gi);
-    uint64_t cand = g->present & ~g->fetching;
+    /* Zero blocks hold no space: evicting them would free nothing. */
+    uint64_t cand = g->present & ~g->fetching & ~g->zero;
     uint64_t victims = cand & ~g->referenced;
     /* A scan's blocks take only unreferenced places: they do not use
      * up the second chance of the hot set's blocks.
@@ -610,9 +615,19 @@ reclaim_pieces (struct fsc_object *o, int fd, uint64_t base, uint64_t s,
   return 0;
 }
 
-/* Punch what no present block covers in FD: a data segment holding
- * the export's bytes from BASE on, or the sums file if SUMS (BASE 0).
- * Returns 0, or -1 with errno.
+/* Does present block B name data in the files?  Not if it is a zero
+ * block: space under one is garbage (a punch a crash undid).
+ */
+static bool
+names_data (struct fsc_object *o, uint64_t b)
+{
+  const struct group *g = grp (o, GROUP_OF (b));
+  return g && (g->present & ~g->zero & BIT_OF (b));
+}
+
+/* Punch what no present block with data covers in FD: a data segment
+ * holding the export's bytes from BASE on, or the sums file if SUMS
+ * (BASE 0).  Returns 0, or -1 with errno.
  */
 static int
 reclaim_file (struct fsc_object *o, int fd, uint64_t base, bool sums)
@@ -630,7 +645,7 @@ reclaim_file (struct fsc_object *o, int fd, uint64_t base, bool sums)
     uint64_t b = block_at (o, s, sums);
     uint64_t bend = MIN (block_at (o, e - 1, sums) + 1, o->nblocks);
     while (b < bend) {
-      if (present (o, b)) {
+      if (names_data (o, b)) {
         /* Held in pieces: the data of the others is garbage too (in
          * the sums file, their few bytes share pages with the held
          * pieces' hashes: left alone).
@@ -642,7 +657,7 @@ reclaim_file (struct fsc_object *o, int fd, uint64_t base, bool sums)
         continue;
       }
       uint64_t b0 = b;
-      while (b < bend && !present (o, b))
+      while (b < bend && !names_data (o, b))
         b++;
       uint64_t ps = MAX (s, space_of (o, b0, sums));
       uint64_t pe = MIN (e, space_of (o, b, sums));

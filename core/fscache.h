@@ -249,8 +249,12 @@ extern int fsc_object_write_begin_flags (struct fsc_object *obj,
                                          unsigned flags, struct fsc_write *w);
 
 /* After the upstream write.  If UPSTREAM_OK and W->keep, store BUF (the
- * data written; NULL for a zero request means zeroes) into the blocks
- * nobody touched meanwhile.  Frees what begin allocated.
+ * data written) into the blocks nobody touched meanwhile.  BUF NULL is
+ * a zero request: the whole blocks it covers are stored as zero blocks
+ * (present, no data: their space punched, hits serve zeroes without
+ * reading), a partly covered end block that was held whole gets the
+ * zeroes merged in like a write's.  BUF NULL without W->keep (a trim,
+ * writearound) stores nothing.  Frees what begin allocated.
  */
 extern void fsc_object_write_end (struct fsc_object *obj, struct fsc_write *w,
                                   const void *buf, bool upstream_ok);

@@ -38,9 +38,11 @@ _Static_assert (SB_KEY_PREFIX + FSC_SB_KEY_PREFIX <= SB_CHECKSUM,
 enum {
   GR_MAGIC = 0, GR_GROUP = 8, GR_SEQ = 16, GR_INCARNATION = 24,
   GR_PRESENT = 32, GR_CSUM = 40, GR_PIECES = GR_CSUM + 8 * FSC_GROUP_BLOCKS,
+  GR_ZERO = GR_PIECES + 2 * FSC_GROUP_BLOCKS,           /* 680 */
   GR_CHECKSUM = FSC_GREC_SIZE - 8,
 };
-_Static_assert (GR_PIECES + 2 * FSC_GROUP_BLOCKS <= GR_CHECKSUM,
+_Static_assert (GR_ZERO == 680, "the zero bitmap moved");
+_Static_assert (GR_ZERO + 8 <= GR_CHECKSUM,
                 "group record fields overlap the checksum");
 
 static const char *reason_names[FSC_REASONS] = {
@@ -115,7 +117,8 @@ fsc_sb_decode (const unsigned char *buf, struct fsc_sb *sb)
     return FSC_REJ_MAGIC;
   /* A newer format may move anything, the checksum included.  Version
    * 1 differs only in group records without pieces (all zero there),
-   * which read as whole blocks.
+   * which read as whole blocks, and version 2 in records without zero
+   * blocks (zero there too).
    */
   uint32_t version = get_le32 (buf + SB_VERSION);
   if (version < FSC_INDEX_VERSION_MIN || version > FSC_INDEX_VERSION)
@@ -222,6 +225,7 @@ fsc_grec_encode (const struct fsc_grec *g, unsigned char *buf)
     put_le64 (buf + GR_CSUM + 8 * i, g->csum[i]);
   for (int i = 0; i < FSC_GROUP_BLOCKS; ++i)
     put_le16 (buf + GR_PIECES + 2 * i, g->pieces[i]);
+  put_le64 (buf + GR_ZERO, g->zero);
   put_le64 (buf + GR_CHECKSUM, XXH3_64bits (buf, GR_CHECKSUM));
 }
 
@@ -246,6 +250,10 @@ fsc_grec_decode (const unsigned char *buf, struct fsc_grec *g)
   /* Whether the pieces fit the block is the object's to check. */
   for (int i = 0; i < FSC_GROUP_BLOCKS; ++i)
     g->pieces[i] = get_le16 (buf + GR_PIECES + 2 * i);
+  /* Zero in records of versions 1 and 2 (they wrote zeroes there);
+   * whether its bits fit the blocks is the object's to check too.
+   */
+  g->zero = get_le64 (buf + GR_ZERO);
   return true;
 }
 

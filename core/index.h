@@ -27,10 +27,13 @@
 #include "io.h"
 #include "ostats.h"
 
-#define FSC_INDEX_VERSION 2     /* saved on disk; 2 added pieces */
+#define FSC_INDEX_VERSION 3     /* saved on disk; 2 added pieces, 3
+                                 * zero blocks */
 #define FSC_INDEX_VERSION_MIN 1 /* oldest still read: a version 1
                                  * index is a version 2 index with
-                                 * every present block whole */
+                                 * every present block whole, a
+                                 * version 2 one a version 3 index
+                                 * without zero blocks */
 #define FSC_SB_SIZE 4096
 #define FSC_GROUP_BLOCKS 64
 #define FSC_GREC_SIZE 1024
@@ -122,6 +125,10 @@ struct fsc_grec {
   uint16_t pieces[FSC_GROUP_BLOCKS];  /* of a present block, the pieces
                                        * held (bit j: piece j); 0 means
                                        * the whole block */
+  uint64_t zero;                  /* bit i: block group*64+i is present
+                                   * and all zeroes, a hole in the data
+                                   * file never read (version 3; older
+                                   * versions wrote 0 there) */
 };
 
 /* Encode SB into BUF (FSC_SB_SIZE bytes), checksum included. */

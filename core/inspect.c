@@ -122,19 +122,23 @@ open_data (struct fsc_inspect *ins)
 
 bool
 fsc_inspect_block (const struct fsc_inspect *ins, const struct fsc_grec *rec,
-                   unsigned i, unsigned *pieces, uint64_t *bytes)
+                   unsigned i, unsigned *pieces, bool *zero, uint64_t *bytes)
 {
   uint64_t b = rec->group * FSC_GROUP_BLOCKS + i;
   if (!(rec->present & (UINT64_C (1) << i)) || b >= ins->o.nblocks)
     return false;
   /* As the filter loads it (object.c): pieces it cannot have are
-   * damage, all of its pieces read as whole.
+   * damage, all of its pieces read as whole; a zero block is whole,
+   * with the checksum of zeroes, or damage.
    */
   unsigned p = rec->pieces[i], full = full_pieces (&ins->o, b);
   if (p & ~full)
     return false;
+  *zero = rec->zero & (UINT64_C (1) << i);
+  if (*zero && (p != 0 || rec->csum[i] != zero_csum (&ins->o, b)))
+    return false;
   *pieces = p == full ? 0 : p;
-  *bytes = held_bytes (&ins->o, b, *pieces);
+  *bytes = *zero ? 0 : held_bytes (&ins->o, b, *pieces);
   return true;
 }
 
@@ -146,8 +150,9 @@ fsc_inspect_block_range (const struct fsc_inspect *ins, uint64_t b,
   *len = block_end (&ins->o, b) - *off;
 }
 
-/* The last group's record may have bits past the export's end: the
- * filter ignores them, and so does everybody here.
+/* The last group's record may have bits past the export's end, and
+ * zero bits of absent blocks: the filter ignores them, and so does
+ * everybody here.
  */
 static void
 mask_tail (const struct fsc_inspect *ins, struct fsc_grec *rec)
@@ -155,6 +160,7 @@ mask_tail (const struct fsc_inspect *ins, struct fsc_grec *rec)
   const struct fsc_object *o = &ins->o;
   if (rec->group == o->ngroups - 1 && o->nblocks % FSC_GROUP_BLOCKS)
     rec->present &= (UINT64_C (1) << (o->nblocks % FSC_GROUP_BLOCKS)) - 1;
+  rec->zero &= rec->present;
 }
 
 static int
@@ -170,14 +176,16 @@ count_group (void *opaque, const struct fsc_grec *rec0, int slot)
     return -1;
   for (unsigned i = 0; i < FSC_GROUP_BLOCKS; ++i) {
     unsigned p;
+    bool z;
     uint64_t bytes;
     if (!(rec.present & (UINT64_C (1) << i)))
       continue;
-    if (!fsc_inspect_block (ins, &rec, i, &p, &bytes)) {
+    if (!fsc_inspect_block (ins, &rec, i, &p, &z, &bytes)) {
       ins->info.bad_pieces++;
       continue;
     }
     ins->info.present_blocks++;
+    ins->info.zero_blocks += z;
     ins->info.cached_bytes += bytes;
   }
   return 0;
@@ -290,6 +298,7 @@ load (struct fsc_inspect *ins)
   o->size = in->sb.size;
   o->nblocks = in->sb.nblocks;
   o->ngroups = DIV_ROUND_UP (o->nblocks, FSC_GROUP_BLOCKS);
+  fsc_zero_csums (o);
   in->ngroups = o->ngroups;
   ins->buf = malloc (o->block_size);
   if (ins->buf == NULL)
@@ -395,7 +404,7 @@ fsc_inspect_damaged (const struct fsc_inspect *ins, uint64_t *groups,
 
 int
 fsc_inspect_verify (struct fsc_inspect *ins, uint64_t b, uint64_t csum,
-                    unsigned pieces)
+                    unsigned pieces, bool zero)
 {
   struct fsc_object *o = &ins->o;
   uint64_t start = block_start (o, b), len = block_end (o, b) - start;
@@ -403,6 +412,10 @@ fsc_inspect_verify (struct fsc_inspect *ins, uint64_t b, uint64_t csum,
   uint64_t hashes[MAX_SUBS], sums[MAX_SUBS];
   unsigned char le[8 * MAX_SUBS];
   int bad = 0;
+
+  /* A zero block: what a hit checks, without reading anything. */
+  if (zero)
+    return csum == zero_csum (o, b) ? 0 : FSC_INSPECT_BAD_DATA;
 
   /* The data: bytes outside the pieces are read too (holes, most
    * often) and their hashes masked out, as the checksum counts them.
@@ -447,6 +460,7 @@ fsc_inspect_drop (struct fsc_inspect *ins, const struct fsc_grec *rec,
   if (rec) {
     nrec = *rec;
     nrec.present &= ~bits;
+    nrec.zero &= nrec.present;
     for (unsigned i = 0; i < FSC_GROUP_BLOCKS; ++i)
       if (!(nrec.present & (UINT64_C (1) << i)))
         nrec.csum[i] = nrec.pieces[i] = 0;

@@ -50,7 +50,12 @@ struct fsc_inspect_info {
   uint64_t present_blocks;      /* as the filter would load them */
   uint64_t cached_bytes;        /* the bytes those blocks hold */
   uint64_t bad_pieces;          /* present blocks with pieces they cannot
-                                 * have: dropped on load, never served */
+                                 * have, or a zero mark they cannot
+                                 * have (with pieces, or a checksum not
+                                 * that of zeroes): dropped on load,
+                                 * never served */
+  uint64_t zero_blocks;         /* of present_blocks, zero blocks (no
+                                 * data, docs/format.md) */
   uint64_t nseg;                /* data segments (NAME.data, .data.I) */
   uint64_t bad_segments;        /* of them missing, not ours, or of the
                                  * wrong length (data-file-size) */
@@ -97,13 +102,17 @@ extern int fsc_inspect_groups (struct fsc_inspect *ins,
 extern uint64_t fsc_inspect_damaged (const struct fsc_inspect *ins,
                                      uint64_t *groups, uint64_t n);
 
-/* Block I of REC as the filter loads it: false if it is not present or
- * its pieces are ones it cannot have (damage: the filter drops it);
- * else true and *PIECES (0: whole) and *BYTES, the bytes it holds.
+/* Block I of REC as the filter loads it: false if it is not present,
+ * or its pieces are ones it cannot have, or it is marked zero with
+ * pieces or a checksum other than that of zeroes (damage: the filter
+ * drops it); else true and *PIECES (0: whole), *ZERO (a zero block:
+ * all zeroes, nothing in the data file) and *BYTES, the bytes it holds
+ * in the data file.
  */
 extern bool fsc_inspect_block (const struct fsc_inspect *ins,
                                const struct fsc_grec *rec, unsigned i,
-                               unsigned *pieces, uint64_t *bytes);
+                               unsigned *pieces, bool *zero,
+                               uint64_t *bytes);
 
 /* Export offset and length of block B. */
 extern void fsc_inspect_block_range (const struct fsc_inspect *ins,
@@ -117,12 +126,13 @@ extern void fsc_inspect_block_range (const struct fsc_inspect *ins,
 
 /* Verify present block B, whose record says CSUM and PIECES, exactly
  * as a hit does: hash the bytes of the pieces it holds from the data
- * file, and its sub-block hashes from the sums file.  Returns 0 (both
- * give CSUM), a mask of FSC_INSPECT_BAD_*, or -1 with errno (a read
- * failed).
+ * file, and its sub-block hashes from the sums file; for a zero block
+ * (ZERO), only compare CSUM with the checksum of zeroes, reading
+ * nothing.  Returns 0 (both give CSUM), a mask of FSC_INSPECT_BAD_*,
+ * or -1 with errno (a read failed).
  */
 extern int fsc_inspect_verify (struct fsc_inspect *ins, uint64_t b,
-                               uint64_t csum, unsigned pieces);
+                               uint64_t csum, unsigned pieces, bool zero);
 
 /* Drop the blocks BITS of group REC->group, whose newest record is
  * REC in SLOT (REC NULL and SLOT -1: a group without a valid record,

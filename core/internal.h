@@ -97,6 +97,10 @@ struct group {
   bool dirty;                   /* on obj->dirty */
   bool reserved;                /* index space allocated */
   bool on_punch;                /* on obj->punch */
+  uint64_t zero;                /* present blocks that are all zeroes:
+                                 * whole, their data a hole never read,
+                                 * their csum that of zeroes (a subset
+                                 * of present, cleared with it) */
   uint64_t csum[FSC_GROUP_BLOCKS];
   uint16_t pieces[FSC_GROUP_BLOCKS];  /* of a present block, the pieces
                                        * held; 0: the whole block */
@@ -146,6 +150,9 @@ struct fsc_object {
   unsigned bshift;
   unsigned pshift;              /* log2 of the piece size */
   uint64_t size, nblocks, ngroups;
+  uint64_t zcsum, zcsum_last;   /* index checksum of an all-zero block,
+                                 * and of the last block if short
+                                 * (fsc_zero_csums) */
   struct gmid **gtop;           /* the group table (groups.c) */
   uint64_t ntop;                /* its top level's entries */
   uint64_t ngalloc;             /* groups allocated */
@@ -464,6 +471,26 @@ held_bytes (const struct fsc_object *o, uint64_t b, unsigned p)
     : MIN (len, (uint64_t) __builtin_popcount (p) << o->pshift);
 }
 
+/* Bytes present block B of group G holds in the data file: none for a
+ * zero block.  Caller holds o->lock.
+ */
+static inline uint64_t
+block_held (const struct fsc_object *o, const struct group *g, uint64_t b)
+{
+  return (g->zero & BIT_OF (b)) ? 0 : held_bytes (o, b, g->pieces[IDX_OF (b)]);
+}
+
+/* Zero blocks (docs/format.md, "Zero blocks"): the index checksum an
+ * all-zero block B has, so that a zero block is checked without
+ * reading anything.
+ */
+static inline uint64_t
+zero_csum (const struct fsc_object *o, uint64_t b)
+{
+  return block_end (o, b) - block_start (o, b) == o->block_size
+    ? o->zcsum : o->zcsum_last;
+}
+
 /* sums.c: hash each 4 KiB sub-block of LEN bytes at P into OUT;
  * returns how many (the last may be short).
  */
@@ -475,6 +502,11 @@ extern uint64_t fsc_sums_csum (const uint64_t *sums, unsigned k);
 
 /* sums.c: the index checksum of a whole block of LEN bytes at P. */
 extern uint64_t fsc_block_csum (const unsigned char *p, uint64_t len);
+
+/* sums.c: set O->zcsum and O->zcsum_last from its geometry (block_size,
+ * size, nblocks).
+ */
+extern void fsc_zero_csums (struct fsc_object *o);
 
 /* sums.c: copy into SUMS the K hashes of block B kept from an earlier
  * check against CSUM with PIECES, and return true; or false if none are

@@ -53,10 +53,8 @@ fsc_ostats_snapshot (struct fsc_object *o, struct fsc_ostats *out)
        gi = fsc_grp_next (o, gi + 1)) {
     const struct group *g = grp (o, gi);
     blocks += __builtin_popcountll (g->present);
-    for (uint64_t t = g->present; t; t &= t - 1) {
-      unsigned x = __builtin_ctzll (t);
-      bytes += held_bytes (o, gi * FSC_GROUP_BLOCKS + x, g->pieces[x]);
-    }
+    for (uint64_t t = g->present; t; t &= t - 1)
+      bytes += block_held (o, g, gi * FSC_GROUP_BLOCKS + __builtin_ctzll (t));
     if (++k == GAUGE_BATCH) {
       k = 0;
       pthread_mutex_unlock (&o->lock);

@@ -163,6 +163,23 @@ load_group (void *opaque, const struct fsc_grec *rec, int slot)
       g->present &= ~(UINT64_C (1) << i);
     g->pieces[i] = p == full ? 0 : p;
   }
+  /* Zero blocks: present, whole and with the checksum of zeroes, or
+   * else damage, dropped like bad pieces.  A zero bit on an absent
+   * block is ignored.  Versions 1 and 2 wrote zeroes where the bitmap
+   * is (no zero blocks); the bytes are read the same in every version,
+   * so that a record an upgrade leaves as it was reads the same after
+   * the superblock says version 3.
+   */
+  uint64_t zero = rec->zero & g->present;
+  for (uint64_t t = zero; t; t &= t - 1) {
+    unsigned i = __builtin_ctzll (t);
+    uint64_t b = rec->group * FSC_GROUP_BLOCKS + i;
+    if (rec->pieces[i] != 0 || rec->csum[i] != zero_csum (o, b)) {
+      g->present &= ~(UINT64_C (1) << i);
+      zero &= ~(UINT64_C (1) << i);
+    }
+  }
+  g->zero = zero;
   o->seq = MAX (o->seq, rec->seq);
   return 0;
 }
@@ -534,6 +551,7 @@ fsc_object_open (struct fsc_cache *c, const struct fsc_object_params *p,
   o->size = p->size;
   o->nblocks = DIV_ROUND_UP (p->size, (uint64_t) p->block_size);
   o->ngroups = DIV_ROUND_UP (o->nblocks, (uint64_t) FSC_GROUP_BLOCKS);
+  fsc_zero_csums (o);
   o->state = FSC_OBJ_LOOKING_UP;
   o->max_size = p->max_size;
   o->quota = UINT64_MAX;

@@ -7,7 +7,9 @@
  *   hit       present blocks: one pread from the data file, verified
  *             against the index checksum (whole blocks) or through the
  *             block's sub-block hashes (a part of a block: only the
- *             4 KiB pieces served are read and hashed);
+ *             4 KiB pieces served are read and hashed); zero blocks
+ *             are zeroes, nothing read (their checksum is that of
+ *             zeroes, checked against the index's);
  *   miss      absent blocks, or blocks held in pieces without those
  *             the read needs, claimed (the group's fetching bits) and
  *             read upstream in one request of at most 4 MiB, then
@@ -88,6 +90,7 @@ drop_bad (struct fsc_object *o, uint64_t bad, uint64_t csum)
   struct group *g = group_of (o, bad, false);
   if (g && (g->present & BIT_OF (bad)) && g->csum[IDX_OF (bad)] == csum) {
     g->present &= ~BIT_OF (bad);
+    g->zero &= ~BIT_OF (bad);
     fsc_note_gone (o, g, BIT_OF (bad));
     if (fsc_mark_dirty (o, GROUP_OF (bad), g) == -1) {
       pthread_mutex_unlock (&o->lock);
@@ -179,6 +182,31 @@ hit_partial (struct fsc_object *o, uint64_t blk, void *buf, uint64_t offset,
   }
   memcpy (out, tmp + (lo - ds), hi - lo);
   return true;
+}
+
+/* Serve N zero blocks from B (their checksums in CSUMS): zeroes where
+ * the client's window overlaps them, nothing read.  Returns how many
+ * were served; fewer than N means block B+return has a checksum other
+ * than that of zeroes (damage) and is no longer present.
+ */
+static uint64_t
+hit_zero (struct fsc_object *o, uint64_t b, uint64_t n, void *buf,
+          uint64_t offset, uint32_t count, const uint64_t *csums)
+{
+  uint64_t i = 0;
+  for (; i < n; ++i)
+    if (o->verify && csums[i] != zero_csum (o, b + i)) {
+      drop_bad (o, b + i, csums[i]);
+      break;
+    }
+  if (i == 0)
+    return 0;
+  uint64_t lo = MAX (block_start (o, b), offset);
+  uint64_t hi = MIN (block_end (o, b + i - 1), offset + count);
+  memset ((unsigned char *) buf + (lo - offset), 0, hi - lo);
+  FSC_STAT_ADD (&o->cache->stats, hit_bytes, hi - lo);
+  FSC_OSTAT_ADD (o, hit_bytes, hi - lo);
+  return i;
 }
 
 /* Serve N present blocks from B (their checksums and pieces in CSUMS
@@ -366,13 +394,13 @@ fetch_run (struct fsc_object *o, uint64_t b, uint64_t n, void *buf,
 }
 
 /* Can present block B serve its part of [OFFSET, END)?  Yes if it is
- * held whole, or holds the pieces that part needs, unless WHOLE (a
- * prefetch, which wants whole blocks).  Sets *PIECES and *CSUM unless
- * they are NULL.  Caller holds o->lock.
+ * held whole (a zero block is), or holds the pieces that part needs,
+ * unless WHOLE (a prefetch, which wants whole blocks).  Sets *PIECES,
+ * *CSUM and *ZERO unless they are NULL.  Caller holds o->lock.
  */
 static bool
 holds (struct fsc_object *o, uint64_t b, uint64_t offset, uint64_t end,
-       bool whole, uint16_t *pieces, uint64_t *csum)
+       bool whole, uint16_t *pieces, uint64_t *csum, bool *zero)
 {
   const struct group *g = grp (o, GROUP_OF (b));
   if (g == NULL || !(g->present & BIT_OF (b)))
@@ -389,6 +417,8 @@ holds (struct fsc_object *o, uint64_t b, uint64_t offset, uint64_t end,
     *pieces = p;
   if (csum)
     *csum = g->csum[IDX_OF (b)];
+  if (zero)
+    *zero = g->zero & BIT_OF (b);
   return true;
 }
 
@@ -420,6 +450,7 @@ do_read (struct fsc_object *o, void *buf, uint32_t count, uint64_t offset,
   while (b <= last) {
     uint64_t csums[FSC_GROUP_BLOCKS];
     uint16_t pieces[FSC_GROUP_BLOCKS];
+    bool zeros[FSC_GROUP_BLOCKS];
     uint64_t epochs[MAX_RUN_GROUPS];
     unsigned held_first = 0, held_last = 0;   /* a miss's end blocks'
                                                * pieces held */
@@ -431,10 +462,12 @@ do_read (struct fsc_object *o, void *buf, uint32_t count, uint64_t offset,
       kind = RUN_UNCACHED;
       n = last - b + 1;
     }
-    else if (holds (o, b, offset, end, whole, &pieces[0], &csums[0])) {
+    else if (holds (o, b, offset, end, whole, &pieces[0], &csums[0],
+                    &zeros[0])) {
       kind = RUN_HIT;
       while (b + n <= last && n < max_hit &&
-             holds (o, b + n, offset, end, whole, &pieces[n], &csums[n]))
+             holds (o, b + n, offset, end, whole, &pieces[n], &csums[n],
+                    &zeros[n]))
         n++;
       /* The run spans at most two groups (n <= FSC_GROUP_BLOCKS):
        * count the hit in flight in each, so that eviction does not
@@ -480,7 +513,7 @@ do_read (struct fsc_object *o, void *buf, uint32_t count, uint64_t offset,
       if (g == NULL || time (NULL) < o->nofill_until) {
         kind = RUN_UNCACHED;
         while (b + n <= last && n < max_run &&
-               !holds (o, b + n, offset, end, whole, NULL, NULL))
+               !holds (o, b + n, offset, end, whole, NULL, NULL, NULL))
           n++;
       }
       else {
@@ -493,7 +526,7 @@ do_read (struct fsc_object *o, void *buf, uint32_t count, uint64_t offset,
           uint64_t nb = b + n;
           struct group *ng = group_of (o, nb, true);
           if (ng == NULL || (ng->fetching & BIT_OF (nb)) ||
-              holds (o, nb, offset, end, whole, NULL, NULL))
+              holds (o, nb, offset, end, whole, NULL, NULL, NULL))
             break;
           ng->fetching |= BIT_OF (nb);
           epochs[GROUP_OF (nb) - g0] = claim_epoch (ng);
@@ -509,10 +542,24 @@ do_read (struct fsc_object *o, void *buf, uint32_t count, uint64_t offset,
     switch (kind) {
     case RUN_HIT: {
       uint64_t g0 = GROUP_OF (b), g1 = GROUP_OF (b + n - 1);
-      if (buf)
-        b += hit_run (o, b, n, buf, offset, count, csums, pieces);
-      else
-        b += n;
+      /* In sub-runs of zero blocks and of blocks with data: the first
+       * block that fails ends the run (it is no longer present).
+       */
+      uint64_t done = buf ? 0 : n;
+      while (done < n) {
+        uint64_t k = done + 1;
+        while (k < n && zeros[k] == zeros[done])
+          k++;
+        uint64_t got = zeros[done]
+          ? hit_zero (o, b + done, k - done, buf, offset, count,
+                      &csums[done])
+          : hit_run (o, b + done, k - done, buf, offset, count,
+                     &csums[done], &pieces[done]);
+        done += got;
+        if (done < k)
+          break;
+      }
+      b += done;
       for (uint64_t gi = g0; gi <= g1; ++gi)
         __atomic_sub_fetch (&grp (o, gi)->readers, 1, __ATOMIC_RELEASE);
       break;

@@ -45,7 +45,8 @@
   X (quota_changes)       /* quota records taken up or dropped */         \
   X (reclaimed_bytes)     /* unindexed space punched at an unclean open */\
   X (piece_fills)         /* blocks filled with only some of their pieces */\
-  X (objects_upgraded)    /* reused from an older index format */
+  X (objects_upgraded)    /* reused from an older index format */   \
+  X (zero_blocks)         /* of stored_blocks, zero blocks (no data) */
 
 struct fsc_stats {
 #define FSC_STATS_DECL(name) uint64_t name;

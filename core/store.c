@@ -7,6 +7,15 @@
  * a write, trim or zero touches before it goes upstream
  * (fsc_object_write_begin).
  *
+ * A writethrough zero request stores the whole blocks it covers as
+ * zero blocks (docs/format.md, "Zero blocks"): present, with the
+ * checksum of zeroes and the zero bit, their data file space punched
+ * instead of written.  A hit serves them without reading anything.
+ * The punch needs no ordering against the record: a zero block's data
+ * is never read, and space a crash leaves under one is reclaimed at
+ * the next unclean open (evict.c).  Partially covered end blocks are
+ * merged like a write's; trims only invalidate.
+ *
  * Rules 2 and 3 of crash safety and coherency (rule 1 is in commit.c):
  *  2. A block is dropped on disk before its upstream content changes:
  *     fsc_object_write_begin clears the bits, and when disk_max says a
@@ -278,6 +287,7 @@ fsc_fill_blocks (struct fsc_object *o, uint64_t b, uint64_t n,
       nc = mm->mcsum;
     }
     g->present |= BIT_OF (blk);
+    g->zero &= ~BIT_OF (blk);
     g->pieces[x] = np;
     g->csum[x] = nc;
     if (!was)
@@ -298,12 +308,18 @@ fsc_fill_blocks (struct fsc_object *o, uint64_t b, uint64_t n,
     fsc_cache_kick (o->cache);
 }
 
-/* Read present block BLK into DST and verify it; false if unusable. */
+/* Read present block BLK into DST and verify it (a zero block, ZERO,
+ * is zeroes without reading); false if unusable.
+ */
 static bool
 read_block (struct fsc_object *o, uint64_t blk, unsigned char *dst,
-            uint64_t csum)
+            uint64_t csum, bool zero)
 {
   uint64_t s = block_start (o, blk), len = block_end (o, blk) - s;
+  if (zero) {
+    memset (dst, 0, len);
+    return csum == zero_csum (o, blk);
+  }
   ssize_t r = fsc_data_pread (o, dst, len, s);
   if (r != (ssize_t) len)
     return false;
@@ -361,19 +377,21 @@ fsc_object_write_begin_flags (struct fsc_object *o, uint64_t offset,
    */
   uint64_t hcsum = 0, tcsum = 0;
   uint32_t hepoch = 0, tepoch = 0;
-  bool want_head = false, want_tail = false;
+  bool want_head = false, want_tail = false, hzero = false, tzero = false;
   /* Only whole blocks: one held in pieces is simply dropped. */
   if (keep && head_partial && present (o, b0) &&
       grp (o, GROUP_OF (b0))->pieces[IDX_OF (b0)] == 0) {
     want_head = true;
     hcsum = grp (o, GROUP_OF (b0))->csum[IDX_OF (b0)];
     hepoch = grp (o, GROUP_OF (b0))->epoch;
+    hzero = grp (o, GROUP_OF (b0))->zero & BIT_OF (b0);
   }
   if (keep && tail_partial && present (o, b1) &&
       grp (o, GROUP_OF (b1))->pieces[IDX_OF (b1)] == 0) {
     want_tail = true;
     tcsum = grp (o, GROUP_OF (b1))->csum[IDX_OF (b1)];
     tepoch = grp (o, GROUP_OF (b1))->epoch;
+    tzero = grp (o, GROUP_OF (b1))->zero & BIT_OF (b1);
   }
   pthread_mutex_unlock (&o->lock);
 
@@ -387,14 +405,14 @@ fsc_object_write_begin_flags (struct fsc_object *o, uint64_t offset,
   }
   if (keep && want_head) {
     w->head = malloc (o->block_size);
-    if (w->head && !read_block (o, b0, w->head, hcsum)) {
+    if (w->head && !read_block (o, b0, w->head, hcsum, hzero)) {
       free (w->head);
       w->head = NULL;
     }
   }
   if (keep && want_tail) {
     w->tail = malloc (o->block_size);
-    if (w->tail && !read_block (o, b1, w->tail, tcsum)) {
+    if (w->tail && !read_block (o, b1, w->tail, tcsum, tzero)) {
       free (w->tail);
       w->tail = NULL;
     }
@@ -444,6 +462,7 @@ fsc_object_write_begin_flags (struct fsc_object *o, uint64_t offset,
     uint64_t dropped = g->present & mask;
     if (dropped) {
       g->present &= ~mask;
+      g->zero &= ~mask;
       fsc_note_gone (o, g, dropped);
       FSC_STAT_ADD (st, invalidated_blocks, __builtin_popcountll (dropped));
       FSC_OSTAT_ADD (o, invalidated_blocks, __builtin_popcountll (dropped));
@@ -474,11 +493,60 @@ fsc_object_write_begin_flags (struct fsc_object *o, uint64_t offset,
   return 0;
 }
 
+/* Punch the data and sums space of the N claimed blocks from B, to be
+ * stored as zero blocks.  Returns 0, or -1 with errno.
+ */
+static int
+punch_zero (struct fsc_object *o, uint64_t b, uint64_t n)
+{
+  uint64_t s = block_start (o, b), e = block_end (o, b + n - 1);
+  uint64_t ss = sums_offset (o, b), se = sums_offset (o, b + n);
+  if (fsc_data_punch (o, s, e - s) == -1 || punch_hole (o->sfd, ss, se - ss) == -1)
+    return -1;
+  return 0;
+}
+
+/* Release claimed block BK of the writethrough store W and publish it,
+ * stored whole with checksum CSUM (a zero block if ZERO), unless an
+ * invalidation came after W's (rule 3).
+ */
+static void
+publish_store (struct fsc_object *o, const struct fsc_write *w, uint64_t bk,
+               uint64_t csum, bool zero)
+{
+  pthread_mutex_lock (&o->lock);
+  struct group *g = grp (o, GROUP_OF (bk));
+  g->fetching &= ~BIT_OF (bk);
+  if (o->state == FSC_OBJ_AVAILABLE &&
+      g->epoch == w->epochs[GROUP_OF (bk) - w->first_group]) {
+    g->present |= BIT_OF (bk);
+    g->csum[IDX_OF (bk)] = csum;
+    g->pieces[IDX_OF (bk)] = 0;         /* stored whole */
+    if (zero) {
+      /* No space to evict: not on probation, never a victim. */
+      g->zero |= BIT_OF (bk);
+      g->referenced &= ~BIT_OF (bk);
+      g->unread &= ~BIT_OF (bk);
+      g->evicted &= ~BIT_OF (bk);       /* punched already */
+      FSC_STAT_ADD (&o->cache->stats, zero_blocks, 1);
+    }
+    else {
+      g->zero &= ~BIT_OF (bk);
+      fsc_note_filled (o, bk, false);
+      o->data_dirty = true;
+    }
+    fsc_mark_dirty (o, GROUP_OF (bk), g);
+    FSC_STAT_ADD (&o->cache->stats, stored_blocks, 1);
+    FSC_OSTAT_ADD (o, stored_blocks, 1);
+  }
+  pthread_cond_broadcast (&o->cond);
+  pthread_mutex_unlock (&o->lock);
+}
+
 void
 fsc_object_write_end (struct fsc_object *o, struct fsc_write *w,
                       const void *buf, bool upstream_ok)
 {
-  struct fsc_stats *st = &o->cache->stats;
   uint8_t *claimed = NULL;
 
   if (w->counted) {
@@ -488,10 +556,10 @@ fsc_object_write_end (struct fsc_object *o, struct fsc_write *w,
     pthread_mutex_unlock (&o->lock);
     w->counted = false;
   }
-  if (!w->keep || !upstream_ok || buf == NULL || w->count == 0 ||
-      w->offset >= o->size)
+  if (!w->keep || !upstream_ok || w->count == 0 || w->offset >= o->size)
     goto out;
 
+  const bool zero = buf == NULL;        /* a zero request */
   const uint64_t offset = w->offset;
   const uint64_t count = MIN (w->count, o->size - offset);
   const uint64_t wend = offset + count;
@@ -499,15 +567,23 @@ fsc_object_write_end (struct fsc_object *o, struct fsc_write *w,
   const uint64_t b1 = (wend - 1) >> o->bshift;
   const uint64_t nb = b1 - b0 + 1;
 
-  /* Build whole partial blocks from the old bytes and the new ones. */
+  /* Build whole partial blocks from the old bytes and the new ones
+   * (zeroes for a zero request).
+   */
   if (w->head) {
     uint64_t s = block_start (o, b0);
     uint64_t e = MIN (block_end (o, b0), wend);
-    memcpy ((unsigned char *) w->head + (offset - s), buf, e - offset);
+    if (zero)
+      memset ((unsigned char *) w->head + (offset - s), 0, e - offset);
+    else
+      memcpy ((unsigned char *) w->head + (offset - s), buf, e - offset);
   }
   if (w->tail) {
     uint64_t s = block_start (o, b1);
-    memcpy (w->tail, (const unsigned char *) buf + (s - offset), wend - s);
+    if (zero)
+      memset (w->tail, 0, wend - s);
+    else
+      memcpy (w->tail, (const unsigned char *) buf + (s - offset), wend - s);
   }
 
   claimed = calloc (nb, 1);
@@ -555,9 +631,27 @@ fsc_object_write_end (struct fsc_object *o, struct fsc_write *w,
     else if (blk == b1 && w->tail)
       src = w->tail;
     else {
-      src = (const unsigned char *) buf + (block_start (o, blk) - offset);
+      src = zero ? NULL
+        : (const unsigned char *) buf + (block_start (o, blk) - offset);
       while (j < nb && claimed[j] == 1 && !(b0 + j == b1 && w->tail))
         j++;
+    }
+    if (src == NULL) {
+      /* Zero blocks: their space punched, nothing written. */
+      if (punch_zero (o, blk, j - i) == -1) {
+        if (errno != EOPNOTSUPP)
+          fill_failed (o, errno);
+        for (; i < nb; ++i)
+          if (claimed[i] == 1)
+            claimed[i] = 2;
+        break;
+      }
+      for (uint64_t k = i; k < j; ++k) {
+        publish_store (o, w, b0 + k, zero_csum (o, b0 + k), true);
+        claimed[k] = 0;
+      }
+      i = j;
+      continue;
     }
     uint64_t *csums = malloc ((j - i) * sizeof *csums);
     uint64_t s = block_start (o, blk), e = block_end (o, b0 + j - 1);
@@ -572,24 +666,7 @@ fsc_object_write_end (struct fsc_object *o, struct fsc_write *w,
       break;
     }
     for (uint64_t k = i; k < j; ++k) {
-      uint64_t bk = b0 + k;
-      uint64_t csum = csums[k - i];
-      pthread_mutex_lock (&o->lock);
-      struct group *g = grp (o, GROUP_OF (bk));
-      g->fetching &= ~BIT_OF (bk);
-      if (o->state == FSC_OBJ_AVAILABLE &&
-          g->epoch == w->epochs[GROUP_OF (bk) - w->first_group]) {
-        g->present |= BIT_OF (bk);
-        fsc_note_filled (o, bk, false);
-        g->csum[IDX_OF (bk)] = csum;
-        g->pieces[IDX_OF (bk)] = 0;     /* stored whole */
-        o->data_dirty = true;
-        fsc_mark_dirty (o, GROUP_OF (bk), g);
-        FSC_STAT_ADD (st, stored_blocks, 1);
-        FSC_OSTAT_ADD (o, stored_blocks, 1);
-      }
-      pthread_cond_broadcast (&o->cond);
-      pthread_mutex_unlock (&o->lock);
+      publish_store (o, w, b0 + k, csums[k - i], false);
       claimed[k] = 0;
     }
     free (csums);

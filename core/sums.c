@@ -68,6 +68,31 @@ fsc_block_csum (const unsigned char *p, uint64_t len)
   return fsc_sums_csum (sums, fsc_sub_hashes (p, len, sums));
 }
 
+/* The index checksum of an all-zero block of LEN bytes, computed from
+ * the hash of one zero sub-block (and of the shorter last one).
+ */
+static uint64_t
+zero_block_csum (uint64_t len)
+{
+  static const unsigned char zeroes[SUB_SIZE];
+  uint64_t sums[MAX_SUBS];
+  unsigned k = 0;
+  uint64_t full = XXH3_64bits (zeroes, SUB_SIZE);
+  for (uint64_t off = 0; off < len; off += SUB_SIZE)
+    sums[k++] = len - off >= SUB_SIZE ? full
+      : XXH3_64bits (zeroes, len - off);
+  return fsc_sums_csum (sums, k);
+}
+
+void
+fsc_zero_csums (struct fsc_object *o)
+{
+  o->zcsum = zero_block_csum (o->block_size);
+  o->zcsum_last = o->nblocks
+    ? zero_block_csum (o->size - block_start (o, o->nblocks - 1))
+    : o->zcsum;
+}
+
 /* Zero the hashes of the sub-blocks outside pieces P. */
 void
 fsc_sums_mask (const struct fsc_object *o, uint64_t *sums, unsigned k,

@@ -24,7 +24,10 @@
  *     all of it twice through fsc_object_read in odd-sized pieces (as
  *     random, near and sequential reads) from an in-memory upstream
  *     and aborts if any byte differs from the upstream: a damaged or
- *     forged index may cost cache contents, never correctness;
+ *     forged index may cost cache contents, never correctness (zero
+ *     blocks too: one is served only if its checksum is that of
+ *     zeroes, which no upstream block has, so a forged zero bit must
+ *     be dropped, never served);
  *
  *  4. closes the object cleanly and, if it stayed available, opens it
  *     again: the index the core itself wrote must be accepted
@@ -81,6 +84,7 @@
 #define GR_CHECKSUM (FSC_GREC_SIZE - 8)
 #define GR_MAGIC 0x47435346u    /* "FSCG" */
 #define GR_PIECES (40 + 8 * FSC_GROUP_BLOCKS)
+#define GR_ZERO (GR_PIECES + 2 * FSC_GROUP_BLOCKS)      /* version 3 */
 
 /* The block size of the input being run: BS, or BIG_BS for inputs
  * whose superblock slot 0 says so.
@@ -468,7 +472,10 @@ read_all (struct fsc_object *o, uint64_t s, const char *what)
 /* A few client writes through the object, as the filter does them:
  * invalidate, change the upstream, then (writethrough) store.  The
  * blocks' old contents stay in the data file, so an index that still
- * named them after this would serve stale data.
+ * named them after this would serve stale data.  Some are zero
+ * requests, which store the whole blocks they cover as zero blocks
+ * (the only all-zero blocks the upstream ever has: an input starts
+ * from the pristine upstream).
  */
 static void
 do_writes (struct fsc_object *o, uint64_t s)
@@ -478,6 +485,7 @@ do_writes (struct fsc_object *o, uint64_t s)
     uint64_t off = rng_below (&s, SIZE);
     uint64_t n = 1 + rng_below (&s, rng_below (&s, 2) ? 2 * BS : 70 * BS);
     bool keep = rng_below (&s, 2);
+    bool zero = rng_below (&s, 3) == 0;
     struct fsc_write w;
     if (n > SIZE - off)
       n = SIZE - off;
@@ -486,12 +494,16 @@ do_writes (struct fsc_object *o, uint64_t s)
                strerror (errno));
       abort ();
     }
-    rng_fill (&s, wbuf, n);
-    for (uint64_t i = 0; i < n; ++i)    /* keep every block non-zero */
-      if ((off + i) % BS == 0 && wbuf[i] == 0)
-        wbuf[i] = 1;
+    if (zero)
+      memset (wbuf, 0, n);
+    else {
+      rng_fill (&s, wbuf, n);
+      for (uint64_t i = 0; i < n; ++i)  /* keep every block non-zero */
+        if ((off + i) % BS == 0 && wbuf[i] == 0)
+          wbuf[i] = 1;
+    }
     memcpy (upstream + off, wbuf, n);
-    fsc_object_write_end (o, &w, wbuf, true);
+    fsc_object_write_end (o, &w, zero ? NULL : wbuf, true);
   }
 }
 
@@ -628,6 +640,8 @@ static const struct { uint16_t off, width; } gr_fields[] = {
   /* Pieces (format version 2): the first blocks', the last. */
   { GR_PIECES, 2 }, { GR_PIECES + 2, 2 }, { GR_PIECES + 4, 2 },
   { GR_PIECES + 2 * 16, 2 }, { GR_PIECES + 2 * 63, 2 },
+  /* Zero blocks (format version 3): the bitmap, and its halves. */
+  { GR_ZERO, 8 }, { GR_ZERO, 8 }, { GR_ZERO, 4 }, { GR_ZERO + 4, 4 },
 };
 static const uint64_t interesting[] = {
   0, 1, 2, 3, 0x7f, 0x80, 0xff, 0x100, 0xffff, 0x7fffffff, 0x80000000,
@@ -637,6 +651,12 @@ static const uint64_t interesting[] = {
   (UINT64_C (1) << 40) + 1, SIZE, SIZE - 1, SIZE + 1, NBLOCKS, NBLOCKS - 1,
   NBLOCKS + 1, NGROUPS, NGROUPS - 1, NGROUPS + 1, KEY_LEN, KEY_LEN + 1,
   FSC_INDEX_VERSION + 1, FSC_SB_CLEAN | FSC_SB_FP_STALE, 4,
+  /* Versions before zero blocks, and bitmaps of present or zero blocks
+   * (a zero bit on a present block, or on an absent one).
+   */
+  FSC_INDEX_VERSION - 1, FSC_INDEX_VERSION_MIN, UINT64_C (1) << 63,
+  UINT64_C (0x5555555555555555), UINT64_C (0xaaaaaaaaaaaaaaaa),
+  UINT64_C (0xf0), UINT64_C (0x0f00000000000000),
 };
 #define N_INTERESTING (sizeof interesting / sizeof interesting[0])
 
@@ -1156,6 +1176,20 @@ make_corpus (const char *dir)
       le32_put (p + off + 8, 1);
   fix_checksums (p, n);
   save (dir, "version1.idx", p, n);
+  free (p);
+
+  /* Format version 3 with forged zero bits: every record marks all its
+   * blocks zero, present or not, but keeps the checksums of their
+   * data.  The loader must drop those present blocks (a zero block has
+   * the checksum of zeroes), never serve zeroes for them.
+   */
+  p = slurp (idx_path, &n);
+  for (size_t off = FSC_GROUPS_OFFSET; off + FSC_GREC_SIZE <= n;
+       off += FSC_GREC_SIZE)
+    if (le32_get (p + off) == GR_MAGIC)
+      le64_put (p + off + GR_ZERO, UINT64_MAX);
+  fix_checksums (p, n);
+  save (dir, "zero-forged.idx", p, n);
   free (p);
 
   /* 64K blocks held in 4K pieces: small random reads, one block added

@@ -8,7 +8,7 @@
 #   index truncated to 100 bytes       truncated-index
 #   both superblocks garbled           bad-checksum
 #   index zeroed                       bad-magic
-#   version 3 in both superblocks      unsupported-version
+#   version 4 in both superblocks      unsupported-version
 #   data file of the wrong size        data-file-size
 #   sums file of the wrong size        data-file-size
 #   another fscache-block-size         block-size-changed
@@ -23,7 +23,7 @@
 #
 #   format version 1 in both           read and upgraded: reused, one
 #   superblocks (the format before     line saying so, and the next
-#   pieces)                            restart finds version 2
+#   pieces)                            restart finds version 3
 #   index truncated to 6000 bytes      the complete slot 0 may be used,
 #                                      but no block without its record
 #   the newest superblock garbled      the other slot is used: reused
@@ -164,7 +164,7 @@ cold_case garbled-sbs bad-checksum \
 cold_case zeroed bad-magic \
   'sz=$(stat -c %s "$base.idx"); head -c $sz /dev/zero > "$base.idx"'
 cold_case future-version unsupported-version \
-  '"$SET_VERSION" "$base.idx" 3'
+  '"$SET_VERSION" "$base.idx" 4'
 cold_case short-data data-file-size 'truncate -s $((SIZE / 2)) "$base.data"'
 cold_case long-data data-file-size 'truncate -s $((SIZE + 4096)) "$base.data"'
 if [ -f "$TMP/pristine/$(basename "$base").sums" ]; then
@@ -182,7 +182,7 @@ expect_stat objects_reused -eq 1
 expect_stat objects_upgraded -eq 1
 expect_stat hit_bytes -eq $SIZE
 [ "$(discard_lines)" -eq 0 ] || fail "$run: discarded"
-[ "$(grep -c 'format version 1 read and upgraded to version 2' \
+[ "$(grep -c 'format version 1 read and upgraded to version 3' \
       "$TMP/$run.err")" -eq 1 ] ||
   { grep ' error: ' "$TMP/$run.err" >&2; fail "$run: no upgrade line"; }
 run_proxy version1-again
@@ -191,9 +191,9 @@ expect_stat objects_upgraded -eq 0
 expect_stat hit_bytes -eq $SIZE
 for slot in 0 4096; do
   v="$(od -An -tu4 -j $((slot + 8)) -N4 --endian=little "$base.idx" | tr -d ' ')"
-  [ "$v" -eq 2 ] || fail "$run: superblock at $slot has version $v"
+  [ "$v" -eq 3 ] || fail "$run: superblock at $slot has version $v"
 done
-echo "version1: read, upgraded, version 2 after two restarts"
+echo "version1: read, upgraded, version 3 after two restarts"
 
 # Truncated inside slot 1: slot 0 (complete) may be used, but with no
 # group record left nothing may be served from the cache.

@@ -12,6 +12,8 @@
 
 #include "index.h"
 #include "unit.h"
+#include "utils.h"
+#include "xxh.h"
 
 static struct fsc_sb
 sample_sb (uint64_t seq)
@@ -95,16 +97,55 @@ main (void)
     CHECK_EQ (fsc_sb_decode (buf, &out), FSC_OK);
   }
 
+  /* Older versions are read as they are (a version 2 index is a
+   * version 3 one without zero blocks), and written as the current one.
+   */
+  for (uint32_t v = FSC_INDEX_VERSION_MIN; v < FSC_INDEX_VERSION; ++v) {
+    unsigned char old[FSC_SB_SIZE];
+    struct fsc_sb o2 = sample_sb (3);
+    fsc_sb_encode (&o2, old);
+    put_le32 (old + 8, v);
+    put_le64 (old + FSC_SB_SIZE - 8, XXH3_64bits (old, FSC_SB_SIZE - 8));
+    CHECK_EQ (fsc_sb_decode (old, &out), FSC_OK);
+    CHECK_EQ (out.version, v);
+    fsc_sb_encode (&out, old);
+    CHECK_EQ (get_le32 (old + 8), FSC_INDEX_VERSION);
+  }
+  CHECK_EQ (FSC_INDEX_VERSION, 3);
+
   /* Group records. */
   struct fsc_grec g = { .group = 5, .seq = 9, .incarnation = 0x1234,
-                        .present = 0x8000000000000001ull };
+                        .present = 0x8000000000000001ull,
+                        .zero = 0x8000000000000000ull };
   g.csum[0] = 111;
   g.csum[63] = 222;
+  g.pieces[0] = 0x00f0;
   fsc_grec_encode (&g, rec);
   struct fsc_grec gout;
   CHECK (fsc_grec_decode (rec, &gout));
   CHECK_EQ (gout.present, g.present);
   CHECK_EQ (gout.csum[63], 222);
+  CHECK_EQ (gout.pieces[0], 0x00f0);
+  CHECK_EQ (gout.zero, g.zero);
+  /* The zero bitmap is the 64-bit word at byte 680 (docs/format.md),
+   * after the pieces and before the zero padding.
+   */
+  CHECK_EQ (get_le64 (rec + 680), 0x8000000000000000ull);
+  CHECK_EQ (get_le16 (rec + 552), 0x00f0);
+  for (size_t i = 688; i < FSC_GREC_SIZE - 8; ++i)
+    CHECK_EQ (rec[i], 0);
+  /* A record of version 2 (zeroes at 680) decodes without zero blocks. */
+  {
+    struct fsc_grec v2 = g;
+    v2.zero = 0;
+    unsigned char r2[FSC_GREC_SIZE];
+    fsc_grec_encode (&v2, r2);
+    CHECK_EQ (get_le64 (r2 + 680), 0);
+    CHECK (fsc_grec_decode (r2, &gout));
+    CHECK_EQ (gout.zero, 0);
+    CHECK_EQ (gout.present, g.present);
+  }
+  CHECK (fsc_grec_decode (rec, &gout));
   for (size_t i = 0; i < FSC_GREC_SIZE; i += 3) {
     unsigned char bad[FSC_GREC_SIZE];
     memcpy (bad, rec, sizeof bad);

@@ -315,7 +315,7 @@ test_pieces (void)
   fsc_object_close (o);
   fsc_cache_close (c);
   /* A version no reader knows starts cold, saying so. */
-  CHECK (set_index_version (pi, 3) == 0);
+  CHECK (set_index_version (pi, FSC_INDEX_VERSION + 1) == 0);
   c = open_cache (NULL);
   CHECK (fsc_object_open (c, &pp, &o, &info) == 0);
   CHECK_EQ (info.reason, FSC_REJ_VERSION);
@@ -329,6 +329,184 @@ test_pieces (void)
  * its reason) when a coherency change discards the data, published in
  * NAME.stats, and taken from there when the index is lost.
  */
+/* The bytes FILE allocates, as du counts them. */
+static uint64_t
+allocated (const char *file)
+{
+  struct stat sb;
+  CHECK (stat (file, &sb) == 0);
+  return (uint64_t) sb.st_blocks * 512;
+}
+
+/* Zero requests in writethrough (docs/format.md, "Zero blocks"): the
+ * whole blocks they cover become zero blocks, present without data
+ * (their space punched), served as zeroes without any read, kept
+ * across a restart; a partly covered end block held whole takes the
+ * zeroes like a write, one not held stays absent; writearound only
+ * drops.  The object starts from an index of version 2, read as it is
+ * and written as version 3.
+ */
+static void
+test_zero (void)
+{
+  const uint64_t B = 65536;             /* 17 blocks, the last 12345 bytes */
+  struct fsc_object_params pz = {
+    .key = "kz", .key_len = 2, .block_size = B, .size = SIZE,
+    .verify = true, .validate = FSC_VALIDATE_SIZE,
+  };
+  char name[FSC_NAME_MAX + 1], fan[FSC_FAN_MAX + 1], pd[512], pi[512];
+  struct fsc_cache *c;
+  struct fsc_object *o;
+  struct fsc_open_info info;
+  struct fsc_stats st;
+  struct fsc_write w;
+
+  fsc_key_encode ("kz", 2, name, fan);
+  snprintf (pd, sizeof pd, "%s/objects/%s/%s.data", dir, fan, name);
+  snprintf (pi, sizeof pi, "%s/objects/%s/%s.idx", dir, fan, name);
+  static unsigned char saved[SIZE];
+  memcpy (saved, upstream, SIZE);
+  for (uint64_t i = 0; i < SIZE; ++i)
+    upstream[i] = 1 + i * 7 % 251;
+
+  c = open_cache (NULL);
+  CHECK (fsc_object_open (c, &pz, &o, &info) == 0);
+  /* Blocks 0..8 cached whole, in an index of version 2 (before zero
+   * blocks), which is read as it is.
+   */
+  CHECK_EQ (read_check (o, 9 * B, 0, FSC_READ_SEQUENTIAL), 9 * B);
+  fsc_object_close (o);
+  fsc_cache_close (c);
+  CHECK (set_index_version (pi, 2) == 0);
+  c = open_cache (NULL);
+  CHECK (fsc_object_open (c, &pz, &o, &info) == 0);
+  CHECK_EQ (info.reason, FSC_OK);
+  CHECK_EQ (info.old_version, 2);
+  CHECK_EQ (info.present_blocks, 9);
+  CHECK_EQ (allocated (pd), 9 * B);
+
+  /* Zero [B + 1000, 6B + 3000): block 1 and 6 held whole take the
+   * zeroes merged in, blocks 2..5 become zero blocks.
+   */
+  const uint64_t z0 = B + 1000, z1 = 6 * B + 3000;
+  CHECK (fsc_object_write_begin (o, z0, z1 - z0, true, &w) == 0);
+  for (uint64_t b = 1; b <= 6; ++b)
+    CHECK (!fsc_object_block_present (o, b));
+  memset (upstream + z0, 0, z1 - z0);
+  fsc_object_write_end (o, &w, NULL, true);
+  for (uint64_t b = 1; b <= 6; ++b)
+    CHECK (fsc_object_block_present (o, b));
+  /* Their space is gone; 0, 1, 6, 7, 8 keep theirs. */
+  CHECK_EQ (allocated (pd), 5 * B);
+  fsc_cache_stats (c, &st);
+  CHECK_EQ (st.zero_blocks, 4);
+
+  /* Over absent blocks: 10..13, 15 and the short last block become
+   * zero blocks, allocating nothing; the partly covered 14 stays
+   * absent.
+   */
+  CHECK (fsc_object_write_begin (o, 10 * B, 4 * B, true, &w) == 0);
+  memset (upstream + 10 * B, 0, 4 * B);
+  fsc_object_write_end (o, &w, NULL, true);
+  CHECK (fsc_object_write_begin (o, 14 * B + 5, SIZE - 14 * B - 5, true,
+                                 &w) == 0);
+  memset (upstream + 14 * B + 5, 0, SIZE - 14 * B - 5);
+  fsc_object_write_end (o, &w, NULL, true);
+  for (uint64_t b = 10; b <= 13; ++b)
+    CHECK (fsc_object_block_present (o, b));
+  CHECK (!fsc_object_block_present (o, 14));
+  CHECK (fsc_object_block_present (o, 15));
+  CHECK (fsc_object_block_present (o, 16));
+  CHECK_EQ (allocated (pd), 5 * B);
+  fsc_cache_stats (c, &st);
+  CHECK_EQ (st.zero_blocks, 10);
+
+  /* Hits: nothing from upstream, zeroes, whole or in part. */
+  uint64_t hits = st.hit_bytes;
+  CHECK_EQ (read_check (o, 6 * B, B, 0), 0);
+  CHECK_EQ (read_check (o, 100, 3 * B + 7, 0), 0);
+  CHECK_EQ (read_check (o, 4 * B, 10 * B, 0), 0);
+  CHECK_EQ (read_check (o, 12345, 16 * B, 0), 0);
+  CHECK_EQ (read_check (o, 4096, 16 * B + 4000, 0), 0);
+  fsc_cache_stats (c, &st);
+  CHECK_EQ (st.hit_bytes - hits, 6 * B + 100 + 4 * B + 12345 + 4096);
+  CHECK_EQ (st.verify_failures, 0);
+  /* The zero blocks really are not read: garbage under one is never
+   * served (and a hit on it fails no check).
+   */
+  {
+    int fd = open (pd, O_RDWR);
+    CHECK (fd >= 0);
+    CHECK (pwrite (fd, "garbage", 7, 3 * B + 10) == 7);
+    close (fd);
+  }
+  CHECK_EQ (read_check (o, B, 3 * B, 0), 0);
+  fsc_cache_stats (c, &st);
+  CHECK_EQ (st.verify_failures, 0);
+  {
+    int fd = open (pd, O_RDWR);
+    CHECK (fd >= 0);
+    CHECK (fallocate (fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+                      3 * B, B) == 0);
+    close (fd);
+  }
+  /* The absent blocks, 14 and 9, come from upstream. */
+  CHECK_EQ (read_check (o, 3 * B, 13 * B, 0), B);
+  CHECK_EQ (read_check (o, B, 9 * B, 0), B);
+
+  /* A write into a zero block merges into its zeroes: stored whole. */
+  {
+    unsigned char wb[100];
+    memset (wb, 0x77, sizeof wb);
+    CHECK (fsc_object_write_begin (o, 3 * B + 500, sizeof wb, true, &w) == 0);
+    memcpy (upstream + 3 * B + 500, wb, sizeof wb);
+    fsc_object_write_end (o, &w, wb, true);
+    CHECK (fsc_object_block_present (o, 3));
+    CHECK_EQ (read_check (o, B, 3 * B, 0), 0);
+  }
+  /* A zero request partly over a zero block: it stays one. */
+  CHECK (fsc_object_write_begin (o, 4 * B + 10, 20, true, &w) == 0);
+  fsc_object_write_end (o, &w, NULL, true);
+  CHECK (fsc_object_block_present (o, 4));
+  CHECK_EQ (read_check (o, B, 4 * B, 0), 0);
+  /* Writearound (keep false) and a trim only drop. */
+  CHECK (fsc_object_write_begin (o, 5 * B, B, false, &w) == 0);
+  fsc_object_write_end (o, &w, NULL, true);
+  CHECK (!fsc_object_block_present (o, 5));
+  CHECK_EQ (read_check (o, B, 5 * B, 0), B);
+  /* A failed zero request leaves its blocks absent. */
+  CHECK (fsc_object_write_begin (o, 11 * B, B, true, &w) == 0);
+  fsc_object_write_end (o, &w, NULL, false);
+  CHECK (!fsc_object_block_present (o, 11));
+  CHECK_EQ (read_check (o, B, 11 * B, 0), B);
+  CHECK (fsc_object_write_begin (o, 11 * B, B, true, &w) == 0);
+  fsc_object_write_end (o, &w, NULL, true);
+
+  /* Across a restart: still zero blocks, still no space, no reads. */
+  uint64_t npresent = fsc_object_present_blocks (o);
+  uint64_t before = allocated (pd);
+  reopen (&c, &o, &pz, &info);
+  CHECK_EQ (info.reason, FSC_OK);
+  CHECK_EQ (info.old_version, 0);
+  CHECK_EQ (info.present_blocks, npresent);
+  CHECK_EQ (allocated (pd), before);
+  up_bytes = 0;
+  read_all (o);
+  CHECK_EQ (up_bytes, 0);
+  fsc_cache_stats (c, &st);
+  CHECK_EQ (st.verify_failures, 0);
+  /* Its counters count the data only. */
+  struct fsc_ostats ost;
+  fsc_object_counters (o, &ost);
+  CHECK_EQ (ost.v[FSC_OSTAT_present_blocks], npresent);
+  CHECK_EQ (ost.v[FSC_OSTAT_cached_bytes], before);
+  fsc_object_close (o);
+  fsc_cache_close (c);
+
+  CHECK (unlink (pi) == 0);
+  memcpy (upstream, saved, SIZE);
+}
+
 static void
 test_counters (void)
 {
@@ -882,6 +1060,7 @@ main (void)
   }
 
   test_pieces ();
+  test_zero ();
   test_counters ();
 
   /* A world-writable cache directory is refused. */
