@@ -660,18 +660,21 @@ fscache_pwrite (nbdkit_next *next, void *handle, const void *buf,
 }
 
 /* Zero and trim: drop the blocks (durably), then the upstream op
- * (upstream_zero or upstream_trim, which share a signature).
+ * (upstream_zero or upstream_trim, which share a signature).  With
+ * KEEP (a zero in writethrough mode) the blocks it covers are stored
+ * afterwards as zero blocks, which cost no data; a trimmed range's
+ * content is unspecified, so a trim only drops.
  */
 typedef int upstream_range_op (struct upstream *u, uint32_t count,
                                uint64_t offset, uint32_t flags, int *err);
 
 static int
-drop_then (struct handle *h, upstream_range_op *op,
+drop_then (struct handle *h, upstream_range_op *op, bool keep,
            const char *what, uint32_t count, uint64_t offset,
            uint32_t flags, int *err)
 {
   struct fsc_write w;
-  if (fsc_object_write_begin (h->obj, offset, count, false, &w) == -1) {
+  if (fsc_object_write_begin (h->obj, offset, count, keep, &w) == -1) {
     *err = errno;
     nbdkit_error ("fscache: %s: %m", what);
     return -1;
@@ -691,7 +694,8 @@ fscache_zero (nbdkit_next *next, void *handle, uint32_t count,
   struct handle *h = handle;
   if (h->wb)
     return wb_zero (h->wb, h->obj, &h->up, count, offset, flags, err);
-  return drop_then (handle, upstream_zero, "zero", count, offset, flags, err);
+  return drop_then (handle, upstream_zero, params.mode == MODE_WRITETHROUGH,
+                    "zero", count, offset, flags, err);
 }
 
 static int
@@ -701,7 +705,8 @@ fscache_trim (nbdkit_next *next, void *handle, uint32_t count,
   struct handle *h = handle;
   if (h->wb)
     return wb_trim (h->wb, count, offset, flags, err);
-  return drop_then (handle, upstream_trim, "trim", count, offset, flags, err);
+  return drop_then (handle, upstream_trim, false, "trim", count, offset,
+                    flags, err);
 }
 
 static int
