@@ -1332,6 +1332,8 @@ fsc_wlog_counters (struct fsc_wlog *wl, struct fsc_wlog_info *info)
   info->log_bytes = wl->head_pos - wl->tail_pos;
   info->records = wl->rlen;
   info->size = wl->size;
+  info->has_generation = wl->has_generation;
+  memcpy (info->generation, wl->generation, sizeof info->generation);
   if (wl->rlen) {
     const struct wl_entry *f = wl_entry_at (wl, 0);
     const struct wl_entry *l = wl_entry_at (wl, wl->rlen - 1);

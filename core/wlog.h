@@ -77,6 +77,8 @@ struct fsc_wlog_info {
   uint64_t epochs;              /* flush epochs waiting */
   uint64_t oldest_ms;           /* realtime ms of the oldest, 0: none */
   uint64_t size;                /* upstream size recorded */
+  bool has_generation;          /* and its fscache-generation, if any */
+  char generation[FSC_GEN_MAX + 1];
   int mismatch;                 /* enum fsc_wlog_mismatch */
   uint64_t dropped_records;     /* torn records cut off at open */
   uint64_t damaged_records;     /* flushed records found damaged: their

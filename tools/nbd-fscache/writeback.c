@@ -485,6 +485,14 @@ fscache_cmd_writeback (int argc, char **argv)
     tool_error ("writeback: %s: %m", c.dir);
     goto out;
   }
+  /* Without --generation, the log's own: the generation is a label the
+   * proxy was given, which nothing here could check anyway.
+   */
+  struct fsc_wlog_info peek;
+  if (wo.generation == NULL &&
+      fsc_wlog_peek (cache, key, (size_t) klen, &peek) == 0 &&
+      peek.has_generation)
+    wo.generation = peek.generation;
   struct fsc_wlog_params p = {
     .key = key, .key_len = (size_t) klen, .size = (uint64_t) pool.size,
     .generation = wo.generation, .sample = { .n = 0 },
