@@ -534,10 +534,18 @@ writer (void *arg)
       backoff = MIN_BACKOFF_MS;
       continue;
     }
+    int e = errno;
     pthread_mutex_lock (&wl->lock);
-    if (wl->outage++ == 0)
-      wl_notice (wl, FSC_WLOG_NOTICE_UPSTREAM, errno, 0);
+    /* A round that halted the writer (writer_fail: a bad logged unit,
+     * a header write error) said why; it is no upstream failure, and
+     * the next turn only idles.
+     */
+    halted = wl->halted;
+    if (!halted && wl->outage++ == 0)
+      wl_notice (wl, FSC_WLOG_NOTICE_UPSTREAM, e, 0);
     pthread_mutex_unlock (&wl->lock);
+    if (halted)
+      continue;
     sleep_ms (wl, backoff);
     backoff = MIN (backoff * 2, (unsigned) MAX_BACKOFF_MS);
     if (wl->up.reopen)
