@@ -34,10 +34,10 @@
 #     8192, 64 bytes of header and 8 of hash before the data; the test
 #     checks the record headers first); unblock and restart: reading A
 #     fails with EIO (never the upstream's old bytes), the proxy logs an
-#     ERROR naming A's offset, B reads back as written; the writer halts
-#     at A, so B (a later epoch) must not reach the upstream: after a
-#     SIGTERM (drain 2 s) the proxy says dirty data is left, and the
-#     upstream image is unchanged.
+#     ERROR naming A's offset (and does not blame the upstream), B reads
+#     back as written; the writer halts at A, so B (a later epoch) must
+#     not reach the upstream: after a SIGTERM (drain 2 s) the proxy says
+#     dirty data is left, and the upstream image is unchanged.
 #
 # Truth: client models (tests/wb-client.py), the upstream image (cmp),
 # the refused connections' errors and the proxies' stderr.
@@ -333,6 +333,9 @@ EOF
   fail "e: reads of the damaged block"
 must_say e2 "e: a damaged dirty block" \
   "fscache: ERROR: export \"\": dirty data at offset $A failed its checksum"
+# The upstream works: the writer halted on the log, not on it.
+said e2 'writeback cannot reach the upstream' &&
+  fail "e: the proxy blames the upstream for the damaged log"
 stop_nbdkit "$TMP/px1.pid"
 must_say e2 "e: SIGTERM with a halted writer" \
   'bytes of dirty data in [0-9]* epochs left in the cache'
