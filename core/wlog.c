@@ -751,7 +751,7 @@ fsc_wlog_read (struct fsc_wlog *wl, struct fsc_object *obj, void *buf,
       pthread_mutex_lock (&wl->lock);
       wl_notice (wl, FSC_WLOG_NOTICE_BADREAD, errno, a);
       pthread_mutex_unlock (&wl->lock);
-      errno = EIO;
+      errno = EBADMSG;          /* ours, not the upstream's */
       r = -1;
     }
     cur = b;

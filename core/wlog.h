@@ -131,8 +131,9 @@ extern int fsc_wlog_trim (struct fsc_wlog *wl, uint32_t count,
 extern int fsc_wlog_flush (struct fsc_wlog *wl);
 
 /* Read through the log: the newest logged version of each unit
- * (verified; a bad one is EIO, never the upstream's older data), the
- * rest through fsc_object_read (OBJ, UP, FLAGS).
+ * (verified; a bad one fails with EBADMSG, never the upstream's older
+ * data: the caller answers EIO), the rest through fsc_object_read
+ * (OBJ, UP, FLAGS), whose upstream errors come back as they are.
  */
 extern int fsc_wlog_read (struct fsc_wlog *wl, struct fsc_object *obj,
                           void *buf, uint32_t count, uint64_t offset,

@@ -607,6 +607,8 @@ fscache_pread (nbdkit_next *next, void *handle, void *buf, uint32_t count,
     *err = errno;
   }
   log_notices (h);
+  if (r == WB_DAMAGED)
+    return -1;
   if (r == -1) {
     log_upstream_error (h, "read", offset, count, *err);
     return -1;

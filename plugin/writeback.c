@@ -15,6 +15,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <pthread.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -464,8 +465,10 @@ wb_pread (struct wb *wb, struct fsc_object *obj, const struct fsc_upstream *up,
           void *buf, uint32_t count, uint64_t offset, unsigned rflags,
           int *err)
 {
-  return done (wb, fsc_wlog_read (wb->wl, obj, buf, count, offset, up,
-                                  rflags), err);
+  int r = fsc_wlog_read (wb->wl, obj, buf, count, offset, up, rflags);
+  bool damaged = r == -1 && errno == EBADMSG;
+  done (wb, r, err);
+  return damaged ? WB_DAMAGED : r;
 }
 
 int

@@ -70,8 +70,11 @@ extern struct fsc_wlog *wb_log (struct wb *wb);
 extern void wb_log_notices (struct wb *wb);
 
 /* The client's requests, as nbdkit's callbacks take them (FLAGS: FUA),
- * through the log.  Return 0 or -1 with *ERR.
+ * through the log.  Return 0 or -1 with *ERR; wb_pread returns
+ * WB_DAMAGED (*ERR EIO) when the log's own copy was bad: already said
+ * loudly, and not the upstream's failure.
  */
+#define WB_DAMAGED (-2)
 extern int wb_pread (struct wb *wb, struct fsc_object *obj,
                      const struct fsc_upstream *up, void *buf,
                      uint32_t count, uint64_t offset, unsigned rflags,

@@ -459,7 +459,7 @@ main (void)
   {
     static unsigned char got[2 * BS];
     CHECK (fsc_wlog_read (wl, o, got, BS, 0, &up, 0) == -1 &&
-           errno == EIO);
+           errno == EBADMSG);
     CHECK (fsc_wlog_take_notices (wl, NULL, NULL) &
            FSC_WLOG_NOTICE_BADREAD);
     CHECK (fsc_wlog_read (wl, o, got, BS, BS, &up, 0) == 0);
