@@ -389,14 +389,16 @@ decode_rec_head (const struct fsc_wlog *wl, const unsigned char *p,
   e->time_ms = get_le64 (p + 48);
   if (e->type == WL_FLUSH)
     return e->off == 0 && e->len == 0 && e->nunits == 0;
+  /* Whole units, but for a range that ends at the export's end. */
   if (e->len == 0 || e->off % FSC_WLOG_UNIT || e->off >= wl->size ||
-      e->len > wl->size - e->off)
+      e->len > wl->size - e->off ||
+      (e->len % FSC_WLOG_UNIT && e->off + e->len != wl->size))
     return false;
+  /* The length first: near 2^64 its unit count would wrap. */
   if (e->type == WL_DATA)
-    return e->nunits == DIV_ROUND_UP (e->len, FSC_WLOG_UNIT) &&
-      e->nunits <= WL_REC_UNITS;
-  return (e->type == WL_ZERO || e->type == WL_TRIM) && e->nunits == 0 &&
-    (e->len % FSC_WLOG_UNIT == 0 || e->off + e->len == wl->size);
+    return e->len <= (uint64_t) WL_REC_UNITS * FSC_WLOG_UNIT &&
+      e->nunits == DIV_ROUND_UP (e->len, FSC_WLOG_UNIT);
+  return (e->type == WL_ZERO || e->type == WL_TRIM) && e->nunits == 0;
 }
 
 static bool
@@ -1074,15 +1076,15 @@ scan_records (struct fsc_wlog *wl, uint64_t file_size, bool verify_data,
    * EIO rather than as the upstream's older bytes.
    */
   size_t last_mark = SIZE_MAX, first_bad = SIZE_MAX;
-  for (size_t i = 0; i < wl->rlen; ++i) {
-    const struct wl_entry *e = wl_entry_at (wl, i);
-    if (e->type == WL_FLUSH)
+  for (size_t i = 0; i < wl->rlen; ++i)
+    if (wl_entry_at (wl, i)->type == WL_FLUSH)
       last_mark = i;
-    if (e->bad && first_bad == SIZE_MAX)
+  /* (Damage before the marker does not keep a torn record after it.) */
+  for (size_t i = last_mark == SIZE_MAX ? 0 : last_mark + 1;
+       i < wl->rlen && first_bad == SIZE_MAX; ++i)
+    if (wl_entry_at (wl, i)->bad)
       first_bad = i;
-  }
-  if (first_bad != SIZE_MAX &&
-      (last_mark == SIZE_MAX || first_bad > last_mark)) {
+  if (first_bad != SIZE_MAX) {
     struct wl_entry *fb = wl_entry_at (wl, first_bad);
     wl->head_pos = fb->pos;
     wl->next_seq = fb->seq;
