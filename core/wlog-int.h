@@ -27,11 +27,11 @@
 #define WL_REC_HDR 64u
 #define WL_REC_UNITS 64u                /* units per record at most */
 
-/* WL_FLUSH marks the end of a flushed epoch: written before the sync
- * that a client flush waits for, so that recovery can tell a torn
- * record that was never promised (after the last marker: cut off) from
- * a damaged one that was (before it: kept, and its bad units read as
- * EIO).  It covers no bytes of the export.
+/* WL_FLUSH is a marker written after a sync (a client flush, a FUA
+ * write): its offset field is the sequence number below which every
+ * record was durable then.  Recovery tells by it a torn record that was
+ * never promised (not covered: cut off) from a damaged one that was
+ * (covered: kept, its units fail).  It covers no bytes of the export.
  */
 enum wl_type { WL_DATA = 1, WL_ZERO = 2, WL_TRIM = 3, WL_FLUSH = 4 };
 
@@ -93,6 +93,9 @@ struct fsc_wlog {
   bool syncing;
   bool resetting;                       /* the writer is rewinding */
   uint64_t epoch;                       /* of new records */
+  bool epoch_used;                      /* a record has it: a flush
+                                         * starts the next one */
+  uint64_t marked_seq;                  /* a marker covers records below */
   uint64_t first_epoch;                 /* of the oldest record */
   bool failed;
   int err;

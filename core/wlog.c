@@ -16,7 +16,8 @@
  *      in the file.  The client's write is acknowledged here (with
  *      FUA after a sync).
  *   4. durable: a flush or FUA syncs the file once for every record
- *      applied so far; concurrent flushers share syncs.
+ *      applied so far (concurrent flushers share syncs), then appends
+ *      a marker record naming what that sync covered.
  *   5. retired by the writer (writeback.c) once the upstream has it
  *      and has flushed: the header's tail moves past it (synced), it
  *      leaves the map, and its space is punched.
@@ -387,8 +388,11 @@ decode_rec_head (const struct fsc_wlog *wl, const unsigned char *p,
   e->len = get_le64 (p + 32);
   e->nunits = get_le32 (p + 40);
   e->time_ms = get_le64 (p + 48);
+  /* A marker's offset is the sequence number up to which (exclusive)
+   * the log was synced before it was written.
+   */
   if (e->type == WL_FLUSH)
-    return e->off == 0 && e->len == 0 && e->nunits == 0;
+    return e->off <= e->seq && e->len == 0 && e->nunits == 0;
   /* Whole units, but for a range that ends at the export's end. */
   if (e->len == 0 || e->off % FSC_WLOG_UNIT || e->off >= wl->size ||
       e->len > wl->size - e->off ||
@@ -517,6 +521,8 @@ sync_upto (struct fsc_wlog *wl, uint64_t target)
  * but for the export's end), DATA for WL_DATA.  Split into records of
  * at most WL_REC_UNITS units, written with one pwrite.
  */
+static int mark_synced (struct fsc_wlog *wl, uint64_t upto);
+
 static int
 append (struct fsc_wlog *wl, int type, uint64_t off, uint64_t len,
         const unsigned char *data, bool fua)
@@ -598,8 +604,8 @@ append (struct fsc_wlog *wl, int type, uint64_t off, uint64_t len,
   }
   if (wl->rlen == nrec)
     wl->first_epoch = wl->epoch;
-  if (type == WL_FLUSH)
-    wl->epoch++;                /* what follows is the next epoch */
+  if (type != WL_FLUSH)
+    wl->epoch_used = true;
   pthread_mutex_unlock (&wl->lock);
 
   /* The records' bytes, then one write. */
@@ -630,6 +636,8 @@ append (struct fsc_wlog *wl, int type, uint64_t off, uint64_t len,
   pthread_mutex_unlock (&wl->lock);
   free (buf);
   free (es);
+  if (r == 0 && fua)
+    r = mark_synced (wl, seq0 + nrec);
   if (r == -1)
     errno = EIO;
   return r;
@@ -899,28 +907,42 @@ fsc_wlog_trim (struct fsc_wlog *wl, uint32_t count, uint64_t offset,
   return append (wl, WL_TRIM, a, b - a, NULL, fua);
 }
 
+/* After a sync that made every record below UPTO durable: say so in
+ * the log with a marker (not synced itself: the next sync takes it),
+ * so that recovery can tell a record that was promised and is damaged
+ * (below a marker's bound: kept, its units fail) from one torn by a
+ * crash before any sync covered it (cut off).  A marker written before
+ * the sync could not tell them apart: the sync may write it and tear
+ * an earlier record.
+ */
+static int
+mark_synced (struct fsc_wlog *wl, uint64_t upto)
+{
+  pthread_mutex_lock (&wl->lock);
+  bool mark = upto > wl->marked_seq;
+  if (mark)
+    wl->marked_seq = upto;
+  pthread_mutex_unlock (&wl->lock);
+  return mark ? append (wl, WL_FLUSH, upto, 0, NULL, false) : 0;
+}
+
 int
 fsc_wlog_flush (struct fsc_wlog *wl)
 {
   pthread_mutex_lock (&wl->lock);
-  /* A marker only if the current epoch holds a record: the epochs
-   * waiting then count real barriers, and an idle flush costs nothing.
+  /* A new epoch only if the current one holds a record: the epochs
+   * waiting then count real barriers.
    */
-  bool mark = wl->rlen && wl_entry_at (wl, wl->rlen - 1)->epoch == wl->epoch &&
-    wl_entry_at (wl, wl->rlen - 1)->type != WL_FLUSH;
-  pthread_mutex_unlock (&wl->lock);
-  /* The marker goes in like a write (which bumps the epoch), so the
-   * sync below covers it with everything reserved before it.
-   */
-  if (mark && append (wl, WL_FLUSH, 0, 0, NULL, false) == -1)
-    return -1;
-  pthread_mutex_lock (&wl->lock);
+  if (wl->epoch_used) {
+    wl->epoch++;
+    wl->epoch_used = false;
+  }
   uint64_t target = wl->next_seq;
   while (!wl->failed && wl->applied_seq < target)
     pthread_cond_wait (&wl->cond, &wl->lock);
   int r = sync_upto (wl, target);
   pthread_mutex_unlock (&wl->lock);
-  return r;
+  return r == 0 ? mark_synced (wl, target) : r;
 }
 
 /*----------------------------------------------------------------------
@@ -1070,19 +1092,22 @@ scan_records (struct fsc_wlog *wl, uint64_t file_size, bool verify_data,
     *dropped = 1;
   wl->head_pos = pos;
   wl->next_seq = seq;
-  /* A record whose data is bad after the last flush marker was never
-   * promised: a torn write, cut off with everything after it.  Before
-   * a marker it was flushed: damage, kept so that its units read as
-   * EIO rather than as the upstream's older bytes.
+  /* A record whose data is bad and that no marker covers was never
+   * promised: a torn write, cut off with everything after it.  One a
+   * marker covers was synced before the marker was written: damage,
+   * kept so that its units fail rather than read as the upstream's
+   * older bytes.
    */
-  size_t last_mark = SIZE_MAX, first_bad = SIZE_MAX;
-  for (size_t i = 0; i < wl->rlen; ++i)
-    if (wl_entry_at (wl, i)->type == WL_FLUSH)
-      last_mark = i;
-  /* (Damage before the marker does not keep a torn record after it.) */
-  for (size_t i = last_mark == SIZE_MAX ? 0 : last_mark + 1;
-       i < wl->rlen && first_bad == SIZE_MAX; ++i)
-    if (wl_entry_at (wl, i)->bad)
+  uint64_t cover = 0;
+  size_t first_bad = SIZE_MAX;
+  for (size_t i = 0; i < wl->rlen; ++i) {
+    const struct wl_entry *e = wl_entry_at (wl, i);
+    if (e->type == WL_FLUSH && e->off > cover)
+      cover = e->off;
+  }
+  wl->marked_seq = cover;
+  for (size_t i = 0; i < wl->rlen && first_bad == SIZE_MAX; ++i)
+    if (wl_entry_at (wl, i)->bad && wl_entry_at (wl, i)->seq >= cover)
       first_bad = i;
   if (first_bad != SIZE_MAX) {
     struct wl_entry *fb = wl_entry_at (wl, first_bad);
@@ -1336,9 +1361,17 @@ fsc_wlog_counters (struct fsc_wlog *wl, struct fsc_wlog_info *info)
   info->size = wl->size;
   info->has_generation = wl->has_generation;
   memcpy (info->generation, wl->generation, sizeof info->generation);
-  if (wl->rlen) {
-    const struct wl_entry *f = wl_entry_at (wl, 0);
-    const struct wl_entry *l = wl_entry_at (wl, wl->rlen - 1);
+  /* Markers carry the epoch they were written in, which may be the
+   * next one: count the epochs of records that hold writes.
+   */
+  size_t fi = 0, li = wl->rlen;
+  while (fi < wl->rlen && wl_entry_at (wl, fi)->type == WL_FLUSH)
+    fi++;
+  while (li > fi && wl_entry_at (wl, li - 1)->type == WL_FLUSH)
+    li--;
+  if (fi < li) {
+    const struct wl_entry *f = wl_entry_at (wl, fi);
+    const struct wl_entry *l = wl_entry_at (wl, li - 1);
     info->epochs = l->epoch - f->epoch + 1;
     info->oldest_ms = f->time_ms;
   }

@@ -997,7 +997,6 @@ run_wlog (unsigned seed)
   memcpy (state, base_up, WSIZE);       /* the state after op D */
   uint64_t images = 0, partial_seen = 0, strict_writer = 0, rewritten = 0;
   uint64_t dropped = 0, at_durable = 0, beyond_durable = 0;
-  uint64_t known_flaw = 0, eio_units = 0;
   size_t pi = 0;
   for (size_t q = 0; q < npoints; ++q) {
     size_t at = points[q];
@@ -1028,9 +1027,9 @@ run_wlog (unsigned seed)
       struct image im = { malloc (dur.len + 1), dur.len };
       CHECK (im.p != NULL);
       memcpy (im.p, dur.p, dur.len);
-      /* The known flaw's condition (see below): a flush marker whose
-       * sync did not complete reached the disk after a record before
-       * it did not, whole.
+      /* Said if it fails: a marker reached the disk after a record
+       * before it did not, whole (what a marker written before its
+       * sync allowed).
        */
       bool incomplete = false, flaw = false;
       for (size_t j = sb; j < at; ++j) {
@@ -1067,18 +1066,14 @@ run_wlog (unsigned seed)
       if (info.damaged_records == 0)
         wread_all (wl, o, &kup, view);
       else {
-        /* KNOWN FLAW of core/wlog.c (reported): a flush writes its
-         * marker before the one sync that makes it and the epoch's
-         * records durable, so a power cut during that sync can leave
-         * the marker on disk and a record before it torn.  Recovery
-         * then takes the torn, never promised record for a damaged
-         * flushed one: kept, its units read as EIO, the writer halts.
-         * Tolerated here (counted, and said) only when the image is
-         * exactly that case and the EIO units are all in operations
-         * not acknowledged durable; the other units are checked as
-         * usual.  UNIT_POWERLOSS_WLOG_STRICT=1 makes it a failure.
+        /* A damaged record in a crash image is a failure: a marker
+         * is written only after the sync that made the records below
+         * its bound durable, so no torn record can sit under one.  (A
+         * marker written before that sync once could: a power cut
+         * during the sync left it on disk and a record before it
+         * torn.)
          */
-        if (!flaw || getenv ("UNIT_POWERLOSS_WLOG_STRICT")) {
+        {
           fprintf (stderr, "unit-powerloss: wlog: seed %u, crash at event "
                    "%zu of %zu (image %d, durable up to event %zd): %"
                    PRIu64 " damaged records%s\n", seed, at, nev, r, sb,
@@ -1086,28 +1081,6 @@ run_wlog (unsigned seed)
                    "disk, an earlier record did not, whole)" : "");
           wdump (sb > 20 ? sb - 20 : 0, at);
           wfail (&im, dir);
-        }
-        known_flaw++;
-        /* Which units are not acknowledged durable: those of D+1..B. */
-        static unsigned char undurable[WSIZE];
-        memset (undurable, 0, WSIZE);
-        for (unsigned k = d + 1; k <= b; ++k)
-          if (wops[k].np)
-            memset (undurable + wops[k].a, 1, wops[k].b - wops[k].a);
-        for (uint64_t u = 0; u < WSIZE; u += WUNIT) {
-          uint32_t n = MIN (WUNIT, WSIZE - u);
-          if (fsc_wlog_read (wl, o, view + u, n, u, &kup, 0) == 0)
-            continue;
-          CHECK (errno == EBADMSG);  /* the log's own error */
-          eio_units++;
-          for (uint64_t i = u; i < u + n; ++i)
-            if (!undurable[i]) {
-              fprintf (stderr, "unit-powerloss: wlog: seed %u, crash at "
-                       "event %zu: byte %" PRIu64 " of a durable operation "
-                       "reads as EIO\n", seed, at, i);
-              wfail (&im, dir);
-            }
-          memset (okb + u, 1, n);       /* not compared below */
         }
       }
 
@@ -1182,12 +1155,6 @@ run_wlog (unsigned seed)
            PRIu64 " also a whole state\n", npoints, images, dropped,
            rewritten, (t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec)
            / 1e9, at_durable, beyond_durable, partial_seen, strict_writer);
-  if (known_flaw)
-    fprintf (stderr, "unit-powerloss: wlog: KNOWN FLAW: %" PRIu64 " images "
-             "recovered a torn record that no flush acknowledged as "
-             "damaged (%" PRIu64 " units read as EIO; a marker written "
-             "before its sync reached the disk, the record did not)\n",
-             known_flaw, eio_units);
   /* Meaningful only if crashes lost unsynced records and kept some. */
   CHECK (dropped > 0 && beyond_durable > 0 && at_durable > 0);
 
