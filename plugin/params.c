@@ -301,6 +301,12 @@ params_config (const char *k, const char *value)
     nbdkit_error ("unknown parameter %s (see nbdkit-fscache-filter(1))", k);
     return -1;
   }
+  /* The nbd plugin's dynamic-export follows each client's export
+   * name, which the writeback writer, connected outside any client,
+   * cannot give it (nbdkit 1.32's nbd plugin aborts then).
+   */
+  if (strcmp (k, "dynamic-export") == 0 && nbdkit_parse_bool (value) == 1)
+    params.dynamic_export = true;
   if (derive_key (k, value) == -1)
     return -1;
   return 1;
@@ -322,6 +328,13 @@ default_dir (void)
 int
 params_config_complete (void)
 {
+  if (params.mode == MODE_WRITEBACK && params.dynamic_export) {
+    nbdkit_error ("fscache-mode=writeback cannot be used with "
+                  "dynamic-export=true: the writer writes back on a "
+                  "connection of its own, which has no client export name "
+                  "to follow");
+    return -1;
+  }
   if (params.dir == NULL && (params.dir = default_dir ()) == NULL)
     return -1;
   if (params.key == NULL && params.derived_key == NULL) {

@@ -51,6 +51,7 @@ struct fscache_params {
   uint64_t trace_max;           /* fscache-trace-max, bytes */
   uint64_t dirty_max;           /* fscache-dirty-max, bytes */
   unsigned writeback_drain;     /* fscache-writeback-drain, seconds */
+  bool dynamic_export;          /* the plugin got dynamic-export=true */
 };
 
 /* The parameters, with their defaults until .config changes them. */

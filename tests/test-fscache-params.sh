@@ -86,6 +86,17 @@ expect_refused fscache-dirty-max fscache-dirty-max=lots
 expect_refused fscache-writeback-drain fscache-writeback-drain=-1
 expect_refused fscache-writeback-drain fscache-writeback-drain=10s
 expect_refused fscache-writeback-drain fscache-writeback-drain=100000
+# Writeback cannot follow the client's export name (the nbd plugin's
+# dynamic-export): refused before anything is created.
+rc=0
+timeout 20 nbdkit -U - --filter="$FILTER" nbd socket="$TMP/none.sock" \
+  dynamic-export=true fscache-mode=writeback fscache-dir="$TMP/cache-dyn" \
+  --run true >/dev/null 2>"$TMP/err-dyn" || rc=$?
+[ "$rc" -ne 0 ] || fail "writeback with dynamic-export=true: nbdkit started"
+grep -q 'dynamic-export' "$TMP/err-dyn" ||
+  fail "writeback with dynamic-export=true: stderr does not say why"
+[ ! -e "$TMP/cache-dyn" ] ||
+  fail "writeback with dynamic-export=true: the cache directory was created"
 
 # An empty fscache-dir.
 run_nbdkit "$TMP/err-empty" fscache-dir=
