@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# nbd-fscache: build the initramfs of the kernel nbd-client test VM
-# (tests/test-fscache-vm.sh).
+# nbd-fscache: build the initramfs of the kernel nbd-client test VMs
+# (tests/test-fscache-vm.sh, tests/test-wb-vm.sh).
 #
 #   tests/vm/mkinitramfs.sh KVER INIT OUT
 #
@@ -11,6 +11,8 @@
 #   /sbin/mke2fs          mke2fs (e2fsprogs): busybox's applet cannot
 #                         make the ext2 we want (-t ext2 -q), and may be
 #                         missing from a busybox build
+#   /sbin/e2fsck          e2fsck (e2fsprogs), for tests/test-wb-vm.sh's
+#                         fsck -n in the guest (busybox has none)
 #   their shared libraries and the dynamic loader, at the paths ldd
 #   names (so the loader finds them without an ld.so.cache)
 #   /lib/modules/*.ko     nbd, e1000, ext4 (which serves ext2) and
@@ -97,6 +99,12 @@ mkfs="$(command -v mke2fs || true)"
 rm -f "$root/bin/mke2fs"        # the real one, not the applet
 copy_bin "$mkfs" /sbin/mke2fs
 [ -r /etc/mke2fs.conf ] && copy_file /etc/mke2fs.conf
+
+fsck="$(command -v e2fsck || true)"
+[ -n "$fsck" ] || fsck=/sbin/e2fsck
+[ -x "$fsck" ] || die "needs e2fsck (package e2fsprogs)"
+rm -f "$root/bin/e2fsck"
+copy_bin "$fsck" /sbin/e2fsck
 
 # Modules, dependencies first.
 order=()
