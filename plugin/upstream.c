@@ -70,9 +70,14 @@ gate_release (pthread_mutex_t **gate)
   HOLD (thread_model <= NBDKIT_THREAD_MODEL_SERIALIZE_ALL_REQUESTS ?    \
         &server_gate : NULL)
 
-int
-upstream_open (struct upstream *u, nbdkit_context *context, int readonly,
-               const char *exportname)
+/* Open U's context on BACKEND, gated by the gate the thread model
+ * gives a connection: none, its own, or the server's.  SHARED: outside
+ * any client connection (the writeback writer's), one more
+ * "connection" under serialize_requests.
+ */
+static int
+open_gated (struct upstream *u, nbdkit_backend *backend, int readonly,
+            const char *exportname, bool shared)
 {
   u->next = NULL;
   u->prepared = false;
@@ -86,33 +91,23 @@ upstream_open (struct upstream *u, nbdkit_context *context, int readonly,
     u->gate = &server_gate;
 
   GATED (u);
-  u->next = nbdkit_next_context_open (nbdkit_context_get_backend (context),
-                                      readonly, exportname, false);
+  u->next = nbdkit_next_context_open (backend, readonly, exportname, shared);
   return u->next ? 0 : -1;
+}
+
+int
+upstream_open (struct upstream *u, nbdkit_context *context, int readonly,
+               const char *exportname)
+{
+  return open_gated (u, nbdkit_context_get_backend (context), readonly,
+                     exportname, false);
 }
 
 int
 upstream_open_shared (struct upstream *u, nbdkit_backend *backend,
                       const char *exportname)
 {
-  u->next = NULL;
-  u->prepared = false;
-  u->offline_said = false;
-  pthread_mutex_init (&u->own, NULL);
-  /* A context of its own: under serialize_requests it is one more
-   * "connection", with a gate of its own; the server-wide models share
-   * the server's gate with every connection.
-   */
-  if (thread_model >= NBDKIT_THREAD_MODEL_PARALLEL)
-    u->gate = NULL;
-  else if (thread_model == NBDKIT_THREAD_MODEL_SERIALIZE_REQUESTS)
-    u->gate = &u->own;
-  else
-    u->gate = &server_gate;
-
-  GATED (u);
-  u->next = nbdkit_next_context_open (backend, 0, exportname, true);
-  return u->next ? 0 : -1;
+  return open_gated (u, backend, 0, exportname, true);
 }
 
 bool
