@@ -78,7 +78,11 @@ struct fsc_wlog {
   uint64_t dirty_max;
 
   pthread_mutex_t lock;
-  pthread_cond_t cond;                  /* applied, synced, retired */
+  pthread_cond_t cond;                  /* retired, rewound, writer's
+                                         * work, read-modify-writes */
+  pthread_cond_t apply_cond;            /* applied, synced, failed */
+  unsigned apply_waiters;               /* threads waiting on it */
+  bool writer_idle;                     /* the writer waits for work */
   pthread_rwlock_t punch;
 
   /* Header state. */

@@ -466,6 +466,7 @@ fail (struct fsc_wlog *wl, int err)
   }
   wl_notice (wl, FSC_WLOG_NOTICE_FAILED, err, 0);
   pthread_cond_broadcast (&wl->cond);
+  pthread_cond_broadcast (&wl->apply_cond);
 }
 
 /* Put applied records into the map, in order.  Caller holds lock. */
@@ -482,8 +483,23 @@ apply_done (struct fsc_wlog *wl)
     wl->applied_seq++;
     any = true;
   }
-  if (any)
+  /* Only who waits: appenders behind a slower one, flushers, and the
+   * writer when idle (a broadcast to every thread on every write
+   * showed in profiles at iodepth 16).
+   */
+  if (any && wl->apply_waiters)
+    pthread_cond_broadcast (&wl->apply_cond);
+  if (any && wl->writer_idle)
     pthread_cond_broadcast (&wl->cond);
+}
+
+/* Wait on the apply condition (appenders, flushers, syncers). */
+static void
+apply_wait (struct fsc_wlog *wl)
+{
+  wl->apply_waiters++;
+  pthread_cond_wait (&wl->apply_cond, &wl->lock);
+  wl->apply_waiters--;
 }
 
 /* Make every applied record durable, at least up to TARGET.  Caller
@@ -494,7 +510,7 @@ sync_upto (struct fsc_wlog *wl, uint64_t target)
 {
   while (wl->durable_seq < target && !wl->failed) {
     if (wl->syncing) {
-      pthread_cond_wait (&wl->cond, &wl->lock);
+      apply_wait (wl);
       continue;
     }
     wl->syncing = true;
@@ -508,7 +524,8 @@ sync_upto (struct fsc_wlog *wl, uint64_t target)
       fail (wl, e);
     else if (s > wl->durable_seq)
       wl->durable_seq = s;
-    pthread_cond_broadcast (&wl->cond);
+    if (wl->apply_waiters)
+      pthread_cond_broadcast (&wl->apply_cond);
   }
   if (wl->failed) {
     errno = EIO;
@@ -629,7 +646,7 @@ append (struct fsc_wlog *wl, int type, uint64_t off, uint64_t len,
     es[i]->done = true;
   apply_done (wl);
   while (!wl->failed && wl->applied_seq < seq0 + nrec)
-    pthread_cond_wait (&wl->cond, &wl->lock);
+    apply_wait (wl);
   r = wl->failed ? -1 : 0;
   if (r == 0 && fua)
     r = sync_upto (wl, seq0 + nrec);
@@ -939,7 +956,7 @@ fsc_wlog_flush (struct fsc_wlog *wl)
   }
   uint64_t target = wl->next_seq;
   while (!wl->failed && wl->applied_seq < target)
-    pthread_cond_wait (&wl->cond, &wl->lock);
+    apply_wait (wl);
   int r = sync_upto (wl, target);
   pthread_mutex_unlock (&wl->lock);
   return r == 0 ? mark_synced (wl, target) : r;
@@ -1020,6 +1037,7 @@ wlog_free (struct fsc_wlog *wl)
     close (wl->fd);             /* drops the flock */
   pthread_mutex_destroy (&wl->lock);
   pthread_cond_destroy (&wl->cond);
+  pthread_cond_destroy (&wl->apply_cond);
   pthread_rwlock_destroy (&wl->punch);
   free (wl);
 }
@@ -1228,6 +1246,7 @@ fsc_wlog_open (struct fsc_cache *cache, const struct fsc_wlog_params *p,
   wl->prng = (uint32_t) (uintptr_t) wl ^ (uint32_t) now_ms ();
   pthread_mutex_init (&wl->lock, NULL);
   pthread_cond_init (&wl->cond, NULL);
+  pthread_cond_init (&wl->apply_cond, NULL);
   pthread_rwlockattr_t ra;
   pthread_rwlockattr_init (&ra);
   pthread_rwlockattr_setkind_np (&ra,

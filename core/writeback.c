@@ -143,11 +143,44 @@ load_req (struct batch *b, const struct req *r, unsigned char *data)
   return 0;
 }
 
-/* Send request R upstream.  The object is left alone here: until the
- * batch is flushed upstream and the object updated (update_obj), the
- * log still holds R's bytes and every read of them is served from the
- * log, so the object's older copy of those bytes is never seen.
+/* After request R reached the upstream: make the object a copy of what
+ * the upstream now holds, as a writethrough write would (rules 2 and 3
+ * of design.md: blocks dropped, fetches in flight discarded, whole
+ * blocks stored, partly covered ones merged if held whole), but
+ * locally only, so no block is absent for longer than a local write,
+ * and overlapping the batch's other requests.  Until the batch is
+ * flushed upstream and the tail moves, the log still holds R's bytes
+ * and serves every read of them, so neither the object's older copy
+ * nor this newer one is seen early.  The drops need not be durable one
+ * by one: the round commits once before the log lets go of the bytes.
+ * DATA: R's bytes (data requests).
  */
+static void
+update_obj (struct batch *b, const struct req *r, const unsigned char *data)
+{
+  struct fsc_object *o = b->wl->obj;
+  struct fsc_write w;
+  if (o == NULL)
+    return;
+  if (r->type != WL_DATA) {
+    /* Zeroes are stored as zero blocks, trimmed blocks just dropped. */
+    for (uint64_t done = 0; done < r->len;) {
+      uint32_t n = MIN (r->len - done, (uint64_t) 1 << 30);
+      unsigned f = FSC_WRITE_NOSYNC |
+        (r->type == WL_ZERO ? FSC_WRITE_KEEP : 0);
+      if (fsc_object_write_begin_flags (o, r->off + done, n, f, &w) == 0)
+        fsc_object_write_end (o, &w, NULL, true);
+      done += n;
+    }
+    return;
+  }
+  if (fsc_object_write_begin_flags (o, r->off, r->len,
+                                    FSC_WRITE_NOSYNC | FSC_WRITE_KEEP,
+                                    &w) == 0)
+    fsc_object_write_end (o, &w, data, true);
+}
+
+/* Send request R upstream, then bring the object up to date. */
 static int
 send_req (struct batch *b, const struct req *r)
 {
@@ -178,6 +211,8 @@ send_req (struct batch *b, const struct req *r)
         ret = up->trim (up->opaque, n, off);
       done += n;
     }
+    if (ret == 0)
+      update_obj (b, r, NULL);
     return ret;
   }
 
@@ -187,42 +222,10 @@ send_req (struct batch *b, const struct req *r)
   ret = load_req (b, r, data);
   if (ret == 0)
     ret = up->pwrite (up->opaque, data, r->len, r->off);
+  if (ret == 0)
+    update_obj (b, r, data);
   free (data);
   return ret;
-}
-
-/* After the batch is on the upstream and flushed there: make the
- * object a copy of what the upstream now holds, as a writethrough
- * write would (rules 2 and 3 of design.md: blocks dropped, fetches in
- * flight discarded, whole blocks stored, partly covered ones merged if
- * held whole), but locally only, so no block is absent for longer
- * than a local write.  The drops need not be durable one by one: the
- * caller commits once before the log lets go of the bytes.
- */
-static void
-update_obj (struct batch *b, const struct req *r)
-{
-  struct fsc_object *o = b->wl->obj;
-  struct fsc_write w;
-  if (r->type != WL_DATA) {
-    /* Zeroes are stored as zero blocks, trimmed blocks just dropped. */
-    for (uint64_t done = 0; done < r->len;) {
-      uint32_t n = MIN (r->len - done, (uint64_t) 1 << 30);
-      unsigned f = FSC_WRITE_NOSYNC |
-        (r->type == WL_ZERO ? FSC_WRITE_KEEP : 0);
-      if (fsc_object_write_begin_flags (o, r->off + done, n, f, &w) == 0)
-        fsc_object_write_end (o, &w, NULL, true);
-      done += n;
-    }
-    return;
-  }
-  unsigned char *data = malloc (r->len);
-  bool ok = data && load_req (b, r, data) == 0;
-  if (fsc_object_write_begin_flags (o, r->off, r->len,
-                                    FSC_WRITE_NOSYNC |
-                                    (ok ? FSC_WRITE_KEEP : 0), &w) == 0)
-    fsc_object_write_end (o, &w, ok ? data : NULL, ok);
-  free (data);
 }
 
 static void *
@@ -435,10 +438,6 @@ round_once (struct fsc_wlog *wl)
       wl->up.flush (wl->up.opaque) == -1)
     goto failed;
   if (wl->obj) {
-    for (size_t i = 0; i < b.nrq; ++i)
-      update_obj (&b, &b.rq[i]);
-    if (b.bad_log)
-      goto failed;
     /* Durable before the log forgets the bytes: a crash after the
      * tail moves must not find the object naming older ones.  A
      * failure withdraws the object (its files go): safe too.
@@ -518,7 +517,9 @@ writer (void *arg)
         struct timespec ts;
         clock_gettime (CLOCK_REALTIME, &ts);
         ts.tv_sec += IDLE_MS / 1000;
+        wl->writer_idle = true;       /* apply_done wakes us */
         pthread_cond_timedwait (&wl->cond, &wl->lock, &ts);
+        wl->writer_idle = false;
       }
       pthread_mutex_unlock (&wl->lock);
       continue;
