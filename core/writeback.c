@@ -72,6 +72,7 @@ struct batch {
   bool nomem;
   /* Dispatch. */
   pthread_mutex_t lock;
+  pthread_mutex_t update_lock;          /* update_obj, one at a time */
   size_t next;                          /* next request to send */
   int err;                              /* first failure */
   bool bad_log;                         /* a record failed its check */
@@ -174,10 +175,16 @@ update_obj (struct batch *b, const struct req *r, const unsigned char *data)
     }
     return;
   }
+  /* One sender at a time: the update is local work, which several
+   * senders at once would only add to the client's load on a small
+   * machine; one overlaps the others' upstream waits well enough.
+   */
+  pthread_mutex_lock (&b->update_lock);
   if (fsc_object_write_begin_flags (o, r->off, r->len,
                                     FSC_WRITE_NOSYNC | FSC_WRITE_KEEP,
                                     &w) == 0)
     fsc_object_write_end (o, &w, data, true);
+  pthread_mutex_unlock (&b->update_lock);
 }
 
 /* Send request R upstream, then bring the object up to date. */
@@ -379,6 +386,7 @@ round_once (struct fsc_wlog *wl)
   memset (&b, 0, sizeof b);
   b.wl = wl;
   pthread_mutex_init (&b.lock, NULL);
+  pthread_mutex_init (&b.update_lock, NULL);
   struct wl_ext *map = NULL;
   size_t n = 0;
   uint64_t end_pos = 0, end_seq = 0, bytes = 0;
@@ -390,6 +398,7 @@ round_once (struct fsc_wlog *wl)
   if (avail == 0) {
     pthread_mutex_unlock (&wl->lock);
     pthread_mutex_destroy (&b.lock);
+    pthread_mutex_destroy (&b.update_lock);
     return 0;
   }
   uint64_t epoch = wl_entry_at (wl, 0)->epoch;
@@ -488,6 +497,7 @@ round_once (struct fsc_wlog *wl)
   free (b.pc);
   free (b.rq);
   pthread_mutex_destroy (&b.lock);
+  pthread_mutex_destroy (&b.update_lock);
   return ret;
 }
 
