@@ -40,7 +40,7 @@
  * Any difference, any other error, a crash or a sanitizer report aborts.
  *
  * Built like tests/fuzz-index.c: by automake as tests/fuzz-wlog with
- * ASan and UBSan and the standalone driver at the end of this file (see
+ * ASan and UBSan and the standalone driver of tests/fuzz-common.h (see
  * --help); or with -DFUZZ_LIBFUZZER by clang -fsanitize=fuzzer as a
  * libFuzzer target, whose custom mutator then recomputes the header and
  * record checksums (and unit hashes) after half of the mutations, so
@@ -90,57 +90,8 @@
 #define COUNT_MAX (UINT64_C (1) << 62)
 enum { T_DATA = 1, T_ZERO = 2, T_TRIM = 3, T_FLUSH = 4 };
 
-/*----------------------------------------------------------------------
- * Deterministic pseudo-random numbers (splitmix64).
- */
-static uint64_t
-rng_next (uint64_t *s)
-{
-  uint64_t z = (*s += UINT64_C (0x9e3779b97f4a7c15));
-  z = (z ^ (z >> 30)) * UINT64_C (0xbf58476d1ce4e5b9);
-  z = (z ^ (z >> 27)) * UINT64_C (0x94d049bb133111eb);
-  return z ^ (z >> 31);
-}
-
-static uint64_t
-rng_below (uint64_t *s, uint64_t n)
-{
-  return n ? rng_next (s) % n : 0;
-}
-
-static void
-rng_fill (uint64_t *s, unsigned char *p, size_t n)
-{
-  while (n > 0) {
-    uint64_t v = rng_next (s);
-    size_t k = n < 8 ? n : 8;
-    memcpy (p, &v, k);
-    p += k;
-    n -= k;
-  }
-}
-
-static void
-le32_put (unsigned char *p, uint32_t v)
-{
-  v = htole32 (v);
-  memcpy (p, &v, 4);
-}
-
-static void
-le64_put (unsigned char *p, uint64_t v)
-{
-  v = htole64 (v);
-  memcpy (p, &v, 8);
-}
-
-static uint32_t
-le32_get (const unsigned char *p)
-{
-  uint32_t v;
-  memcpy (&v, p, 4);
-  return le32toh (v);
-}
+#define FUZZ_NAME "fuzz-wlog"
+#include "fuzz-common.h"
 
 static uint64_t
 le64_get (const unsigned char *p)
@@ -233,38 +184,12 @@ static const struct fsc_wb_upstream wbup = {
 /*----------------------------------------------------------------------
  * The private cache.
  */
-static char cache_dir[256];
 static char fan_path[512];
 static char log_path[1024];
 static char log_name[FSC_NAME_MAX + 1];
 static struct fsc_cache *cache;
 static struct fsc_object *obj;
 static uint64_t key_lo, key_hi;
-
-static void
-rm_rf (const char *path)
-{
-  struct stat st;
-  if (lstat (path, &st) == -1)
-    return;
-  if (S_ISDIR (st.st_mode)) {
-    DIR *d = opendir (path);
-    if (d) {
-      struct dirent *e;
-      while ((e = readdir (d)) != NULL) {
-        if (strcmp (e->d_name, ".") == 0 || strcmp (e->d_name, "..") == 0)
-          continue;
-        char sub[1024];
-        snprintf (sub, sizeof sub, "%s/%s", path, e->d_name);
-        rm_rf (sub);
-      }
-      closedir (d);
-    }
-    rmdir (path);
-  }
-  else
-    unlink (path);
-}
 
 static void
 teardown (void)
@@ -766,8 +691,6 @@ check_counters (struct fsc_wlog *wl, const struct fsc_wlog_info *info,
   EXPECT_EQ ("oldest", c.oldest_ms, fi < li ? o->r[fi].time_ms : 0);
 }
 
-int LLVMFuzzerTestOneInput (const uint8_t *data, size_t size);
-
 int
 LLVMFuzzerTestOneInput (const uint8_t *data, size_t size)
 {
@@ -1266,184 +1189,13 @@ LLVMFuzzerCustomMutator (uint8_t *data, size_t size, size_t max_size,
 #else /* !FUZZ_LIBFUZZER */
 
 /*----------------------------------------------------------------------
- * Standalone driver (as tests/fuzz-index.c's).
+ * Standalone driver: tests/fuzz-common.h's fuzz_main, with this
+ * target's corpus maker, usage and summary line.
  */
-
-struct input {
-  char *name;
-  unsigned char *data;
-  size_t size;
-};
-
-static struct input *corpus;
-static size_t ncorpus, corpus_cap;
-
-static const char *crash_file;
-static const unsigned char *cur_data;
-static size_t cur_size;
-
-static void
-crash_handler (int sig)
-{
-  if (crash_file && cur_data) {
-    int fd = open (crash_file, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fd >= 0) {
-      size_t done = 0;
-      while (done < cur_size) {
-        ssize_t r = write (fd, cur_data + done, cur_size - done);
-        if (r <= 0)
-          break;
-        done += r;
-      }
-      close (fd);
-      static const char msg[] = "fuzz-wlog: crashing input saved to ";
-      if (write (2, msg, sizeof msg - 1) < 0 ||
-          write (2, crash_file, strlen (crash_file)) < 0 ||
-          write (2, "\n", 1) < 0)
-        {}
-    }
-  }
-  if (cache_dir[0]) {
-    static const char msg[] = "fuzz-wlog: cache directory left in ";
-    if (write (2, msg, sizeof msg - 1) < 0 ||
-        write (2, cache_dir, strlen (cache_dir)) < 0 ||
-        write (2, "\n", 1) < 0)
-      {}
-  }
-  signal (sig, SIG_DFL);
-  raise (sig);
-}
-
-static void
-add_input (const char *name, unsigned char *data, size_t size)
-{
-  if (ncorpus == corpus_cap) {
-    corpus_cap = corpus_cap ? corpus_cap * 2 : 16;
-    corpus = realloc (corpus, corpus_cap * sizeof *corpus);
-    if (!corpus)
-      abort ();
-  }
-  corpus[ncorpus].name = strdup (name);
-  corpus[ncorpus].data = data;
-  corpus[ncorpus].size = size;
-  ncorpus++;
-}
-
-static int
-load_file (const char *path)
-{
-  int fd = open (path, O_RDONLY | O_CLOEXEC);
-  struct stat st;
-  if (fd == -1 || fstat (fd, &st) == -1) {
-    perror (path);
-    return -1;
-  }
-  if (st.st_size > INPUT_MAX) {
-    fprintf (stderr, "fuzz-wlog: %s: larger than %d bytes\n", path,
-             INPUT_MAX);
-    close (fd);
-    return -1;
-  }
-  unsigned char *data = malloc (st.st_size ? st.st_size : 1);
-  if (!data)
-    abort ();
-  if (read (fd, data, st.st_size) != st.st_size) {
-    perror (path);
-    close (fd);
-    free (data);
-    return -1;
-  }
-  close (fd);
-  add_input (path, data, st.st_size);
-  return 0;
-}
-
-static int
-cmp_str (const void *a, const void *b)
-{
-  return strcmp (*(char *const *) a, *(char *const *) b);
-}
-
-/* A directory's regular files in name order. */
-static int
-load_path (const char *path)
-{
-  struct stat st;
-  if (stat (path, &st) == -1) {
-    perror (path);
-    return -1;
-  }
-  if (!S_ISDIR (st.st_mode))
-    return load_file (path);
-  DIR *d = opendir (path);
-  if (!d) {
-    perror (path);
-    return -1;
-  }
-  char **names = NULL;
-  size_t n = 0, cap = 0;
-  struct dirent *e;
-  while ((e = readdir (d)) != NULL) {
-    if (e->d_name[0] == '.')
-      continue;
-    if (n == cap) {
-      cap = cap ? cap * 2 : 16;
-      names = realloc (names, cap * sizeof *names);
-      if (!names)
-        abort ();
-    }
-    names[n++] = strdup (e->d_name);
-  }
-  closedir (d);
-  qsort (names, n, sizeof *names, cmp_str);
-  int r = 0;
-  for (size_t i = 0; i < n; ++i) {
-    char sub[4096];
-    snprintf (sub, sizeof sub, "%s/%s", path, names[i]);
-    if (stat (sub, &st) == 0 && S_ISREG (st.st_mode) && load_file (sub) == -1)
-      r = -1;
-    free (names[i]);
-  }
-  free (names);
-  return r;
-}
-
-/* Mutation K (from 0) of a run with SEED: depends on nothing else. */
-static size_t
-make_mutation (uint64_t seed, uint64_t k, unsigned char *buf, size_t *from)
-{
-  uint64_t s = seed * UINT64_C (0x9e3779b97f4a7c15) + k;
-  rng_next (&s);
-  size_t a = rng_below (&s, ncorpus), b = rng_below (&s, ncorpus);
-  size_t n = corpus[a].size;
-  memcpy (buf, corpus[a].data, n);
-  *from = a;
-  return mutate (&s, buf, n, INPUT_MAX, corpus[b].data, corpus[b].size);
-}
 
 /*----------------------------------------------------------------------
  * --make-corpus: real logs written by the core.
  */
-
-static void
-save (const char *dir, const char *name, const unsigned char *p, size_t n)
-{
-  char path[4096];
-  if (dir)
-    snprintf (path, sizeof path, "%s/%s", dir, name);
-  else
-    snprintf (path, sizeof path, "%s", name);
-  if (n > INPUT_MAX) {
-    fprintf (stderr, "fuzz-wlog: %s would be %zu bytes\n", path, n);
-    exit (1);
-  }
-  int fd = open (path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd == -1 || (n && write (fd, p, n) != (ssize_t) n) || close (fd) == -1) {
-    perror (path);
-    exit (1);
-  }
-  printf ("%s: %zu bytes\n", path, n);
-}
 
 static struct fsc_wlog *
 mk_open (bool with_sample, const char *gen)
@@ -1699,91 +1451,9 @@ usage (FILE *f)
            "$TMPDIR (default /tmp).\n");
 }
 
-int
-main (int argc, char *argv[])
+static void
+summary (uint64_t seed, uint64_t mutations, double secs)
 {
-  uint64_t mutations = 0, seed = 1, dump_k = 0;
-  const char *dump_out = NULL;
-  bool verbose = false;
-  int i;
-
-  for (i = 1; i < argc; ++i) {
-    if (strcmp (argv[i], "--mutations") == 0 && i + 1 < argc)
-      mutations = strtoull (argv[++i], NULL, 0);
-    else if (strcmp (argv[i], "--seed") == 0 && i + 1 < argc)
-      seed = strtoull (argv[++i], NULL, 0);
-    else if (strcmp (argv[i], "--crash-file") == 0 && i + 1 < argc)
-      crash_file = argv[++i];
-    else if (strcmp (argv[i], "--dump") == 0 && i + 2 < argc) {
-      dump_k = strtoull (argv[++i], NULL, 0);
-      dump_out = argv[++i];
-    }
-    else if (strcmp (argv[i], "--make-corpus") == 0 && i + 1 < argc)
-      return make_corpus (argv[i + 1]);
-    else if (strcmp (argv[i], "--verbose") == 0)
-      verbose = true;
-    else if (strcmp (argv[i], "--help") == 0) {
-      usage (stdout);
-      return 0;
-    }
-    else if (argv[i][0] == '-' && argv[i][1] == '-') {
-      usage (stderr);
-      return 2;
-    }
-    else
-      break;
-  }
-  if (i == argc) {
-    usage (stderr);
-    return 2;
-  }
-  for (; i < argc; ++i)
-    if (load_path (argv[i]) == -1)
-      return 1;
-  if (ncorpus == 0) {
-    fprintf (stderr, "fuzz-wlog: empty corpus\n");
-    return 1;
-  }
-
-  unsigned char *buf = malloc (INPUT_MAX);
-  if (!buf)
-    abort ();
-
-  if (dump_out) {
-    size_t from;
-    size_t n = make_mutation (seed, dump_k, buf, &from);
-    save (NULL, dump_out, buf, n);
-    free (buf);
-    return 0;
-  }
-
-  signal (SIGABRT, crash_handler);
-  signal (SIGSEGV, crash_handler);
-  signal (SIGBUS, crash_handler);
-  struct timespec t0, t1;
-  clock_gettime (CLOCK_MONOTONIC, &t0);
-
-  for (size_t c = 0; c < ncorpus; ++c) {
-    if (verbose)
-      fprintf (stderr, "fuzz-wlog: %s\n", corpus[c].name);
-    cur_data = corpus[c].data;
-    cur_size = corpus[c].size;
-    LLVMFuzzerTestOneInput (cur_data, cur_size);
-  }
-  for (uint64_t k = 0; k < mutations; ++k) {
-    size_t from;
-    size_t n = make_mutation (seed, k, buf, &from);
-    if (verbose)
-      fprintf (stderr, "fuzz-wlog: mutation %" PRIu64 " of %s, %zu bytes\n",
-               k, corpus[from].name, n);
-    cur_data = buf;
-    cur_size = n;
-    LLVMFuzzerTestOneInput (buf, n);
-  }
-  cur_data = NULL;
-
-  clock_gettime (CLOCK_MONOTONIC, &t1);
-  double secs = (t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) / 1e9;
   printf ("fuzz-wlog: seed %" PRIu64 ": %zu corpus files + %" PRIu64
           " mutations in %.1f s: %" PRIu64 " opened (%" PRIu64 " records "
           "kept, %" PRIu64 " with records cut, %" PRIu64 " with damaged "
@@ -1794,14 +1464,12 @@ main (int argc, char *argv[])
           seed, ncorpus, mutations, secs, n_opened, n_records, n_dropped,
           n_damaged, n_writer, n_forged, n_refused[1], n_refused[2],
           n_mismatch[1], n_mismatch[2], n_mismatch[3]);
+}
 
-  free (buf);
-  for (size_t c = 0; c < ncorpus; ++c) {
-    free (corpus[c].name);
-    free (corpus[c].data);
-  }
-  free (corpus);
-  return 0;
+int
+main (int argc, char *argv[])
+{
+  return fuzz_main (argc, argv, make_corpus, usage, summary);
 }
 
 #endif /* !FUZZ_LIBFUZZER */
