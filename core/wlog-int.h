@@ -157,6 +157,21 @@ typedef void wl_visit_fn (void *opaque, const struct wl_ext *x);
 extern void wl_map_visit (const struct wl_ext *t, uint64_t a, uint64_t b,
                           wl_visit_fn *fn, void *opaque);
 
+/* The extents a visit met, copied out (wl_collect is a wl_visit_fn):
+ * what a reader, the writer's batch and a retire work from.  NOMEM is
+ * set if the array could not grow; free V.
+ */
+struct wl_seg {
+  uint64_t start, end;
+  const struct wl_entry *e;
+};
+struct wl_segs {
+  struct wl_seg *v;
+  size_t n, cap;
+  bool nomem;
+};
+extern void wl_collect (void *opaque, const struct wl_ext *x);
+
 /* writeback.c: stop and join the writer. */
 extern void wl_writer_stop (struct fsc_wlog *wl);
 

@@ -200,41 +200,30 @@ wl_map_visit (const struct wl_ext *t, uint64_t a, uint64_t b,
     wl_map_visit (t->r, a, b, fn, opaque);
 }
 
-/* Remove the extents in [A, B) that still map to E. */
-static void
+/* Remove the extents in E's range that still map to E (the rest of
+ * the range belongs to newer records).  Returns -1 (ENOMEM) if the
+ * extents could not be listed: the caller cannot trust the map then.
+ */
+static int
 map_remove_entry (struct wl_ext **root, const struct wl_entry *e)
 {
-  for (;;) {
-    /* Find one extent of E (usually none or one: E's range). */
-    const struct wl_ext *found = NULL;
-    const struct wl_ext *t = *root;
-    uint64_t a = e->off, b = e->off + e->len;
-    /* Leftmost extent of E in [a, b): descend like visit. */
-    struct wl_ext *stack[128];
-    int sp = 0;
-    (void) t;
-    struct wl_ext *n = *root;
-    while (n || sp) {
-      while (n && sp < 128) {
-        stack[sp++] = n;
-        n = (a < n->start) ? n->l : NULL;
-      }
-      n = stack[--sp];
-      if (n->start < b && n->end > a && n->e == e) {
-        found = n;
-        break;
-      }
-      n = (b > n->end) ? n->r : NULL;
-    }
-    if (found == NULL)
-      return;
+  struct wl_segs s = { 0 };
+  wl_map_visit (*root, e->off, e->off + e->len, wl_collect, &s);
+  if (s.nomem) {
+    free (s.v);
+    return -1;
+  }
+  for (size_t i = 0; i < s.n; ++i) {
+    if (s.v[i].e != e)
+      continue;
     struct wl_ext *l, *m, *r;
-    uint64_t s = found->start;
-    split (*root, s, &l, &r);
-    split (r, s + 1, &m, &r);
+    split (*root, s.v[i].start, &l, &r);
+    split (r, s.v[i].start + 1, &m, &r);
     wl_map_free (m);
     *root = merge (l, r);
   }
+  free (s.v);
+  return 0;
 }
 
 /*----------------------------------------------------------------------
@@ -698,23 +687,13 @@ wl_read_units (struct fsc_wlog *wl, const struct wl_entry *e, uint64_t off,
   return 0;
 }
 
-struct seg {
-  uint64_t start, end;
-  const struct wl_entry *e;
-};
-struct segs {
-  struct seg *v;
-  size_t n, cap;
-  bool nomem;
-};
-
-static void
-collect (void *opaque, const struct wl_ext *x)
+void
+wl_collect (void *opaque, const struct wl_ext *x)
 {
-  struct segs *s = opaque;
+  struct wl_segs *s = opaque;
   if (s->n == s->cap) {
     size_t ncap = s->cap ? 2 * s->cap : 16;
-    struct seg *v = realloc (s->v, ncap * sizeof *v);
+    struct wl_seg *v = realloc (s->v, ncap * sizeof *v);
     if (v == NULL) {
       s->nomem = true;
       return;
@@ -722,7 +701,7 @@ collect (void *opaque, const struct wl_ext *x)
     s->v = v;
     s->cap = ncap;
   }
-  s->v[s->n++] = (struct seg) { x->start, x->end, x->e };
+  s->v[s->n++] = (struct wl_seg) { x->start, x->end, x->e };
 }
 
 /* Serve [S, T) of logged record E into DST. */
@@ -755,13 +734,13 @@ fsc_wlog_read (struct fsc_wlog *wl, struct fsc_object *obj, void *buf,
                const struct fsc_upstream *up, unsigned flags)
 {
   unsigned char *out = buf;
-  struct segs s = { 0 };
+  struct wl_segs s = { 0 };
   int r = 0;
   uint64_t end = offset + count;
 
   pthread_rwlock_rdlock (&wl->punch);
   pthread_mutex_lock (&wl->lock);
-  wl_map_visit (wl->root, offset, end, collect, &s);
+  wl_map_visit (wl->root, offset, end, wl_collect, &s);
   pthread_mutex_unlock (&wl->lock);
   if (s.nomem) {
     errno = ENOMEM;
@@ -973,7 +952,11 @@ wl_retire (struct fsc_wlog *wl, size_t n)
   pthread_mutex_lock (&wl->lock);
   for (size_t i = 0; i < n; ++i) {
     struct wl_entry *e = wl_entry_at (wl, 0);
-    map_remove_entry (&wl->root, e);
+    if (map_remove_entry (&wl->root, e) == -1) {
+      /* Its extents would keep pointing at a freed record. */
+      wl->failed = true;
+      wl->err = ENOMEM;
+    }
     wl->rhead = (wl->rhead + 1) % wl->rcap;
     wl->rlen--;
     wl->ring_seq++;

@@ -58,18 +58,11 @@ struct req {
   size_t first, n;                      /* into the batch's piece list */
 };
 
-struct piece {
-  uint64_t start, end;
-  const struct wl_entry *e;
-};
-
 struct batch {
   struct fsc_wlog *wl;
-  struct piece *pc;
-  size_t npc, pccap;
+  struct wl_segs pc;                    /* the batch's newest versions */
   struct req *rq;
   size_t nrq, rqcap;
-  bool nomem;
   /* Dispatch. */
   pthread_mutex_t lock;
   pthread_mutex_t update_lock;          /* update_obj, one at a time */
@@ -79,25 +72,8 @@ struct batch {
   uint64_t bad_off;
 };
 
-static void
-add_piece (void *opaque, const struct wl_ext *x)
-{
-  struct batch *b = opaque;
-  if (b->npc == b->pccap) {
-    size_t ncap = b->pccap ? 2 * b->pccap : 64;
-    struct piece *v = realloc (b->pc, ncap * sizeof *v);
-    if (v == NULL) {
-      b->nomem = true;
-      return;
-    }
-    b->pc = v;
-    b->pccap = ncap;
-  }
-  b->pc[b->npc++] = (struct piece) { x->start, x->end, x->e };
-}
-
 static int
-add_req (struct batch *b, const struct piece *p, size_t i)
+add_req (struct batch *b, const struct wl_seg *p, size_t i)
 {
   struct req *last = b->nrq ? &b->rq[b->nrq - 1] : NULL;
   if (last && last->type == p->e->type && last->off + last->len == p->start &&
@@ -127,7 +103,7 @@ static int
 load_req (struct batch *b, const struct req *r, unsigned char *data)
 {
   for (size_t i = r->first; i < r->first + r->n; ++i) {
-    const struct piece *p = &b->pc[i];
+    const struct wl_seg *p = &b->pc.v[i];
     /* Extents are unit-aligned, so each piece is whole units of its
      * record (the last one may end at the export's end).
      */
@@ -417,21 +393,21 @@ round_once (struct fsc_wlog *wl)
   pthread_mutex_unlock (&wl->lock);
   if (mapfail)
     goto out;
-  wl_map_visit (map, 0, UINT64_MAX, add_piece, &b);
-  if (b.nomem)
+  wl_map_visit (map, 0, UINT64_MAX, wl_collect, &b.pc);
+  if (b.pc.nomem)
     goto out;
   if (wl->unordered) {
     /* Test knob (NBD_FSCACHE_WB_UNORDERED): what a writer that ignores
      * epochs would do, newest first and no flush between epochs.
      */
-    for (size_t i = 0; i < b.npc / 2; ++i) {
-      struct piece t = b.pc[i];
-      b.pc[i] = b.pc[b.npc - 1 - i];
-      b.pc[b.npc - 1 - i] = t;
+    for (size_t i = 0; i < b.pc.n / 2; ++i) {
+      struct wl_seg t = b.pc.v[i];
+      b.pc.v[i] = b.pc.v[b.pc.n - 1 - i];
+      b.pc.v[b.pc.n - 1 - i] = t;
     }
   }
-  for (size_t i = 0; i < b.npc; ++i)
-    if (add_req (&b, &b.pc[i], i) == -1)
+  for (size_t i = 0; i < b.pc.n; ++i)
+    if (add_req (&b, &b.pc.v[i], i) == -1)
       goto out;
 
   /* 3. Send, then flush. */
@@ -494,7 +470,7 @@ round_once (struct fsc_wlog *wl)
   ret = -1;
  out:
   wl_map_free (map);
-  free (b.pc);
+  free (b.pc.v);
   free (b.rq);
   pthread_mutex_destroy (&b.lock);
   pthread_mutex_destroy (&b.update_lock);
