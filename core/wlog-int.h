@@ -80,8 +80,12 @@ struct fsc_wlog {
   pthread_mutex_t lock;
   pthread_cond_t cond;                  /* retired, rewound, writer's
                                          * work, read-modify-writes */
-  pthread_cond_t apply_cond;            /* applied, synced, failed */
-  unsigned apply_waiters;               /* threads waiting on it */
+  pthread_cond_t apply_cond;            /* applied up to apply_want,
+                                         * failed */
+  uint64_t apply_want;                  /* the lowest applied_seq a
+                                         * waiter on apply_cond needs;
+                                         * UINT64_MAX: none waits */
+  pthread_cond_t sync_cond;             /* a sync ended, failed */
   bool writer_idle;                     /* the writer waits for work */
   pthread_rwlock_t punch;
 
