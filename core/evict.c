@@ -67,14 +67,19 @@
  * good.  A clean close punches what is queued (fsc_punch_pending);
  * after a crash (the index not marked clean), every allocated extent
  * of the data and sums files (SEEK_DATA) is compared with the present
- * blocks when the object opens, and what no present block covers is
+ * blocks once the object is open, and what no present block covers is
  * punched (fsc_reclaim_unnamed), and so are the pieces a block held
  * in pieces does not hold.  The index is the truth: a block it does
- * not name holds nothing anybody may read.  (Only after a crash:
- * the walk costs a few hundred milliseconds for a gigabyte cached in
- * scattered blocks, and a clean close leaves nothing to find but the
- * sums pages shared with evicted blocks' neighbours, at most 0.2% of
- * the export.)
+ * not name holds nothing anybody may read.  (Only after a crash: a
+ * clean close leaves nothing to find but the sums pages shared with
+ * evicted blocks' neighbours, at most 0.2% of the export.)  The walk
+ * costs a few hundred milliseconds per gigabyte cached in scattered
+ * blocks, so it runs in a thread of its own (the reclaimer), beside
+ * the requests, instead of before the first one: it claims each
+ * group's blocks (fetching) while it punches them, like a fetch, so
+ * that no fill writes there meanwhile, and looks again at the blocks
+ * somebody else held once they are free.  A close stops it; one cut
+ * short leaves the index unclean, so the next open walks again.
  *
  * The floor.  Below fscache-min-free (blocks) or its inode twin, or
  * while DIR/fscache.stop exists, no new blocks are stored: misses are
@@ -615,26 +620,106 @@ reclaim_pieces (struct fsc_object *o, int fd, uint64_t base, uint64_t s,
   return 0;
 }
 
-/* Does present block B name data in the files?  Not if it is a zero
- * block: space under one is garbage (a punch a crash undid).
+/* Reclaim the blocks RANGE (a mask) of group GI inside the extent
+ * [S, E) of FD (see reclaim_file).  While the object is in use: under
+ * the lock, the blocks no present block names, and the present ones
+ * held in pieces, that nobody has claimed are claimed (fetching), so
+ * that no fill writes them meanwhile; their space is punched without
+ * the lock; the claims are then released.  The blocks somebody else
+ * claimed (a fetch, a punch) are left to a second look, in *SKIPPED.
+ * Returns 0, or -1 with errno.
  */
-static bool
-names_data (struct fsc_object *o, uint64_t b)
+static int
+reclaim_group (struct fsc_object *o, int fd, uint64_t base, bool sums,
+               uint64_t s, uint64_t e, uint64_t gi, uint64_t range,
+               uint64_t *skipped)
 {
-  const struct group *g = grp (o, GROUP_OF (b));
-  return g && (g->present & ~g->zero & BIT_OF (b));
+  uint16_t pieces[FSC_GROUP_BLOCKS];
+
+  *skipped = 0;
+  pthread_mutex_lock (&o->lock);
+  struct group *g = group_of (o, gi * FSC_GROUP_BLOCKS, true);
+  if (g == NULL || o->state != FSC_OBJ_AVAILABLE) {
+    pthread_mutex_unlock (&o->lock);
+    if (g == NULL)
+      errno = ENOMEM;
+    return g == NULL ? -1 : 0;
+  }
+  const uint64_t named = g->present & ~g->zero;
+  const uint64_t unnamed = range & ~named & ~g->fetching;
+  uint64_t inpieces = 0;
+  if (!sums)
+    for (uint64_t t = range & named & ~g->fetching; t; t &= t - 1) {
+      unsigned i = __builtin_ctzll (t);
+      if (g->pieces[i]) {
+        inpieces |= UINT64_C (1) << i;
+        pieces[i] = g->pieces[i];
+      }
+    }
+  const uint64_t claimed = unnamed | inpieces;
+  *skipped = range & g->fetching;
+  g->fetching |= claimed;
+  pthread_mutex_unlock (&o->lock);
+
+  int r = 0;
+  for (uint64_t t = unnamed; t && r == 0; ) {
+    /* One run of consecutive unnamed blocks at a time. */
+    unsigned j0 = __builtin_ctzll (t), j1 = j0;
+    while (j1 + 1 < FSC_GROUP_BLOCKS && (t >> (j1 + 1)) & 1)
+      j1++;
+    uint64_t b0 = gi * FSC_GROUP_BLOCKS + j0, b1 = gi * FSC_GROUP_BLOCKS + j1;
+    uint64_t ps = MAX (s, space_of (o, b0, sums));
+    uint64_t pe = MIN (e, space_of (o, b1 + 1, sums));
+    if (pe > ps && punch_hole (fd, ps - base, pe - ps) == -1)
+      r = -1;
+    t &= j1 == 63 ? 0 : ~UINT64_C (0) << (j1 + 1);
+  }
+  for (uint64_t t = inpieces; t && r == 0; t &= t - 1) {
+    unsigned i = __builtin_ctzll (t);
+    r = reclaim_pieces (o, fd, base, s, e, gi * FSC_GROUP_BLOCKS + i,
+                        pieces[i]);
+  }
+  int err = errno;
+
+  pthread_mutex_lock (&o->lock);
+  g->fetching &= ~claimed;
+  pthread_cond_broadcast (&o->cond);
+  pthread_mutex_unlock (&o->lock);
+  errno = err;
+  return r;
+}
+
+/* Blocks the walk met claimed by somebody else, to look at again once
+ * the claim is gone: a fetch whose fill fails (or is skipped) leaves
+ * its block's old space behind, and a clean close would then keep it
+ * for good.
+ */
+struct reclaim_later {
+  struct { int fd; uint64_t base; bool sums; uint64_t gi, mask; } *v;
+  size_t n, cap;
+};
+
+static bool
+stopping (struct fsc_object *o)
+{
+  return __atomic_load_n (&o->reclaim_stop, __ATOMIC_RELAXED) ||
+    fsc_object_state (o) != FSC_OBJ_AVAILABLE;
 }
 
 /* Punch what no present block with data covers in FD: a data segment
  * holding the export's bytes from BASE on, or the sums file if SUMS
- * (BASE 0).  Returns 0, or -1 with errno.
+ * (BASE 0), one group at a time (reclaim_group), stopping early if the
+ * object is being closed.  Returns 0, or -1 with errno.
  */
 static int
-reclaim_file (struct fsc_object *o, int fd, uint64_t base, bool sums)
+reclaim_file (struct fsc_object *o, int fd, uint64_t base, bool sums,
+              struct reclaim_later *later)
 {
   off_t off = 0;
 
   for (;;) {
+    if (stopping (o))
+      return 0;
     off_t fs = lseek (fd, off, SEEK_DATA);
     if (fs == -1)
       return errno == ENXIO ? 0 : -1;
@@ -645,27 +730,73 @@ reclaim_file (struct fsc_object *o, int fd, uint64_t base, bool sums)
     uint64_t b = block_at (o, s, sums);
     uint64_t bend = MIN (block_at (o, e - 1, sums) + 1, o->nblocks);
     while (b < bend) {
-      if (names_data (o, b)) {
-        /* Held in pieces: the data of the others is garbage too (in
-         * the sums file, their few bytes share pages with the held
-         * pieces' hashes: left alone).
-         */
-        unsigned p = grp (o, GROUP_OF (b))->pieces[IDX_OF (b)];
-        if (p && !sums && reclaim_pieces (o, fd, base, s, e, b, p) == -1)
-          return -1;
-        b++;
-        continue;
-      }
-      uint64_t b0 = b;
-      while (b < bend && !names_data (o, b))
-        b++;
-      uint64_t ps = MAX (s, space_of (o, b0, sums));
-      uint64_t pe = MIN (e, space_of (o, b, sums));
-      if (pe > ps && punch_hole (fd, ps - base, pe - ps) == -1)
+      uint64_t gi = GROUP_OF (b);
+      uint64_t gend = MIN (bend, (gi + 1) * FSC_GROUP_BLOCKS);
+      uint64_t range = (gend - b == 64 ? ~UINT64_C (0)
+                        : ((UINT64_C (1) << (gend - b)) - 1)) << IDX_OF (b);
+      uint64_t skipped;
+      if (reclaim_group (o, fd, base, sums, s, e, gi, range, &skipped) == -1)
         return -1;
+      if (skipped) {
+        if (later->n == later->cap) {
+          size_t ncap = later->cap ? 2 * later->cap : 16;
+          void *v = realloc (later->v, ncap * sizeof *later->v);
+          if (v == NULL)
+            return -1;
+          later->v = v;
+          later->cap = ncap;
+        }
+        later->v[later->n].fd = fd;
+        later->v[later->n].base = base;
+        later->v[later->n].sums = sums;
+        later->v[later->n].gi = gi;
+        later->v[later->n].mask = skipped;
+        later->n++;
+      }
+      b = gend;
     }
     off = fe;
   }
+}
+
+/* The second look at the blocks in LATER: wait for each claim to go,
+ * then reclaim the blocks' whole space (a punch over a hole is
+ * harmless).  Returns 0, or -1 with errno; stops early like the walk.
+ */
+static int
+reclaim_later (struct fsc_object *o, struct reclaim_later *later)
+{
+  for (size_t i = 0; i < later->n; ++i) {
+    uint64_t gi = later->v[i].gi, mask = later->v[i].mask;
+    bool sums = later->v[i].sums;
+    pthread_mutex_lock (&o->lock);
+    struct group *g = grp (o, gi);
+    while (g && (g->fetching & mask) && o->state == FSC_OBJ_AVAILABLE &&
+           !__atomic_load_n (&o->reclaim_stop, __ATOMIC_RELAXED))
+      pthread_cond_wait (&o->cond, &o->lock);
+    pthread_mutex_unlock (&o->lock);
+    if (stopping (o))
+      return 0;
+    uint64_t b0 = gi * FSC_GROUP_BLOCKS;
+    uint64_t b1 = MIN (b0 + FSC_GROUP_BLOCKS, o->nblocks);
+    uint64_t s = space_of (o, b0, sums), e = space_of (o, b1, sums);
+    uint64_t base = later->v[i].base;
+    if (!sums) {
+      /* Within this data segment. */
+      s = MAX (s, base);
+      e = MIN (e, base + FSC_SEG_SIZE);
+    }
+    uint64_t skipped;
+    if (reclaim_group (o, later->v[i].fd, base, sums, s, e, gi, mask,
+                       &skipped) == -1)
+      return -1;
+    if (skipped) {
+      /* Claimed again meanwhile: look once more. */
+      later->v[i].mask = skipped;
+      i--;
+    }
+  }
+  return 0;
 }
 
 /* Counted as du counts: a punch inside one filesystem block frees
@@ -675,34 +806,95 @@ int
 fsc_reclaim_unnamed (struct fsc_object *o)
 {
   uint64_t before = fsc_object_allocated (o);
+  struct reclaim_later later = { 0 };
   int r = 0;
   for (uint64_t i = 0; r == 0 && i < o->nseg; ++i)
-    r = reclaim_file (o, o->dfds[i], i * FSC_SEG_SIZE, false);
+    r = reclaim_file (o, o->dfds[i], i * FSC_SEG_SIZE, false, &later);
   if (r == 0)
-    r = reclaim_file (o, o->sfd, 0, true);
+    r = reclaim_file (o, o->sfd, 0, true, &later);
+  if (r == 0)
+    r = reclaim_later (o, &later);
+  int e = errno;
+  free (later.v);
+  errno = e;
   uint64_t after = fsc_object_allocated (o);
   if (after < before)
     FSC_STAT_ADD (&o->cache->stats, reclaimed_bytes, before - after);
   return r;
 }
 
-int
-fsc_reclaim_if_leaked (struct fsc_object *o)
+/* After a clean close: is there clearly more data space than the
+ * blocks hold (space an older build leaked, or a punch that failed)?
+ * Such space would count against a cap forever and be freed by no
+ * eviction.  The walk costs a seek per extent, so it runs only then.
+ */
+static bool
+leaked (struct fsc_object *o)
 {
-  /* A clean close leaves no unnamed space, but space an older build
-   * leaked (or a punch that failed) would count against a cap forever
-   * and be freed by no eviction: sweep it when the data files hold
-   * clearly more than the blocks do.  The walk costs a seek per extent,
-   * so it runs only then.
-   */
   struct fsc_ostats ost;
   fsc_ostats_snapshot (o, &ost);        /* its gauges: what blocks hold */
   uint64_t held = ost.v[FSC_OSTAT_cached_bytes];
   uint64_t alloc = fsc_data_allocated (o);
   uint64_t margin = MAX (held / 16, 16 * (uint64_t) o->block_size);
-  if (alloc <= held || alloc - held <= margin)
-    return 0;
-  return fsc_reclaim_unnamed (o);
+  return alloc > held && alloc - held > margin;
+}
+
+/* The reclaimer thread: the walk runs after the object is open, beside
+ * the requests (reclaim_group), so that the first read after a crash
+ * does not wait for it.
+ */
+static void *
+reclaimer (void *arg)
+{
+  struct fsc_object *o = arg;
+  int r = 0;
+  if (o->reclaim_unclean || leaked (o))
+    r = fsc_reclaim_unnamed (o);
+  pthread_mutex_lock (&o->lock);
+  o->reclaim_done = r == 0 && !o->reclaim_stop;
+  o->reclaim_running = false;
+  pthread_cond_broadcast (&o->cond);
+  pthread_mutex_unlock (&o->lock);
+  return NULL;
+}
+
+int
+fsc_reclaim_start (struct fsc_object *o, bool unclean)
+{
+  o->reclaim_unclean = unclean;
+  o->reclaim_stop = false;
+  o->reclaim_done = false;
+  o->reclaim_running = true;
+  int e = pthread_create (&o->reclaim_thread, NULL, reclaimer, o);
+  if (e != 0) {
+    o->reclaim_running = false;
+    errno = e;
+    return -1;
+  }
+  o->reclaim_joinable = true;
+  return 0;
+}
+
+bool
+fsc_reclaim_stop (struct fsc_object *o)
+{
+  if (!o->reclaim_joinable)
+    return o->reclaim_done;
+  pthread_mutex_lock (&o->lock);
+  __atomic_store_n (&o->reclaim_stop, true, __ATOMIC_RELAXED);
+  pthread_cond_broadcast (&o->cond);    /* reclaim_later may wait */
+  pthread_mutex_unlock (&o->lock);
+  pthread_join (o->reclaim_thread, NULL);
+  o->reclaim_joinable = false;
+  return o->reclaim_done;
+}
+
+void
+fsc_object_wait_reclaim (struct fsc_object *o)
+{
+  SCOPED_LOCK (&o->lock);
+  while (o->reclaim_running)
+    pthread_cond_wait (&o->cond, &o->lock);
 }
 
 /* Read NAME.quota if it changed since the last look; set o->quota

@@ -279,6 +279,13 @@ extern void fsc_object_set_fingerprint (struct fsc_object *obj, uint64_t fp);
  */
 extern unsigned fsc_object_take_notices (struct fsc_object *obj, int *err);
 
+/* Wait until OBJ's background walk for space no index names (started
+ * at open after a crash, or when the data files hold clearly more than
+ * the blocks) has ended.  Requests need not wait for it; tests and
+ * tools that count space do.
+ */
+extern void fsc_object_wait_reclaim (struct fsc_object *obj);
+
 /* Introspection. */
 extern int fsc_object_state (struct fsc_object *obj);
 extern uint64_t fsc_object_present_blocks (struct fsc_object *obj);

@@ -208,6 +208,17 @@ struct fsc_object {
    */
   struct scache_entry *scache;
   size_t nscache;                       /* a power of 2, or 0 */
+
+  /* The reclaimer thread (evict.c), started by fsc_object_open and
+   * joined by fsc_object_close.
+   */
+  pthread_t reclaim_thread;
+  bool reclaim_joinable;        /* started, not joined */
+  bool reclaim_running;         /* under lock */
+  bool reclaim_stop;            /* atomic: close asks it to stop */
+  bool reclaim_done;            /* under lock: the walk finished */
+  bool reclaim_unclean;         /* the previous user crashed */
+  bool reclaim_wanted;          /* lookup asks for the thread */
 };
 
 #define FSC_OSTAT_ADD(o, field, n)                                       \
@@ -609,11 +620,20 @@ fsc_note_gone (struct fsc_object *o, struct group *g, uint64_t bits)
 extern void fsc_punch_pending (struct fsc_object *o);
 
 /* evict.c: punch the space of the data and sums files that no present
- * block covers (see "Space nobody names" in evict.c), while O is being
- * opened and nothing else touches it.  Returns 0 or -1 with errno
- * (EOPNOTSUPP where holes cannot be punched).
+ * block covers (see "Space nobody names" in evict.c), claiming what it
+ * punches so that it may run beside requests.  Returns 0 or -1 with
+ * errno (EOPNOTSUPP where holes cannot be punched).
  */
 extern int fsc_reclaim_unnamed (struct fsc_object *o);
+
+/* evict.c: start the reclaimer thread of an object just opened: after
+ * a crash (UNCLEAN) it runs fsc_reclaim_unnamed, else only if the data
+ * files hold clearly more than the blocks do.  Returns 0 or -1 with
+ * errno.  fsc_reclaim_stop asks it to stop, joins it, and tells
+ * whether it finished (or never started: true).  Without o->lock.
+ */
+extern int fsc_reclaim_start (struct fsc_object *o, bool unclean);
+extern bool fsc_reclaim_stop (struct fsc_object *o);
 
 /* evict.c: the committer's look at O: take up a changed quota record
  * and shrink O to its budget.
@@ -628,8 +648,6 @@ extern uint64_t fsc_budget_of (const struct fsc_object *o);
 
 /* evict.c: O's allocated bytes (its three files, as du counts them). */
 extern uint64_t fsc_object_allocated (struct fsc_object *o);
-/* At a clean open: reclaim unnamed data space if there is much. */
-extern int fsc_reclaim_if_leaked (struct fsc_object *o);
 
 /* store.c: store N claimed blocks from B and publish those nothing
  * invalidated since EPOCHS (one per group from B's) were taken.  DATA

@@ -302,6 +302,7 @@ create_cold (struct fsc_object *o, const struct fsc_object_params *p)
 static void
 free_object (struct fsc_object *o)
 {
+  (void) fsc_reclaim_stop (o);
   fsc_gtable_free (o);
   free (o->dirty);
   free (o->punch);
@@ -422,16 +423,13 @@ lookup (struct fsc_object *o, const struct fsc_object_params *p,
     if (info->unclean)
       FSC_STAT_ADD (st, unclean_opens, 1);
     /* After a crash, space no index names (fills never committed,
-     * evictions not yet punched) is reclaimed; a clean close leaves
-     * none but sums pages (evict.c).  Leaked space only costs room:
-     * failing to punch it is no reason to refuse the object.
+     * evictions not yet punched) is reclaimed, in the background once
+     * the object is open (fsc_object_open), so that the first read
+     * does not wait for the walk; a clean close leaves none but sums
+     * pages (evict.c).
      */
-    int e = errno;
-    if (info->unclean)
-      (void) fsc_reclaim_unnamed (o);
-    else
-      (void) fsc_reclaim_if_leaked (o);
-    errno = e;
+    o->reclaim_unclean = info->unclean;
+    o->reclaim_wanted = true;
   }
   else {
     o->state = FSC_OBJ_CREATING;
@@ -607,6 +605,14 @@ fsc_object_open (struct fsc_cache *c, const struct fsc_object_params *p,
       o->fandirfd = -1;
     }
   }
+  /* Leaked space only costs room: failing to start the walk is no
+   * reason to refuse the object (the next unclean open walks).
+   */
+  else if (o->reclaim_wanted) {
+    int e = errno;
+    (void) fsc_reclaim_start (o, o->reclaim_unclean);
+    errno = e;
+  }
   pthread_mutex_lock (&c->lock);
   o->ready = true;
   pthread_cond_broadcast (&c->ready_cond);
@@ -678,6 +684,10 @@ fsc_object_close (struct fsc_object *o)
   o->closing = true;
   pthread_mutex_unlock (&c->lock);
 
+  /* A walk for unnamed space cut short leaves the index unclean, so
+   * that the next open walks again.
+   */
+  bool reclaimed = fsc_reclaim_stop (o);
   if (!fsc_object_check_stale (o) &&
       fsc_object_state (o) == FSC_OBJ_AVAILABLE &&
       fsc_object_commit (o) == 0) {
@@ -685,7 +695,8 @@ fsc_object_close (struct fsc_object *o)
      * open reclaims unnamed space only after a crash.
      */
     fsc_punch_pending (o);
-    fsc_write_sb (o, FSC_SB_CLEAN, 0, NULL);
+    if (reclaimed || !o->reclaim_unclean)
+      fsc_write_sb (o, FSC_SB_CLEAN, 0, NULL);
   }
   /* The last word, while we still hold the lock on the index. */
   fsc_live_publish (o, false, true);
