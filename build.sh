@@ -1,20 +1,32 @@
 #!/usr/bin/env bash
 # nbd-fscache: the two commands of README.md.
 #
-#   ./build.sh demo    install what is missing, build, run the demo
-#   ./build.sh check   install what is missing, build, run every test
-#   ./build.sh build   install what is missing, build
+#   ./build.sh demo    install what the demo needs, build, run the demo
+#   ./build.sh check   install what the tests need, build, run every test
+#   ./build.sh build   install what building needs, build
 #
 # On Debian 12 as root it installs the Debian packages that are
-# missing; elsewhere it only checks for them.  Builds happen in place
-# and only redo what is out of date.
+# missing; elsewhere it only checks for them.  Each command installs
+# only its own: the demo, on a fresh machine, should not wait for the
+# kernel, qemu and servers that only the tests use.  Builds happen in
+# place and only redo what is out of date.
 set -euo pipefail
 cd "$(dirname "$0")"
 
-packages=(
+# Building: the compiler and autotools, nbdkit's headers (which bring
+# nbdkit), libnbd, libev, libuuid, libxxhash; pod2man comes with perl.
+build_packages=(
   build-essential autoconf automake libtool pkg-config
-  nbdkit nbdkit-plugin-dev libnbd-dev libnbd-bin libev-dev uuid-dev
-  libxxhash-dev fio qemu-utils python3-libnbd
+  nbdkit nbdkit-plugin-dev libnbd-dev libev-dev uuid-dev libxxhash-dev
+)
+# tools/demo.sh: nbdkit with its file plugin and log, rate and delay
+# filters (all in nbdkit), and nbdcopy.
+demo_packages=(
+  libnbd-bin
+)
+# The tests, on top of both.
+check_packages=(
+  fio qemu-utils python3-libnbd
   # The real upstreams and clients of the integration tests.
   nginx-light openssh-server openssh-client nbd-server socat
   # The kernel nbd-client test: a guest kernel under qemu TCG.
@@ -22,7 +34,12 @@ packages=(
   e2fsprogs kmod
   # promtool, which checks nbd-fscache stat --prometheus.
   prometheus
+  # test-units.sh: systemd-analyze, systemd-socket-activate, man for
+  # the units' Documentation=; test-package.sh: the Debian package
+  # built from git's files, checked by lintian.
+  systemd man-db git debhelper lintian
 )
+packages=("${build_packages[@]}")
 
 install_deps () {
   local missing=()
@@ -57,9 +74,11 @@ case "${1:-}" in
   build)
     build ;;
   demo)
+    packages+=("${demo_packages[@]}")
     build
     exec tools/demo.sh ;;
   check)
+    packages+=("${demo_packages[@]}" "${check_packages[@]}")
     build
     status=0
     rm -f test-suite.log
