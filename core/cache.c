@@ -292,6 +292,12 @@ fsc_cache_stats (struct fsc_cache *cache, struct fsc_stats *st)
   fsc_stats_snapshot (&cache->stats, st);
 }
 
+uint64_t
+fsc_cache_io_calls (struct fsc_cache *cache, int op, int kind)
+{
+  return __atomic_load_n (&cache->io.calls[op][kind], __ATOMIC_RELAXED);
+}
+
 void
 fsc_cache_set_trace (struct fsc_cache *cache, fsc_io_trace_fn *fn,
                      void *opaque)
@@ -358,6 +364,13 @@ each_object (struct fsc_cache *cache, bool budgets)
   for (size_t i = 0; i < n; ++i) {
     if (budgets)
       fsc_object_check_budget (objs[i]);
+    /* Page out what requests left behind past the resident bound
+     * (groups.c); a request pages out only while it pins new groups.
+     */
+    pthread_mutex_lock (&objs[i]->lock);
+    if (objs[i]->ngalloc > objs[i]->res_max)
+      fsc_groups_trim (objs[i]);
+    pthread_mutex_unlock (&objs[i]->lock);
     /* The counters ride on commits: an object only read from (hits)
      * gets no index writes of its own, and its index's mtime keeps
      * meaning its last change (nbd-fscached's age).  NAME.stats has

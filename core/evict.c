@@ -78,8 +78,8 @@
  * the requests, instead of before the first one: it claims each
  * group's blocks (fetching) while it punches them, like a fetch, so
  * that no fill writes there meanwhile, and looks again at the blocks
- * somebody else held once they are free.  A close stops it; one cut
- * short leaves the index unclean, so the next open walks again.
+ * somebody else held once they are free.  A close waits for it (a
+ * kill -9 cuts it short, and the next open walks again).
  *
  * The floor.  Below fscache-min-free (blocks) or its inode twin, or
  * while DIR/fscache.stop exists, no new blocks are stored: misses are
@@ -102,6 +102,18 @@
 #include "utils.h"
 
 #define SPACE_CHECK_MS 500
+
+/* The probation and ghost FIFOs hold at most this many block numbers
+ * each (8 MiB): memory must not grow with the budget.  A block that
+ * falls off probation early becomes a main block; a ghost forgotten
+ * early only costs its next fill a trip through probation.
+ */
+#define QUEUE_MAX ((size_t) 1 << 20)
+
+/* Groups read in at a time when the sweep found too few victims in
+ * memory.
+ */
+#define PAGE_IN_GROUPS 256
 
 static uint64_t
 now_ms (void)
@@ -253,7 +265,8 @@ fsc_note_filled (struct fsc_object *o, uint64_t b, bool prefetched)
    * Stale entries make it longer than probation; 4 budgets bound it.
    */
   if (ring_push (&o->pq, &o->pq_head, &o->pq_len, &o->pq_cap,
-                 4 * budget_blocks (o, budget), b, &dropped) == -1)
+                 MIN (4 * budget_blocks (o, budget), QUEUE_MAX), b,
+                 &dropped) == -1)
     return;
   g->probation |= bit;
   o->nprobation++;
@@ -276,7 +289,8 @@ note_ghost (struct fsc_object *o, uint64_t b, uint64_t budget)
 {
   uint64_t dropped;
   if (ring_push (&o->gq, &o->gq_head, &o->gq_len, &o->gq_cap,
-                 budget_blocks (o, budget), b, &dropped) == -1)
+                 MIN (budget_blocks (o, budget), QUEUE_MAX), b,
+                 &dropped) == -1)
     return;
   grp (o, GROUP_OF (b))->ghost |= BIT_OF (b);
   if (dropped != UINT64_MAX && dropped != b && grp (o, GROUP_OF (dropped)))
@@ -522,7 +536,21 @@ shrink (struct fsc_object *o, uint64_t len, bool scan)
       pthread_mutex_lock (&o->lock);
       uint64_t got = sweep (o, want, need, budget, scan);
       uint64_t target = o->change_seq;
+      uint64_t hand = o->hand;
       pthread_mutex_unlock (&o->lock);
+      if (got < need) {
+        /* The victims the policy needs may be in groups not in
+         * memory (groups.c): read some in from the hand on, so that
+         * the next round's sweep sees them, and the cap holds.
+         */
+        if (fsc_groups_page_in (o, &hand, PAGE_IN_GROUPS) == 0) {
+          pthread_mutex_lock (&o->lock);
+          o->hand = hand;
+          got += sweep (o, want - MIN (got, want), need - got, budget, scan);
+          target = o->change_seq;
+          pthread_mutex_unlock (&o->lock);
+        }
+      }
       if (got > 0) {
         FSC_STAT_ADD (st, eviction_rounds, 1);
         r = fsc_commit_upto (o, target);        /* step b */
@@ -637,13 +665,19 @@ reclaim_group (struct fsc_object *o, int fd, uint64_t base, bool sums,
   uint16_t pieces[FSC_GROUP_BLOCKS];
 
   *skipped = 0;
+  /* Resident for what it names on disk: a group not read in would
+   * look empty, and its blocks' space unnamed.
+   */
+  if (fsc_groups_pin (o, gi, gi) == -1) {
+    fsc_groups_unpin (o, gi, gi);
+    return 0;                   /* withdrawn: nothing more to do */
+  }
   pthread_mutex_lock (&o->lock);
-  struct group *g = group_of (o, gi * FSC_GROUP_BLOCKS, true);
+  struct group *g = grp (o, gi);
   if (g == NULL || o->state != FSC_OBJ_AVAILABLE) {
     pthread_mutex_unlock (&o->lock);
-    if (g == NULL)
-      errno = ENOMEM;
-    return g == NULL ? -1 : 0;
+    fsc_groups_unpin (o, gi, gi);
+    return 0;
   }
   const uint64_t named = g->present & ~g->zero;
   const uint64_t unnamed = range & ~named & ~g->fetching;
@@ -685,6 +719,7 @@ reclaim_group (struct fsc_object *o, int fd, uint64_t base, bool sums,
   g->fetching &= ~claimed;
   pthread_cond_broadcast (&o->cond);
   pthread_mutex_unlock (&o->lock);
+  fsc_groups_unpin (o, gi, gi);
   errno = err;
   return r;
 }
@@ -702,8 +737,7 @@ struct reclaim_later {
 static bool
 stopping (struct fsc_object *o)
 {
-  return __atomic_load_n (&o->reclaim_stop, __ATOMIC_RELAXED) ||
-    fsc_object_state (o) != FSC_OBJ_AVAILABLE;
+  return fsc_object_state (o) != FSC_OBJ_AVAILABLE;
 }
 
 /* Punch what no present block with data covers in FD: a data segment
@@ -771,8 +805,7 @@ reclaim_later (struct fsc_object *o, struct reclaim_later *later)
     bool sums = later->v[i].sums;
     pthread_mutex_lock (&o->lock);
     struct group *g = grp (o, gi);
-    while (g && (g->fetching & mask) && o->state == FSC_OBJ_AVAILABLE &&
-           !__atomic_load_n (&o->reclaim_stop, __ATOMIC_RELAXED))
+    while (g && (g->fetching & mask) && o->state == FSC_OBJ_AVAILABLE)
       pthread_cond_wait (&o->cond, &o->lock);
     pthread_mutex_unlock (&o->lock);
     if (stopping (o))
@@ -848,10 +881,13 @@ reclaimer (void *arg)
 {
   struct fsc_object *o = arg;
   int r = 0;
-  if (o->reclaim_unclean || leaked (o))
+  /* The gauges first: leaked () needs them. */
+  if (o->census_next < o->ngroups)
+    r = fsc_groups_census (o);
+  if (r == 0 && (o->reclaim_unclean || leaked (o)))
     r = fsc_reclaim_unnamed (o);
   pthread_mutex_lock (&o->lock);
-  o->reclaim_done = r == 0 && !o->reclaim_stop;
+  o->reclaim_done = r == 0 && o->state == FSC_OBJ_AVAILABLE;
   o->reclaim_running = false;
   pthread_cond_broadcast (&o->cond);
   pthread_mutex_unlock (&o->lock);
@@ -862,7 +898,6 @@ int
 fsc_reclaim_start (struct fsc_object *o, bool unclean)
 {
   o->reclaim_unclean = unclean;
-  o->reclaim_stop = false;
   o->reclaim_done = false;
   o->reclaim_running = true;
   int e = pthread_create (&o->reclaim_thread, NULL, reclaimer, o);
@@ -876,14 +911,10 @@ fsc_reclaim_start (struct fsc_object *o, bool unclean)
 }
 
 bool
-fsc_reclaim_stop (struct fsc_object *o)
+fsc_reclaim_finish (struct fsc_object *o)
 {
   if (!o->reclaim_joinable)
     return o->reclaim_done;
-  pthread_mutex_lock (&o->lock);
-  __atomic_store_n (&o->reclaim_stop, true, __ATOMIC_RELAXED);
-  pthread_cond_broadcast (&o->cond);    /* reclaim_later may wait */
-  pthread_mutex_unlock (&o->lock);
   pthread_join (o->reclaim_thread, NULL);
   o->reclaim_joinable = false;
   return o->reclaim_done;

@@ -91,6 +91,12 @@ extern void fsc_cache_uuid (const struct fsc_cache *cache, char out[37]);
 /* Snapshot of the cache's counters. */
 extern void fsc_cache_stats (struct fsc_cache *cache, struct fsc_stats *st);
 
+/* For tests: the calls of OP (FSC_OP_*) on files of KIND (FSC_FILE_*)
+ * made so far (io.h), e.g. the index reads an open costs.
+ */
+extern uint64_t fsc_cache_io_calls (struct fsc_cache *cache, int op,
+                                    int kind);
+
 /* For tests: call FN after every write and sync of a cache file (see
  * io.h).  Set it before any I/O is under way.
  */
@@ -114,7 +120,12 @@ struct fsc_object_params {
   bool offline;                 /* the upstream cannot be reached: SIZE
                                  * comes from fsc_object_peek_size and
                                  * FINGERPRINT is unknown */
+  uint64_t resident_groups;     /* groups of FSC_GROUP_BLOCKS blocks kept
+                                 * in memory; 0: FSC_RESIDENT_DEFAULT */
 };
+
+/* Groups kept in memory by default: about 760 bytes each, 12 MiB. */
+#define FSC_RESIDENT_DEFAULT 16384
 
 struct fsc_open_info {
   int state;                    /* AVAILABLE or WITHDRAWN */
@@ -123,7 +134,9 @@ struct fsc_open_info {
   bool busy;                    /* another process holds it: uncached */
   bool shared;                  /* already open in this process */
   int err;                      /* errno that made it uncached, or 0 */
-  uint64_t present_blocks;      /* blocks cached at open */
+  uint64_t present_blocks;      /* blocks cached at open; after a crash
+                                 * only those counted so far (the census
+                                 * runs in the background: groups.c) */
   unsigned old_version;         /* reused an index of this older format
                                  * version (now upgraded); 0 if not */
 };

@@ -1,23 +1,55 @@
-/* libfscache: an object's group table.
+/* libfscache: an object's group table, and the paging of its groups.
  *
  * An object's in-memory state lives in groups of FSC_GROUP_BLOCKS
  * blocks (struct group, internal.h), allocated only for groups with
  * something cached or in flight.  The table that finds them is three
  * levels deep (top, mid nodes of GT_MID leaves, leaves of GT_LEAF
- * group pointers), so that its memory follows what is cached, not the
- * export's size: a flat array of one pointer per group would be
+ * group pointers), so that its memory follows what is resident, not
+ * the export's size: a flat array of one pointer per group would be
  * 128 MiB for a 64 TiB export of 64 KiB blocks before anything is
  * cached; here it is the top level, 512 pointers, plus one mid node
- * and one leaf per region actually touched (4 KiB and 512 bytes).
+ * and one leaf per region actually resident (4 KiB and 520 bytes).
+ *
+ * Paging.  The index on disk is the truth and the groups in memory a
+ * cache of it, as a file system's inode cache: a group is read from
+ * its record the first time a request needs it, and the object keeps
+ * at most res_max groups resident (FSC_RESIDENT_DEFAULT: 16384 groups
+ * of about 760 bytes, 12 MiB, whatever is cached), so that opening an
+ * object reads only its superblock, and memory does not grow with the
+ * cached amount.  A request pins the groups it touches
+ * (fsc_groups_pin) before looking at them: those not resident are
+ * allocated as placeholders marked loading, the lock is let go, their
+ * records are read (consecutive groups in one read, at most one extra
+ * index read per request), and the placeholders filled; others that
+ * need them wait on obj->cond.  A pinned, busy (claimed, read, written,
+ * queued for a commit or a punch) or loading group is never paged out;
+ * the others go by CLOCK (touched is the second chance) when the
+ * resident set grows past res_max (fsc_groups_trim), and never while
+ * a commit is writing records (a group read back then could miss the
+ * change in flight).  A group paged out had no change that its record
+ * lacks, so reading it again gives it back as it was, less the
+ * eviction policy's hints (probation, ghost, reference bits: as after
+ * a restart, they cost hits, never data).
  *
  * Lookups (grp, internal.h) are three dependent loads and take no
  * lock of their own: the table changes only under o->lock, like the
- * groups themselves.  Nothing is ever freed before the object is.
+ * groups themselves.
+ *
+ * Gauges.  The present blocks and bytes of the groups not resident are
+ * kept in o->nonres_*: added when a group is paged out, taken off when
+ * it is read in.  At a clean open they come from the superblock's
+ * gauges; after a crash (or from an index without gauges) the census
+ * (fsc_groups_census, run by the reclaimer thread) reads every record
+ * once, in the background, in group order: groups below census_next
+ * are counted, the others not yet, and a chunk whose groups were read
+ * in or paged out while its records were being read is read again.
  */
 #include <config.h>
 
 #include <errno.h>
 #include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
 
 #include "internal.h"
 #include "utils.h"
@@ -46,6 +78,7 @@ fsc_grp_alloc (struct fsc_object *o, uint64_t gi)
   if (*gp == NULL) {
     if ((*gp = calloc (1, sizeof **gp)) == NULL)
       return NULL;
+    (*lp)->n++;
     o->ngalloc++;
   }
   return *gp;
@@ -95,4 +128,378 @@ fsc_gtable_free (struct fsc_object *o)
   free (o->gtop);
   o->gtop = NULL;
   o->ngalloc = 0;
+}
+
+/*----------------------------------------------------------------------
+ * Paging.
+ */
+
+void
+fsc_group_from_rec (struct fsc_object *o, struct group *g,
+                    const struct fsc_grec *rec, int slot)
+{
+  uint64_t mask = ~UINT64_C (0);
+  if (rec->group == o->ngroups - 1 && o->nblocks % FSC_GROUP_BLOCKS)
+    mask = (UINT64_C (1) << (o->nblocks % FSC_GROUP_BLOCKS)) - 1;
+  g->present = rec->present & mask;
+  g->disk_max = rec->present;
+  g->slot = slot;
+  g->has_record = true;
+  memcpy (g->csum, rec->csum, sizeof g->csum);
+  /* Pieces: 0 (whole) or a non-empty set of the block's own; all the
+   * pieces of the block read as whole.  Pieces a block does not have
+   * could only come from damage or a forger: the block is dropped,
+   * never served (the record's checksum vouches for the rest).
+   */
+  for (uint64_t t = g->present; t; t &= t - 1) {
+    unsigned i = __builtin_ctzll (t);
+    unsigned p = rec->pieces[i];
+    unsigned full = full_pieces (o, rec->group * FSC_GROUP_BLOCKS + i);
+    if (p & ~full)
+      g->present &= ~(UINT64_C (1) << i);
+    g->pieces[i] = p == full ? 0 : p;
+  }
+  /* Zero blocks: present, whole and with the checksum of zeroes, or
+   * else damage, dropped like bad pieces.  A zero bit on an absent
+   * block is ignored.  Versions 1 and 2 wrote zeroes where the bitmap
+   * is (no zero blocks); the bytes are read the same in every version,
+   * so that a record an upgrade leaves as it was reads the same after
+   * the superblock says version 3.
+   */
+  uint64_t zero = rec->zero & g->present;
+  for (uint64_t t = zero; t; t &= t - 1) {
+    unsigned i = __builtin_ctzll (t);
+    uint64_t b = rec->group * FSC_GROUP_BLOCKS + i;
+    if (rec->pieces[i] != 0 || rec->csum[i] != zero_csum (o, b)) {
+      g->present &= ~(UINT64_C (1) << i);
+      zero &= ~(UINT64_C (1) << i);
+    }
+  }
+  g->zero = zero;
+  o->seq = MAX (o->seq, rec->seq);
+}
+
+void
+fsc_group_count (const struct fsc_object *o, uint64_t gi,
+                 const struct group *g, uint64_t *blocks, uint64_t *bytes)
+{
+  *blocks = __builtin_popcountll (g->present);
+  *bytes = 0;
+  for (uint64_t t = g->present; t; t &= t - 1)
+    *bytes += block_held (o, g, gi * FSC_GROUP_BLOCKS + __builtin_ctzll (t));
+}
+
+/* Take group GI's counts off (SIGN < 0) or add them to (SIGN > 0) the
+ * gauges of the groups not resident, if the census has counted it.
+ */
+static void
+nonres_adjust (struct fsc_object *o, uint64_t gi, const struct group *g,
+               int sign)
+{
+  if (gi >= o->census_next)
+    return;
+  uint64_t blocks, bytes;
+  fsc_group_count (o, gi, g, &blocks, &bytes);
+  if (sign > 0) {
+    o->nonres_blocks += blocks;
+    o->nonres_bytes += bytes;
+  }
+  else {
+    o->nonres_blocks -= MIN (blocks, o->nonres_blocks);
+    o->nonres_bytes -= MIN (bytes, o->nonres_bytes);
+  }
+}
+
+/* Read the records of groups G0..G1 (N of them) into BUF (N * 2 slots).
+ * What the file lacks reads as zeroes (no valid record).  Returns 0 or
+ * -1 with errno.
+ */
+static int
+read_records (struct fsc_object *o, uint64_t g0, uint64_t n,
+              unsigned char *buf)
+{
+  size_t len = n * 2 * FSC_GREC_SIZE;
+  ssize_t r = fsc_io_pread (&o->cache->io, FSC_FILE_INDEX, o->ifd, buf, len,
+                            fsc_grec_offset (g0, 0));
+  if (r == -1)
+    return -1;
+  memset (buf + r, 0, len - (size_t) r);
+  return 0;
+}
+
+/* Fill the placeholders G0..G1 flagged in MINE from BUF (their records,
+ * or NULL: none could be read, they stay empty).  Caller holds o->lock.
+ */
+static void
+fill_placeholders (struct fsc_object *o, uint64_t g0, uint64_t g1,
+                   const unsigned char *mine, const unsigned char *buf)
+{
+  for (uint64_t gi = g0; gi <= g1; ++gi) {
+    if (!mine[gi - g0])
+      continue;
+    struct group *g = grp (o, gi);
+    struct fsc_grec rec;
+    int slot = buf ? fsc_grec_pick (buf + (gi - g0) * 2 * FSC_GREC_SIZE, gi,
+                                    o->sb.incarnation, &rec) : -1;
+    if (slot >= 0) {
+      fsc_group_from_rec (o, g, &rec, slot);
+      nonres_adjust (o, gi, g, -1);
+    }
+    g->loading = false;
+    o->pager_events++;
+  }
+}
+
+int
+fsc_groups_pin (struct fsc_object *o, uint64_t g0, uint64_t g1)
+{
+  const uint64_t n = g1 - g0 + 1;
+  unsigned char mine_small[256];
+  unsigned char *mine = n <= sizeof mine_small ? mine_small : calloc (n, 1);
+  bool wait = false, load = false;
+  int r = 0, err = 0;
+
+  if (mine == NULL)
+    return -1;
+  if (mine == mine_small)
+    memset (mine, 0, n);
+  pthread_mutex_lock (&o->lock);
+  for (uint64_t gi = g0; gi <= g1; ++gi) {
+    struct group *g = grp (o, gi);
+    if (g == NULL) {
+      if ((g = fsc_grp_alloc (o, gi)) == NULL) {
+        err = ENOMEM;
+        continue;
+      }
+      /* Nothing to read for an object that is not in use. */
+      g->loading = o->state == FSC_OBJ_AVAILABLE;
+      mine[gi - g0] = g->loading;
+      load |= g->loading;
+    }
+    else if (g->loading)
+      wait = true;
+    g->pins++;
+    g->touched = true;
+  }
+  if (o->ngalloc > o->res_max)
+    fsc_groups_trim (o);
+  pthread_mutex_unlock (&o->lock);
+
+  if (load) {
+    /* One read per run of consecutive placeholders. */
+    for (uint64_t a = 0; a < n; ) {
+      if (!mine[a]) {
+        a++;
+        continue;
+      }
+      uint64_t b = a;
+      while (b + 1 < n && mine[b + 1])
+        b++;
+      unsigned char *buf = malloc ((b - a + 1) * 2 * FSC_GREC_SIZE);
+      int rr = buf ? read_records (o, g0 + a, b - a + 1, buf) : -1;
+      if (rr == -1 && err == 0)
+        err = errno;
+      pthread_mutex_lock (&o->lock);
+      fill_placeholders (o, g0 + a, g0 + b, mine + a, rr == 0 ? buf : NULL);
+      pthread_cond_broadcast (&o->cond);
+      pthread_mutex_unlock (&o->lock);
+      free (buf);
+      a = b + 1;
+    }
+  }
+  if (wait) {
+    pthread_mutex_lock (&o->lock);
+    for (uint64_t gi = g0; gi <= g1; ++gi) {
+      struct group *g;
+      while ((g = grp (o, gi)) != NULL && g->loading)
+        pthread_cond_wait (&o->cond, &o->lock);
+    }
+    pthread_mutex_unlock (&o->lock);
+  }
+  if (mine != mine_small)
+    free (mine);
+  if (err) {
+    /* A group we could not read (or hold) would look empty: the
+     * object cannot be trusted any more, and goes uncached.
+     */
+    fsc_withdraw (o, err);
+    errno = err;
+    r = -1;
+  }
+  return r;
+}
+
+void
+fsc_groups_unpin (struct fsc_object *o, uint64_t g0, uint64_t g1)
+{
+  SCOPED_LOCK (&o->lock);
+  for (uint64_t gi = g0; gi <= g1; ++gi) {
+    struct group *g = grp (o, gi);
+    if (g && g->pins > 0)
+      g->pins--;
+  }
+}
+
+/* May group G be paged out now?  Caller holds o->lock. */
+static bool
+idle (const struct group *g)
+{
+  return g->pins == 0 && !g->loading && g->fetching == 0 &&
+    __atomic_load_n (&g->readers, __ATOMIC_ACQUIRE) == 0 &&
+    g->writers == 0 && !g->dirty && !g->on_punch && g->evicted == 0;
+}
+
+/* Page group GI out.  Caller holds o->lock. */
+static void
+page_out (struct fsc_object *o, uint64_t gi, struct group *g)
+{
+  nonres_adjust (o, gi, g, +1);
+  o->nprobation -= MIN (o->nprobation,
+                        (uint64_t) __builtin_popcountll (g->probation));
+  struct gmid *m = o->gtop[gi >> (GT_LEAF_SHIFT + GT_MID_SHIFT)];
+  struct gleaf **lp = &m->l[(gi >> GT_LEAF_SHIFT) & (GT_MID - 1)];
+  (*lp)->g[gi & (GT_LEAF - 1)] = NULL;
+  if (--(*lp)->n == 0) {
+    free (*lp);
+    *lp = NULL;
+  }
+  free (g);
+  o->ngalloc--;
+  o->pager_events++;
+}
+
+void
+fsc_groups_trim (struct fsc_object *o)
+{
+  if (o->committing)
+    return;
+  for (uint64_t visits = 2 * o->ngalloc + 1;
+       o->ngalloc > o->res_max && visits > 0; --visits) {
+    uint64_t gi = fsc_grp_next (o, o->phand < o->ngroups ? o->phand : 0);
+    if (gi >= o->ngroups && (gi = fsc_grp_next (o, 0)) >= o->ngroups)
+      break;
+    o->phand = gi + 1;
+    struct group *g = grp (o, gi);
+    if (!idle (g))
+      continue;
+    if (g->touched) {
+      g->touched = false;
+      continue;
+    }
+    page_out (o, gi, g);
+  }
+}
+
+int
+fsc_groups_page_in (struct fsc_object *o, uint64_t *gi, unsigned n)
+{
+  uint64_t from = *gi < o->ngroups ? *gi : 0;
+  /* The next group with a record: holes in the index have none. */
+  off_t d = lseek (o->ifd, fsc_grec_offset (from, 0), SEEK_DATA);
+  if (d == -1 && errno == ENXIO && from > 0) {
+    from = 0;
+    d = lseek (o->ifd, fsc_grec_offset (0, 0), SEEK_DATA);
+  }
+  if (d == -1) {
+    if (errno == ENXIO) {
+      *gi = 0;
+      return 0;
+    }
+    if (errno != EINVAL)
+      return -1;
+    d = fsc_grec_offset (from, 0);    /* SEEK_DATA unsupported */
+  }
+  if ((uint64_t) d < FSC_GROUPS_OFFSET)
+    d = FSC_GROUPS_OFFSET;
+  uint64_t g0 = ((uint64_t) d - FSC_GROUPS_OFFSET) / (2 * FSC_GREC_SIZE);
+  if (g0 >= o->ngroups) {
+    *gi = 0;
+    return 0;
+  }
+  uint64_t g1 = MIN (g0 + n - 1, o->ngroups - 1);
+  int r = fsc_groups_pin (o, g0, g1);
+  fsc_groups_unpin (o, g0, g1);
+  *gi = g1 + 1;
+  return r;
+}
+
+#define CENSUS_CHUNK 512        /* groups per read: 1 MiB */
+
+int
+fsc_groups_census (struct fsc_object *o)
+{
+  const uint64_t gsize = 2 * FSC_GREC_SIZE;
+  unsigned char *buf = malloc (CENSUS_CHUNK * gsize);
+  uint64_t gi = 0, chunk = CENSUS_CHUNK;
+  int r = 0;
+
+  if (buf == NULL)
+    return -1;
+  while (gi < o->ngroups && fsc_object_state (o) == FSC_OBJ_AVAILABLE) {
+    /* Skip holes: groups never written have no record. */
+    off_t d = lseek (o->ifd, fsc_grec_offset (gi, 0), SEEK_DATA);
+    if (d == -1 && errno == ENXIO) {
+      gi = o->ngroups;
+      break;
+    }
+    if (d == -1 && errno != EINVAL) {
+      r = -1;
+      break;
+    }
+    uint64_t next = d == -1 || (uint64_t) d < FSC_GROUPS_OFFSET ? gi
+      : ((uint64_t) d - FSC_GROUPS_OFFSET) / gsize;
+    if (next > gi) {
+      pthread_mutex_lock (&o->lock);
+      o->census_next = MIN (next, o->ngroups);
+      pthread_mutex_unlock (&o->lock);
+      gi = next;
+      if (gi >= o->ngroups)
+        break;
+    }
+    uint64_t n = MIN (chunk, o->ngroups - gi);
+    pthread_mutex_lock (&o->lock);
+    uint64_t events = o->pager_events;
+    pthread_mutex_unlock (&o->lock);
+    if (read_records (o, gi, n, buf) == -1) {
+      r = -1;
+      break;
+    }
+    pthread_mutex_lock (&o->lock);
+    if (o->pager_events != events) {
+      /* A group of the chunk may have been read in, changed and paged
+       * out meanwhile: what we read may be older than its record.
+       * Again, in smaller chunks, so that a busy pager cannot starve
+       * us.
+       */
+      pthread_mutex_unlock (&o->lock);
+      chunk = MAX (chunk / 8, (uint64_t) 1);
+      continue;
+    }
+    for (uint64_t k = 0; k < n; ++k) {
+      if (grp (o, gi + k))
+        continue;               /* resident: counted live */
+      struct fsc_grec rec;
+      if (fsc_grec_pick (buf + k * gsize, gi + k, o->sb.incarnation,
+                         &rec) < 0)
+        continue;
+      struct group tmp;
+      memset (&tmp, 0, sizeof tmp);
+      fsc_group_from_rec (o, &tmp, &rec, 0);
+      uint64_t blocks, bytes;
+      fsc_group_count (o, gi + k, &tmp, &blocks, &bytes);
+      o->nonres_blocks += blocks;
+      o->nonres_bytes += bytes;
+    }
+    gi += n;
+    o->census_next = gi;
+    pthread_mutex_unlock (&o->lock);
+    chunk = MIN (chunk * 2, (uint64_t) CENSUS_CHUNK);
+  }
+  if (r == 0 && gi >= o->ngroups) {
+    pthread_mutex_lock (&o->lock);
+    o->census_next = o->ngroups;
+    pthread_mutex_unlock (&o->lock);
+  }
+  free (buf);
+  return r;
 }

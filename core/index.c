@@ -257,6 +257,24 @@ fsc_grec_decode (const unsigned char *buf, struct fsc_grec *g)
   return true;
 }
 
+int
+fsc_grec_pick (const unsigned char *buf, uint64_t group,
+               uint64_t incarnation, struct fsc_grec *g)
+{
+  struct fsc_grec rec[2];
+  bool ok[2];
+  for (int s = 0; s < 2; ++s)
+    ok[s] = fsc_grec_decode (buf + s * FSC_GREC_SIZE, &rec[s]) &&
+      rec[s].group == group && rec[s].incarnation == incarnation;
+  int best = -1;
+  for (int s = 0; s < 2; ++s)
+    if (ok[s] && (best == -1 || rec[s].seq > rec[best].seq))
+      best = s;
+  if (best >= 0)
+    *g = rec[best];
+  return best;
+}
+
 #define SCAN_CHUNK (512 * 2 * FSC_GREC_SIZE)    /* 1 MiB: 512 groups */
 
 int
@@ -304,16 +322,9 @@ fsc_grec_scan (struct fsc_io *io, int fd, uint64_t ngroups,
     memset (buf + n, 0, got - n);
     for (uint64_t o = 0; o + gsize <= got; o += gsize) {
       uint64_t group = (pos + o - FSC_GROUPS_OFFSET) / gsize;
-      struct fsc_grec rec[2];
-      bool ok[2];
-      for (int s = 0; s < 2; ++s)
-        ok[s] = fsc_grec_decode (buf + o + s * FSC_GREC_SIZE, &rec[s]) &&
-          rec[s].group == group && rec[s].incarnation == incarnation;
-      int best = -1;
-      for (int s = 0; s < 2; ++s)
-        if (ok[s] && (best == -1 || rec[s].seq > rec[best].seq))
-          best = s;
-      if (best >= 0 && fn (opaque, &rec[best], best) == -1)
+      struct fsc_grec rec;
+      int best = fsc_grec_pick (buf + o, group, incarnation, &rec);
+      if (best >= 0 && fn (opaque, &rec, best) == -1)
         return -1;
     }
     /* A short read ends the file. */

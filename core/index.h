@@ -152,6 +152,13 @@ extern void fsc_grec_encode (const struct fsc_grec *g, unsigned char *buf);
 /* Decode and validate one group record slot.  Returns true if valid. */
 extern bool fsc_grec_decode (const unsigned char *buf, struct fsc_grec *g);
 
+/* Of the two slots of group GROUP at BUF (2 * FSC_GREC_SIZE bytes),
+ * the newest valid one of INCARNATION and that group: its number, its
+ * contents in G; or -1 if neither is.
+ */
+extern int fsc_grec_pick (const unsigned char *buf, uint64_t group,
+                          uint64_t incarnation, struct fsc_grec *g);
+
 /* File offset of group GROUP's slot SLOT. */
 static inline uint64_t
 fsc_grec_offset (uint64_t group, int slot)

@@ -17,6 +17,7 @@
 #include <sys/stat.h>
 
 #include "fscache.h"
+#include "index.h"
 #include "io.h"
 #include "keyenc.h"
 #include "utils.h"
@@ -92,6 +93,11 @@ struct group {
   uint32_t epoch;               /* bumped by every invalidation */
   uint32_t writers;             /* writes in flight upstream */
   uint32_t readers;             /* hits in flight (atomic decrement) */
+  uint32_t pins;                /* requests using it (groups.c): not
+                                 * paged out; decremented atomically */
+  bool loading;                 /* its record is being read (groups.c):
+                                 * wait on obj->cond before use */
+  bool touched;                 /* pinned since the pager's hand passed */
   uint8_t slot;                 /* slot of the newest record on disk */
   bool has_record;
   bool dirty;                   /* on obj->dirty */
@@ -113,7 +119,7 @@ struct group {
 #define GT_MID_SHIFT 9
 #define GT_LEAF (1u << GT_LEAF_SHIFT)
 #define GT_MID (1u << GT_MID_SHIFT)
-struct gleaf { struct group *g[GT_LEAF]; };
+struct gleaf { struct group *g[GT_LEAF]; unsigned n; };
 struct gmid { struct gleaf *l[GT_MID]; };
 
 /* A block's sub-block hashes, read from the sums file and checked
@@ -155,7 +161,15 @@ struct fsc_object {
                                  * (fsc_zero_csums) */
   struct gmid **gtop;           /* the group table (groups.c) */
   uint64_t ntop;                /* its top level's entries */
-  uint64_t ngalloc;             /* groups allocated */
+  uint64_t ngalloc;             /* groups allocated (resident) */
+  uint64_t res_max;             /* groups kept resident (groups.c) */
+  uint64_t phand;               /* the pager's hand: a group index */
+  uint64_t census_next;         /* groups below it are counted in
+                                 * nonres_* while not resident */
+  uint64_t nonres_blocks;       /* present blocks and their bytes in */
+  uint64_t nonres_bytes;        /* the records of groups not resident */
+  uint64_t pager_events;        /* loads and page-outs (the census
+                                 * rereads what raced with one) */
 
   pthread_mutex_t lock;
   pthread_cond_t cond;          /* fetch done, commit done */
@@ -215,7 +229,6 @@ struct fsc_object {
   pthread_t reclaim_thread;
   bool reclaim_joinable;        /* started, not joined */
   bool reclaim_running;         /* under lock */
-  bool reclaim_stop;            /* atomic: close asks it to stop */
   bool reclaim_done;            /* under lock: the walk finished */
   bool reclaim_unclean;         /* the previous user crashed */
   bool reclaim_wanted;          /* lookup asks for the thread */
@@ -409,6 +422,41 @@ extern int fsc_gtable_init (struct fsc_object *o);
 extern void fsc_gtable_free (struct fsc_object *o);
 extern struct group *fsc_grp_alloc (struct fsc_object *o, uint64_t gi);
 extern uint64_t fsc_grp_next (const struct fsc_object *o, uint64_t gi);
+
+/* groups.c: paging (see the top of groups.c).  Make groups G0..G1
+ * resident, reading the records of those that are not, and pin them
+ * (not paged out until unpinned).  Without o->lock.  Returns 0, or -1
+ * with errno if a record could not be read (the object is withdrawn
+ * then; the pins are taken anyway, so always unpin).
+ */
+extern int fsc_groups_pin (struct fsc_object *o, uint64_t g0, uint64_t g1);
+/* groups.c: drop the pins of G0..G1.  Without o->lock. */
+extern void fsc_groups_unpin (struct fsc_object *o, uint64_t g0,
+                              uint64_t g1);
+/* groups.c: page out unused groups until at most o->res_max are
+ * resident, or none more can go.  Caller holds o->lock.
+ */
+extern void fsc_groups_trim (struct fsc_object *o);
+/* groups.c: read the records of up to N groups with records from
+ * group *GI on (wrapping), so that the eviction policy sees them; *GI
+ * moves past them.  Without o->lock.  Returns 0 or -1 with errno.
+ */
+extern int fsc_groups_page_in (struct fsc_object *o, uint64_t *gi,
+                               unsigned n);
+/* groups.c: fill G (of group REC->group, slot SLOT on disk) from the
+ * record REC, dropping what damage could have made wrong.
+ */
+extern void fsc_group_from_rec (struct fsc_object *o, struct group *g,
+                                const struct fsc_grec *rec, int slot);
+/* groups.c: the present blocks of G (group GI) and their bytes. */
+extern void fsc_group_count (const struct fsc_object *o, uint64_t gi,
+                             const struct group *g, uint64_t *blocks,
+                             uint64_t *bytes);
+/* groups.c: the census (after a crash, or an index without gauges):
+ * count every non-resident group's record into o->nonres_*.  Stops
+ * early (returning 0) if the object is withdrawn.  Without o->lock.
+ */
+extern int fsc_groups_census (struct fsc_object *o);
 
 /* Group GI (< o->ngroups), or NULL if none is allocated. */
 static inline struct group *
@@ -626,14 +674,16 @@ extern void fsc_punch_pending (struct fsc_object *o);
  */
 extern int fsc_reclaim_unnamed (struct fsc_object *o);
 
-/* evict.c: start the reclaimer thread of an object just opened: after
- * a crash (UNCLEAN) it runs fsc_reclaim_unnamed, else only if the data
- * files hold clearly more than the blocks do.  Returns 0 or -1 with
- * errno.  fsc_reclaim_stop asks it to stop, joins it, and tells
- * whether it finished (or never started: true).  Without o->lock.
+/* evict.c: start the reclaimer thread of an object just opened: the
+ * census if the gauges are not known (groups.c), then after a crash
+ * (UNCLEAN) fsc_reclaim_unnamed, else that only if the data files hold
+ * clearly more than the blocks do.  Returns 0 or -1 with errno.
+ * fsc_reclaim_finish waits for it to end (it ends early only if the
+ * object is withdrawn) and tells whether it finished its work (true if
+ * it never started).  Without o->lock.
  */
 extern int fsc_reclaim_start (struct fsc_object *o, bool unclean);
-extern bool fsc_reclaim_stop (struct fsc_object *o);
+extern bool fsc_reclaim_finish (struct fsc_object *o);
 
 /* evict.c: the committer's look at O: take up a changed quota record
  * and shrink O to its budget.

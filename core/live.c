@@ -42,10 +42,10 @@ fsc_ostats_snapshot (struct fsc_object *o, struct fsc_ostats *out)
   for (unsigned i = 0; i < FSC_OSTATS_MAX; ++i)
     out->v[i] = __atomic_load_n (&o->ostats.v[i], __ATOMIC_RELAXED);
   out->last_reason = o->ostats.last_reason;
-  /* The gauges walk the allocated groups: a few hundred thousand for a
-   * TiB cached, so the lock is let go every GAUGE_BATCH groups rather
-   * than held for the walk (readers wait on it).  The sum may then mix
-   * instants, which statistics may.
+  /* The gauges walk the resident groups (at most a few ten thousand,
+   * groups.c), letting the lock go every GAUGE_BATCH groups rather
+   * than holding it for the walk (readers wait on it).  The sum may
+   * then mix instants, which statistics may.
    */
   enum { GAUGE_BATCH = 1024 };
   uint64_t gi = o->gtop ? fsc_grp_next (o, 0) : UINT64_MAX;
@@ -61,6 +61,11 @@ fsc_ostats_snapshot (struct fsc_object *o, struct fsc_ostats *out)
       pthread_mutex_lock (&o->lock);
     }
   }
+  /* And the groups not in memory (groups.c); after a crash, those the
+   * census has counted so far.
+   */
+  blocks += o->nonres_blocks;
+  bytes += o->nonres_bytes;
   pthread_mutex_unlock (&o->lock);
   out->v[FSC_OSTAT_present_blocks] = blocks;
   out->v[FSC_OSTAT_cached_bytes] = bytes;

@@ -135,55 +135,6 @@ fsc_object_check_stale (struct fsc_object *o)
   return true;
 }
 
-static int
-load_group (void *opaque, const struct fsc_grec *rec, int slot)
-{
-  struct fsc_object *o = opaque;
-  uint64_t mask = ~UINT64_C (0);
-  if (rec->group == o->ngroups - 1 && o->nblocks % FSC_GROUP_BLOCKS)
-    mask = (UINT64_C (1) << (o->nblocks % FSC_GROUP_BLOCKS)) - 1;
-  struct group *g = fsc_grp_alloc (o, rec->group);
-  if (g == NULL)
-    return -1;
-  g->present = rec->present & mask;
-  g->disk_max = rec->present;
-  g->slot = slot;
-  g->has_record = true;
-  memcpy (g->csum, rec->csum, sizeof g->csum);
-  /* Pieces: 0 (whole) or a non-empty set of the block's own; all the
-   * pieces of the block read as whole.  Pieces a block does not have
-   * could only come from damage or a forger: the block is dropped,
-   * never served (the record's checksum vouches for the rest).
-   */
-  for (uint64_t t = g->present; t; t &= t - 1) {
-    unsigned i = __builtin_ctzll (t);
-    unsigned p = rec->pieces[i];
-    unsigned full = full_pieces (o, rec->group * FSC_GROUP_BLOCKS + i);
-    if (p & ~full)
-      g->present &= ~(UINT64_C (1) << i);
-    g->pieces[i] = p == full ? 0 : p;
-  }
-  /* Zero blocks: present, whole and with the checksum of zeroes, or
-   * else damage, dropped like bad pieces.  A zero bit on an absent
-   * block is ignored.  Versions 1 and 2 wrote zeroes where the bitmap
-   * is (no zero blocks); the bytes are read the same in every version,
-   * so that a record an upgrade leaves as it was reads the same after
-   * the superblock says version 3.
-   */
-  uint64_t zero = rec->zero & g->present;
-  for (uint64_t t = zero; t; t &= t - 1) {
-    unsigned i = __builtin_ctzll (t);
-    uint64_t b = rec->group * FSC_GROUP_BLOCKS + i;
-    if (rec->pieces[i] != 0 || rec->csum[i] != zero_csum (o, b)) {
-      g->present &= ~(UINT64_C (1) << i);
-      zero &= ~(UINT64_C (1) << i);
-    }
-  }
-  g->zero = zero;
-  o->seq = MAX (o->seq, rec->seq);
-  return 0;
-}
-
 /* Open one of the object's files (internal.h). */
 int
 fsc_open_file_flags (const struct fsc_object *o, const char *suffix,
@@ -302,7 +253,7 @@ create_cold (struct fsc_object *o, const struct fsc_object_params *p)
 static void
 free_object (struct fsc_object *o)
 {
-  (void) fsc_reclaim_stop (o);
+  (void) fsc_reclaim_finish (o);
   fsc_gtable_free (o);
   free (o->dirty);
   free (o->punch);
@@ -397,13 +348,15 @@ lookup (struct fsc_object *o, const struct fsc_object_params *p,
       info->old_version = sb.version;
       FSC_STAT_ADD (st, objects_upgraded, 1);
     }
-    if (fsc_grec_scan (&c->io, o->ifd, o->ngroups, sb.incarnation,
-                       load_group, o) == -1) {
-      /* Unreadable index: start cold rather than trust part of it. */
-      fsc_gtable_free (o);
-      if (fsc_gtable_init (o) == -1)
-        return -1;
-      reason = FSC_REJ_IO;
+    /* The groups are read when first needed (groups.c).  Their
+     * gauges: exact in the superblock of a clean close; otherwise
+     * counted by the census, in the background.
+     */
+    if (!info->unclean &&
+        sb.ncounters > (uint32_t) FSC_OSTAT_cached_bytes) {
+      o->nonres_blocks = sb.ostats.v[FSC_OSTAT_present_blocks];
+      o->nonres_bytes = sb.ostats.v[FSC_OSTAT_cached_bytes];
+      o->census_next = o->ngroups;
     }
   }
   info->reason = reason;
@@ -432,6 +385,7 @@ lookup (struct fsc_object *o, const struct fsc_object_params *p,
     o->reclaim_wanted = true;
   }
   else {
+    o->census_next = o->ngroups;        /* cold: nothing to count */
     o->state = FSC_OBJ_CREATING;
     if (reason != FSC_REJ_NEW)
       FSC_STAT_ADD (st, objects_discarded, 1);
@@ -553,6 +507,8 @@ fsc_object_open (struct fsc_cache *c, const struct fsc_object_params *p,
   o->state = FSC_OBJ_LOOKING_UP;
   o->max_size = p->max_size;
   o->quota = UINT64_MAX;
+  o->res_max = p->resident_groups ? p->resident_groups
+    : FSC_RESIDENT_DEFAULT;
   pthread_mutex_init (&o->lock, NULL);
   pthread_cond_init (&o->cond, NULL);
   o->key = malloc (p->key_len);
@@ -684,10 +640,13 @@ fsc_object_close (struct fsc_object *o)
   o->closing = true;
   pthread_mutex_unlock (&c->lock);
 
-  /* A walk for unnamed space cut short leaves the index unclean, so
-   * that the next open walks again.
+  /* The census and the walk for unnamed space end first: a close
+   * waits for them (they take a few hundred milliseconds per GiB of
+   * index and of scattered data), so that the gauges saved and the
+   * clean mark are right, and that short connections after a crash
+   * cannot start them over and over.  Requests never wait for them.
    */
-  bool reclaimed = fsc_reclaim_stop (o);
+  bool reclaimed = fsc_reclaim_finish (o);
   if (!fsc_object_check_stale (o) &&
       fsc_object_state (o) == FSC_OBJ_AVAILABLE &&
       fsc_object_commit (o) == 0) {
@@ -695,7 +654,8 @@ fsc_object_close (struct fsc_object *o)
      * open reclaims unnamed space only after a crash.
      */
     fsc_punch_pending (o);
-    if (reclaimed || !o->reclaim_unclean)
+    if (reclaimed ||
+        (!o->reclaim_unclean && o->census_next >= o->ngroups))
       fsc_write_sb (o, FSC_SB_CLEAN, 0, NULL);
   }
   /* The last word, while we still hold the lock on the index. */
@@ -762,19 +722,23 @@ fsc_object_state (struct fsc_object *o)
 uint64_t
 fsc_object_present_blocks (struct fsc_object *o)
 {
-  SCOPED_LOCK (&o->lock);
-  uint64_t n = 0;
-  if (o->state == FSC_OBJ_WITHDRAWN)
+  if (fsc_object_state (o) == FSC_OBJ_WITHDRAWN)
     return 0;
-  for (uint64_t i = fsc_grp_next (o, 0); i < o->ngroups;
-       i = fsc_grp_next (o, i + 1))
-    n += __builtin_popcountll (grp (o, i)->present);
-  return n;
+  struct fsc_ostats ost;
+  fsc_ostats_snapshot (o, &ost);
+  return ost.v[FSC_OSTAT_present_blocks];
 }
 
 bool
 fsc_object_block_present (struct fsc_object *o, uint64_t blk)
 {
-  SCOPED_LOCK (&o->lock);
-  return blk < o->nblocks && o->state == FSC_OBJ_AVAILABLE && present (o, blk);
+  if (blk >= o->nblocks)
+    return false;
+  uint64_t gi = GROUP_OF (blk);
+  int r = fsc_groups_pin (o, gi, gi);
+  pthread_mutex_lock (&o->lock);
+  bool is = r == 0 && o->state == FSC_OBJ_AVAILABLE && present (o, blk);
+  pthread_mutex_unlock (&o->lock);
+  fsc_groups_unpin (o, gi, gi);
+  return is;
 }

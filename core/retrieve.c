@@ -426,8 +426,9 @@ holds (struct fsc_object *o, uint64_t b, uint64_t offset, uint64_t end,
  * bytes of BUF served from upstream to *MISSED.
  */
 static int
-do_read (struct fsc_object *o, void *buf, uint32_t count, uint64_t offset,
-         const struct fsc_upstream *up, unsigned flags, uint64_t *missed)
+read_pinned (struct fsc_object *o, void *buf, uint32_t count,
+             uint64_t offset, const struct fsc_upstream *up, unsigned flags,
+             uint64_t *missed)
 {
   struct fsc_stats *st = &o->cache->stats;
   uint64_t end;
@@ -593,6 +594,28 @@ do_read (struct fsc_object *o, void *buf, uint32_t count, uint64_t offset,
     }
   }
   return 0;
+}
+
+/* Pin the groups [OFFSET, OFFSET+COUNT) touches (groups.c) around
+ * the read.  If one cannot be read in, the object is withdrawn and the
+ * read goes upstream.
+ */
+static int
+do_read (struct fsc_object *o, void *buf, uint32_t count, uint64_t offset,
+         const struct fsc_upstream *up, unsigned flags, uint64_t *missed)
+{
+  uint64_t end;
+  if (count == 0 || ADD_OVERFLOW (offset, (uint64_t) count, &end) ||
+      end > o->size)
+    return read_pinned (o, buf, count, offset, up, flags, missed);
+  uint64_t g0 = GROUP_OF (offset >> o->bshift);
+  uint64_t g1 = GROUP_OF ((end - 1) >> o->bshift);
+  (void) fsc_groups_pin (o, g0, g1);
+  int r = read_pinned (o, buf, count, offset, up, flags, missed);
+  int e = errno;
+  fsc_groups_unpin (o, g0, g1);
+  errno = e;
+  return r;
 }
 
 int

@@ -334,14 +334,19 @@ fsc_object_write_begin (struct fsc_object *o, uint64_t offset,
                                        keep ? FSC_WRITE_KEEP : 0, w);
 }
 
+static int write_begin_pinned (struct fsc_object *o, uint64_t offset,
+                               uint64_t count, unsigned flags,
+                               struct fsc_write *w);
+
+/* The groups the write touches are pinned (groups.c) while it drops
+ * their blocks; from then on its count in their writers keeps them in
+ * memory until fsc_object_write_end.
+ */
 int
 fsc_object_write_begin_flags (struct fsc_object *o, uint64_t offset,
                               uint64_t count, unsigned flags,
                               struct fsc_write *w)
 {
-  struct fsc_stats *st = &o->cache->stats;
-  bool keep = flags & FSC_WRITE_KEEP;
-
   memset (w, 0, sizeof *w);
   w->offset = offset;
   w->count = count;
@@ -350,6 +355,22 @@ fsc_object_write_begin_flags (struct fsc_object *o, uint64_t offset,
   if (count == 0 || offset >= o->size)
     return 0;
   count = MIN (count, o->size - offset);
+  const uint64_t g0 = GROUP_OF (offset >> o->bshift);
+  const uint64_t g1 = GROUP_OF ((offset + count - 1) >> o->bshift);
+  (void) fsc_groups_pin (o, g0, g1);  /* failing: withdrawn, see below */
+  int r = write_begin_pinned (o, offset, count, flags, w);
+  int e = errno;
+  fsc_groups_unpin (o, g0, g1);
+  errno = e;
+  return r;
+}
+
+static int
+write_begin_pinned (struct fsc_object *o, uint64_t offset, uint64_t count,
+                    unsigned flags, struct fsc_write *w)
+{
+  struct fsc_stats *st = &o->cache->stats;
+  bool keep = flags & FSC_WRITE_KEEP;
 
   const uint64_t b0 = offset >> o->bshift;
   const uint64_t b1 = (offset + count - 1) >> o->bshift;

@@ -422,6 +422,7 @@ fscache_prepare (nbdkit_next *next, void *handle, int readonly)
     .key = k, .key_len = klen, .block_size = params.block_size,
     .verify = params.verify, .validate = params.validate,
     .generation = params.generation, .max_size = params.max_size,
+    .resident_groups = params.resident_groups,
   };
   if (!upstream_available (&h->upstream))
     return prepare_offline (h, &p);

@@ -328,6 +328,21 @@ default_dir (void)
 int
 params_config_complete (void)
 {
+  /* A test knob (tests/README.md): a small resident set makes a small
+   * cache page its groups in and out as a big one does.
+   */
+  const char *rg = getenv ("NBD_FSCACHE_RESIDENT_GROUPS");
+  if (rg && *rg) {
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull (rg, &end, 10);
+    if (errno || *end || v == 0 || rg[0] == '-') {
+      nbdkit_error ("NBD_FSCACHE_RESIDENT_GROUPS=%s: not a positive number",
+                    rg);
+      return -1;
+    }
+    params.resident_groups = v;
+  }
   if (params.mode == MODE_WRITEBACK && params.dynamic_export) {
     nbdkit_error ("fscache-mode=writeback cannot be used with "
                   "dynamic-export=true: the writer writes back on a "

@@ -44,6 +44,8 @@ struct fscache_params {
   char *stats_file;             /* fscache-stats, absolute, or NULL */
   uint64_t readahead;           /* fscache-readahead, bytes, 0: off */
   bool offline;                 /* fscache-offline */
+  uint64_t resident_groups;     /* test knob NBD_FSCACHE_RESIDENT_GROUPS:
+                                 * groups kept in memory (0: default) */
   uint64_t max_size;            /* fscache-max-size, 0: none */
   unsigned min_free;            /* fscache-min-free, % of blocks */
   unsigned min_free_inodes;     /* fscache-min-free-inodes, % */

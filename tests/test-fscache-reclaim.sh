@@ -116,13 +116,12 @@ for round in $(seq 1 10); do
   echo "round $round: reader compared $got bytes; junk left at the kill:" \
        "$left bytes"
 done
-echo "$total bytes compared in 10 rounds; the walk was cut short in" \
+echo "$total bytes compared in 10 rounds; the kill cut the walk short in" \
      "$interrupted of them"
 
 # The last proxy frees the junk while it serves, then stops cleanly.
-# A client holds the object open meanwhile: the walk runs while the
-# object is open, and one cut short by its close leaves the index
-# unclean so that the next open walks again (as each round above).
+# A client holds the object open meanwhile, so that the junk is seen
+# going while the object is in use (a close would wait for the walk).
 junk
 proxy "$PAUSE"
 : > "$TMP/up.log"
