@@ -51,10 +51,13 @@ for net in unix tcp; do
       # Each byte at least once; the random 4K pass fetches 4K pieces,
       # but a random read that lands near the last two (plugin: two
       # near reads in a row) takes its whole block, with pieces held
-      # already: a few blocks' worth more at most.
-      cold) [ "$got" -ge "$size" ] && [ "$got" -le $((size + size / 32)) ] ||
+      # already.  Two reads in a row land in one of the 256 blocks by
+      # chance once in 256: about 16 times in 4096 reads, 60 KiB each,
+      # so up to a sixteenth more (a thirty-second failed about one
+      # run in two on a loaded machine, at 4.1% more).
+      cold) [ "$got" -ge "$size" ] && [ "$got" -le $((size + size / 16)) ] ||
               fail "fio $net cold read $got bytes upstream, expected" \
-                   "$size to $((size + size / 32))" ;;
+                   "$size to $((size + size / 16))" ;;
       warm) [ "$got" -eq 0 ] ||
               fail "fio $net warm read $got bytes upstream, expected 0" ;;
     esac
