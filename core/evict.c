@@ -668,10 +668,8 @@ reclaim_group (struct fsc_object *o, int fd, uint64_t base, bool sums,
   /* Resident for what it names on disk: a group not read in would
    * look empty, and its blocks' space unnamed.
    */
-  if (fsc_groups_pin (o, gi, gi) == -1) {
-    fsc_groups_unpin (o, gi, gi);
+  if (fsc_groups_pin (o, gi, gi) == -1)
     return 0;                   /* withdrawn: nothing more to do */
-  }
   pthread_mutex_lock (&o->lock);
   struct group *g = grp (o, gi);
   if (g == NULL || o->state != FSC_OBJ_AVAILABLE) {

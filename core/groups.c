@@ -254,15 +254,25 @@ int
 fsc_groups_pin (struct fsc_object *o, uint64_t g0, uint64_t g1)
 {
   const uint64_t n = g1 - g0 + 1;
-  unsigned char mine_small[256];
+  unsigned char mine_small[256], pinned_small[256];
   unsigned char *mine = n <= sizeof mine_small ? mine_small : calloc (n, 1);
+  unsigned char *pinned = n <= sizeof pinned_small ? pinned_small
+    : calloc (n, 1);
   bool wait = false, load = false;
   int r = 0, err = 0;
 
-  if (mine == NULL)
+  if (mine == NULL || pinned == NULL) {
+    if (mine != mine_small)
+      free (mine);
+    if (pinned != pinned_small)
+      free (pinned);
+    errno = ENOMEM;
     return -1;
+  }
   if (mine == mine_small)
     memset (mine, 0, n);
+  if (pinned == pinned_small)
+    memset (pinned, 0, n);
   pthread_mutex_lock (&o->lock);
   for (uint64_t gi = g0; gi <= g1; ++gi) {
     struct group *g = grp (o, gi);
@@ -278,7 +288,8 @@ fsc_groups_pin (struct fsc_object *o, uint64_t g0, uint64_t g1)
     }
     else if (g->loading)
       wait = true;
-    g->pins++;
+    __atomic_add_fetch (&g->pins, 1, __ATOMIC_RELAXED);
+    pinned[gi - g0] = 1;
     g->touched = true;
   }
   if (o->ngalloc > o->res_max)
@@ -320,23 +331,36 @@ fsc_groups_pin (struct fsc_object *o, uint64_t g0, uint64_t g1)
     free (mine);
   if (err) {
     /* A group we could not read (or hold) would look empty: the
-     * object cannot be trusted any more, and goes uncached.
+     * object cannot be trusted any more, and goes uncached.  Our pins
+     * go: the caller holds none.
      */
     fsc_withdraw (o, err);
+    pthread_mutex_lock (&o->lock);
+    for (uint64_t gi = g0; gi <= g1; ++gi) {
+      struct group *g = grp (o, gi);
+      if (g && pinned[gi - g0])
+        __atomic_sub_fetch (&g->pins, 1, __ATOMIC_RELEASE);
+    }
+    pthread_mutex_unlock (&o->lock);
     errno = err;
     r = -1;
   }
+  if (pinned != pinned_small)
+    free (pinned);
   return r;
 }
 
+/* Without the lock, as hits drop their readers count: a pinned group
+ * is not paged out, so its leaf (which counts it) stays, and grp finds
+ * it; once the count is down, we touch it no more.
+ */
 void
 fsc_groups_unpin (struct fsc_object *o, uint64_t g0, uint64_t g1)
 {
-  SCOPED_LOCK (&o->lock);
   for (uint64_t gi = g0; gi <= g1; ++gi) {
     struct group *g = grp (o, gi);
-    if (g && g->pins > 0)
-      g->pins--;
+    if (g)
+      __atomic_sub_fetch (&g->pins, 1, __ATOMIC_RELEASE);
   }
 }
 
@@ -344,7 +368,8 @@ fsc_groups_unpin (struct fsc_object *o, uint64_t g0, uint64_t g1)
 static bool
 idle (const struct group *g)
 {
-  return g->pins == 0 && !g->loading && g->fetching == 0 &&
+  return __atomic_load_n (&g->pins, __ATOMIC_ACQUIRE) == 0 &&
+    !g->loading && g->fetching == 0 &&
     __atomic_load_n (&g->readers, __ATOMIC_ACQUIRE) == 0 &&
     g->writers == 0 && !g->dirty && !g->on_punch && g->evicted == 0;
 }
@@ -418,7 +443,8 @@ fsc_groups_page_in (struct fsc_object *o, uint64_t *gi, unsigned n)
   }
   uint64_t g1 = MIN (g0 + n - 1, o->ngroups - 1);
   int r = fsc_groups_pin (o, g0, g1);
-  fsc_groups_unpin (o, g0, g1);
+  if (r == 0)
+    fsc_groups_unpin (o, g0, g1);
   *gi = g1 + 1;
   return r;
 }

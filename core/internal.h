@@ -426,11 +426,13 @@ extern uint64_t fsc_grp_next (const struct fsc_object *o, uint64_t gi);
 /* groups.c: paging (see the top of groups.c).  Make groups G0..G1
  * resident, reading the records of those that are not, and pin them
  * (not paged out until unpinned).  Without o->lock.  Returns 0, or -1
- * with errno if a record could not be read (the object is withdrawn
- * then; the pins are taken anyway, so always unpin).
+ * with errno and no pins held if a record could not be read or a group
+ * held (the object is withdrawn then).
  */
 extern int fsc_groups_pin (struct fsc_object *o, uint64_t g0, uint64_t g1);
-/* groups.c: drop the pins of G0..G1.  Without o->lock. */
+/* groups.c: drop the pins of G0..G1 (taken by a successful
+ * fsc_groups_pin).  Without o->lock.
+ */
 extern void fsc_groups_unpin (struct fsc_object *o, uint64_t g0,
                               uint64_t g1);
 /* groups.c: page out unused groups until at most o->res_max are

@@ -735,9 +735,10 @@ fsc_object_block_present (struct fsc_object *o, uint64_t blk)
   if (blk >= o->nblocks)
     return false;
   uint64_t gi = GROUP_OF (blk);
-  int r = fsc_groups_pin (o, gi, gi);
+  if (fsc_groups_pin (o, gi, gi) == -1)
+    return false;
   pthread_mutex_lock (&o->lock);
-  bool is = r == 0 && o->state == FSC_OBJ_AVAILABLE && present (o, blk);
+  bool is = o->state == FSC_OBJ_AVAILABLE && present (o, blk);
   pthread_mutex_unlock (&o->lock);
   fsc_groups_unpin (o, gi, gi);
   return is;

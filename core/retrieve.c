@@ -610,10 +610,11 @@ do_read (struct fsc_object *o, void *buf, uint32_t count, uint64_t offset,
     return read_pinned (o, buf, count, offset, up, flags, missed);
   uint64_t g0 = GROUP_OF (offset >> o->bshift);
   uint64_t g1 = GROUP_OF ((end - 1) >> o->bshift);
-  (void) fsc_groups_pin (o, g0, g1);
+  bool pinned = fsc_groups_pin (o, g0, g1) == 0;
   int r = read_pinned (o, buf, count, offset, up, flags, missed);
   int e = errno;
-  fsc_groups_unpin (o, g0, g1);
+  if (pinned)
+    fsc_groups_unpin (o, g0, g1);
   errno = e;
   return r;
 }

@@ -357,10 +357,12 @@ fsc_object_write_begin_flags (struct fsc_object *o, uint64_t offset,
   count = MIN (count, o->size - offset);
   const uint64_t g0 = GROUP_OF (offset >> o->bshift);
   const uint64_t g1 = GROUP_OF ((offset + count - 1) >> o->bshift);
-  (void) fsc_groups_pin (o, g0, g1);  /* failing: withdrawn, see below */
+  /* Failing, the object is withdrawn: write_begin_pinned sees it. */
+  bool pinned = fsc_groups_pin (o, g0, g1) == 0;
   int r = write_begin_pinned (o, offset, count, flags, w);
   int e = errno;
-  fsc_groups_unpin (o, g0, g1);
+  if (pinned)
+    fsc_groups_unpin (o, g0, g1);
   errno = e;
   return r;
 }
