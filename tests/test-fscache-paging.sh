@@ -45,6 +45,7 @@ proxy ()
     fscache-readahead=0 \
     fscache-validate=size fscache-stats="$TMP/px.stats" 2>>"$TMP/px.err"
   wait_until test -s "$TMP/px.pid" || fail "the proxy did not start"
+  cleanup_fn "kill -9 $(cat "$TMP/px.pid") 2>/dev/null"
 }
 uri="nbd+unix:///?socket=$TMP/px.sock"
 

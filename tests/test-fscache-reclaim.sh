@@ -43,6 +43,7 @@ proxy ()                # [ENV=VALUE...]: start the proxy on px.sock
     nbd socket="$TMP/up.sock" fscache-dir="$TMP/cache" fscache-key=k \
     fscache-readahead=0 fscache-validate=size 2>>"$TMP/px.err"
   wait_until test -s "$TMP/px.pid" || fail "the proxy did not start"
+  cleanup_fn "kill -9 $(cat "$TMP/px.pid") 2>/dev/null"
 }
 PAUSE=NBD_FSCACHE_FAULTS=write:data:1+:ENOSPC
 uri="nbd+unix:///?socket=$TMP/px.sock"
