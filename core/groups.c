@@ -350,6 +350,24 @@ fsc_groups_pin (struct fsc_object *o, uint64_t g0, uint64_t g1)
   return r;
 }
 
+bool
+fsc_groups_pin_resident (struct fsc_object *o, uint64_t g0, uint64_t g1)
+{
+  for (uint64_t gi = g0; gi <= g1; ++gi) {
+    const struct group *g = grp (o, gi);
+    if (g == NULL || g->loading)
+      return false;
+  }
+  for (uint64_t gi = g0; gi <= g1; ++gi) {
+    struct group *g = grp (o, gi);
+    if (g) {                    /* always, as just seen */
+      __atomic_add_fetch (&g->pins, 1, __ATOMIC_RELAXED);
+      g->touched = true;
+    }
+  }
+  return true;
+}
+
 /* Without the lock, as hits drop their readers count: a pinned group
  * is not paged out, so its leaf (which counts it) stays, and grp finds
  * it; once the count is down, we touch it no more.

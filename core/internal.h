@@ -430,6 +430,11 @@ extern uint64_t fsc_grp_next (const struct fsc_object *o, uint64_t gi);
  * held (the object is withdrawn then).
  */
 extern int fsc_groups_pin (struct fsc_object *o, uint64_t g0, uint64_t g1);
+/* groups.c: pin G0..G1 if all are resident (not loading) and return
+ * true; else pin nothing and return false.  Caller holds o->lock.
+ */
+extern bool fsc_groups_pin_resident (struct fsc_object *o, uint64_t g0,
+                                     uint64_t g1);
 /* groups.c: drop the pins of G0..G1 (taken by a successful
  * fsc_groups_pin).  Without o->lock.
  */

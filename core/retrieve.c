@@ -425,10 +425,20 @@ holds (struct fsc_object *o, uint64_t b, uint64_t offset, uint64_t end,
 /* The read path shared by reads (BUF != NULL) and prefetch.  Adds the
  * bytes of BUF served from upstream to *MISSED.
  */
+/* PIN: the groups G0..G1 the read touches; *PINNED is set once they
+ * are pinned (groups.c), in the first critical section when they are
+ * resident (a hit costs no lock of its own for it), or else by reading
+ * them in without the lock.
+ */
+struct read_pin {
+  uint64_t g0, g1;
+  bool pinned, tried;
+};
+
 static int
 read_pinned (struct fsc_object *o, void *buf, uint32_t count,
              uint64_t offset, const struct fsc_upstream *up, unsigned flags,
-             uint64_t *missed)
+             uint64_t *missed, struct read_pin *pin)
 {
   struct fsc_stats *st = &o->cache->stats;
   uint64_t end;
@@ -459,6 +469,16 @@ read_pinned (struct fsc_object *o, void *buf, uint32_t count,
     uint64_t n = 1;
 
     pthread_mutex_lock (&o->lock);
+    if (!pin->pinned && !pin->tried) {
+      pin->tried = true;
+      if (fsc_groups_pin_resident (o, pin->g0, pin->g1))
+        pin->pinned = true;
+      else {
+        pthread_mutex_unlock (&o->lock);
+        pin->pinned = fsc_groups_pin (o, pin->g0, pin->g1) == 0;
+        continue;               /* look again, with the lock */
+      }
+    }
     if (o->state != FSC_OBJ_AVAILABLE) {
       kind = RUN_UNCACHED;
       n = last - b + 1;
@@ -596,9 +616,9 @@ read_pinned (struct fsc_object *o, void *buf, uint32_t count,
   return 0;
 }
 
-/* Pin the groups [OFFSET, OFFSET+COUNT) touches (groups.c) around
- * the read.  If one cannot be read in, the object is withdrawn and the
- * read goes upstream.
+/* The groups [OFFSET, OFFSET+COUNT) touches are pinned (groups.c)
+ * for the read (read_pinned).  If one cannot be read in, the object is
+ * withdrawn and the read goes upstream.
  */
 static int
 do_read (struct fsc_object *o, void *buf, uint32_t count, uint64_t offset,
@@ -606,15 +626,18 @@ do_read (struct fsc_object *o, void *buf, uint32_t count, uint64_t offset,
 {
   uint64_t end;
   if (count == 0 || ADD_OVERFLOW (offset, (uint64_t) count, &end) ||
-      end > o->size)
-    return read_pinned (o, buf, count, offset, up, flags, missed);
-  uint64_t g0 = GROUP_OF (offset >> o->bshift);
-  uint64_t g1 = GROUP_OF ((end - 1) >> o->bshift);
-  bool pinned = fsc_groups_pin (o, g0, g1) == 0;
-  int r = read_pinned (o, buf, count, offset, up, flags, missed);
+      end > o->size) {
+    struct read_pin none = { .tried = true };
+    return read_pinned (o, buf, count, offset, up, flags, missed, &none);
+  }
+  struct read_pin pin = {
+    .g0 = GROUP_OF (offset >> o->bshift),
+    .g1 = GROUP_OF ((end - 1) >> o->bshift),
+  };
+  int r = read_pinned (o, buf, count, offset, up, flags, missed, &pin);
   int e = errno;
-  if (pinned)
-    fsc_groups_unpin (o, g0, g1);
+  if (pin.pinned)
+    fsc_groups_unpin (o, pin.g0, pin.g1);
   errno = e;
   return r;
 }
