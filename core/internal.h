@@ -319,6 +319,8 @@ _Static_assert (MAX_RUN_GROUPS <= FSC_FILL_MAX_GROUPS,
                 "a fill job must hold a whole run's epochs");
 #define DIRTY_KICK 256                  /* dirty groups that wake the
                                          * committer early */
+#define DIRTY_MAX 4096                  /* dirty groups a fill commits
+                                         * itself past (store.c) */
 #define NOFILL_SECONDS 10               /* pause after ENOSPC */
 #define SUB_SHIFT 12                    /* 4 KiB sub-blocks */
 #define SUB_SIZE (UINT64_C (1) << SUB_SHIFT)

@@ -302,9 +302,17 @@ fsc_fill_blocks (struct fsc_object *o, uint64_t b, uint64_t n,
       fill_ok = false;
   }
   kick = o->ndirty >= DIRTY_KICK;
+  /* Dirty groups stay in memory until committed (groups.c): past
+   * DIRTY_MAX of them, a filler faster than the committer commits
+   * itself, so that memory stays bounded whatever the fill rate.
+   */
+  bool commit = o->ndirty >= DIRTY_MAX;
+  uint64_t target = o->change_seq;
   pthread_cond_broadcast (&o->cond);
   pthread_mutex_unlock (&o->lock);
-  if (kick)
+  if (commit)
+    (void) fsc_commit_upto (o, target);     /* failing: withdrawn */
+  else if (kick)
     fsc_cache_kick (o->cache);
 }
 
