@@ -37,15 +37,12 @@ start_nbdkit -P "$TMP/up.pid" -U "$TMP/up.sock" \
 
 proxy ()
 {
-  rm -f "$TMP/px.pid" "$TMP/px.sock"
   NBD_FSCACHE_RESIDENT_GROUPS=4 NBD_FSCACHE_FAULTS="${NBD_FSCACHE_FAULTS:-}" \
-  nbdkit -P "$TMP/px.pid" -U "$TMP/px.sock" --filter="$FILTER" \
+  start_nbdkit -P "$TMP/px.pid" -U "$TMP/px.sock" --filter="$FILTER" \
     nbd socket="$TMP/up.sock" fscache-dir="$TMP/cache" fscache-key=k \
     fscache-block-size=4096 fscache-max-size="${MAXSIZE:-$CAP}" \
-    fscache-readahead=0 \
-    fscache-validate=size fscache-stats="$TMP/px.stats" 2>>"$TMP/px.err"
-  wait_until test -s "$TMP/px.pid" || fail "the proxy did not start"
-  cleanup_fn "kill -9 $(cat "$TMP/px.pid") 2>/dev/null"
+    fscache-readahead=0 fscache-validate=size \
+    fscache-stats="$TMP/px.stats" 2>>"$TMP/px.err"
 }
 uri="nbd+unix:///?socket=$TMP/px.sock"
 

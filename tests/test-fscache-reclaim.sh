@@ -36,16 +36,14 @@ make_random "$TMP/img" "$SIZE"
 start_nbdkit -P "$TMP/up.pid" -U "$TMP/up.sock" \
   --filter=log file "$TMP/img" logfile="$TMP/up.log"
 
-proxy ()                # [ENV=VALUE...]: start the proxy on px.sock
+proxy ()                # start the proxy on px.sock
 {
-  rm -f "$TMP/px.pid" "$TMP/px.sock"
-  env "$@" nbdkit -P "$TMP/px.pid" -U "$TMP/px.sock" --filter="$FILTER" \
+  NBD_FSCACHE_FAULTS="${NBD_FSCACHE_FAULTS:-}" \
+  start_nbdkit -P "$TMP/px.pid" -U "$TMP/px.sock" --filter="$FILTER" \
     nbd socket="$TMP/up.sock" fscache-dir="$TMP/cache" fscache-key=k \
     fscache-readahead=0 fscache-validate=size 2>>"$TMP/px.err"
-  wait_until test -s "$TMP/px.pid" || fail "the proxy did not start"
-  cleanup_fn "kill -9 $(cat "$TMP/px.pid") 2>/dev/null"
 }
-PAUSE=NBD_FSCACHE_FAULTS=write:data:1+:ENOSPC
+PAUSE=write:data:1+:ENOSPC
 uri="nbd+unix:///?socket=$TMP/px.sock"
 
 # Reads the export in 1 MiB chunks from OFFSET on, comparing each with
@@ -102,7 +100,7 @@ total=0
 interrupted=0
 for round in $(seq 1 10); do
   junk
-  proxy "$PAUSE"
+  NBD_FSCACHE_FAULTS=$PAUSE proxy
   "$PYTHON" "$TMP/reader.py" "$uri" "$TMP/img" 0 > "$TMP/read.out" &
   reader=$!
   # A random moment in the first 0.3 s: the walk over 768 extents and
@@ -124,7 +122,7 @@ echo "$total bytes compared in 10 rounds; the kill cut the walk short in" \
 # A client holds the object open meanwhile, so that the junk is seen
 # going while the object is in use (a close would wait for the walk).
 junk
-proxy "$PAUSE"
+NBD_FSCACHE_FAULTS=$PAUSE proxy
 : > "$TMP/up.log"
 hold_export "$uri" "$TMP/release"
 "$PYTHON" "$TMP/reader.py" "$uri" "$TMP/img" 0 > "$TMP/read.out" ||
