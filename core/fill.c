@@ -4,12 +4,25 @@
  *
  * A fill job (struct fsc_fill, internal.h) holds claimed blocks of one
  * object, their bytes and the epochs of their claim, and a reference on
- * the object.  Jobs wait in a FIFO under cache->fill_lock, at most
- * FILL_MAX_BYTES of them; past that, or without the thread (unit
- * tests), fsc_fill_new says no and the miss fills inline.  Others that
- * miss on those blocks wait for the fill as for a fetch, since the
- * blocks stay claimed until it is done.  The thread runs from
- * fsc_fill_start to fsc_fill_stop, which finishes every queued job.
+ * the object.  A miss takes its job before it reads upstream (the read
+ * lands in the job's buffer) and offers it to the queue once the data
+ * is there (fsc_fill_submit).  Jobs wait in a FIFO under
+ * cache->fill_lock, at most FILL_MAX_BYTES of them.  That bound is the
+ * cache disk's backlog, bytes fetched and not yet written, so it is
+ * checked when the data has arrived, not when the fetch starts: a slow
+ * link with many large reads in flight has much being fetched and
+ * nothing behind.  Others that miss on those blocks wait for the fill
+ * as for a fetch, since the blocks stay claimed until it is done.  The
+ * thread runs from fsc_fill_start to fsc_fill_stop, which finishes
+ * every queued job.
+ *
+ * A full queue means the cache disk is slower than the upstream, and
+ * the caller decides what to do (retrieve.c): a client's read or a
+ * readahead skips its fill rather than wait for the disk, an
+ * NBD_CMD_CACHE fills inline.  Past half full the cache is congested
+ * (fsc_fill_congested): client reads then bypass the cache altogether,
+ * and readahead pauses.  Without the thread (unit tests) every fill is
+ * inline.
  */
 #include <config.h>
 
@@ -25,20 +38,15 @@ struct fsc_fill *
 fsc_fill_new (struct fsc_cache *c, size_t len)
 {
   pthread_mutex_lock (&c->fill_lock);
-  bool ok = c->filler_running && !c->fill_stopping &&
-    c->fill_bytes + len <= FILL_MAX_BYTES;
-  if (ok)
-    c->fill_bytes += len;
+  bool ok = c->filler_running && !c->fill_stopping;
   pthread_mutex_unlock (&c->fill_lock);
-  if (!ok)
-    return NULL;
-  struct fsc_fill *f = malloc (sizeof *f + len);
-  if (f == NULL) {
-    pthread_mutex_lock (&c->fill_lock);
-    c->fill_bytes -= len;
-    pthread_mutex_unlock (&c->fill_lock);
+  if (!ok) {
+    errno = ENOTSUP;
     return NULL;
   }
+  struct fsc_fill *f = malloc (sizeof *f + len);
+  if (f == NULL)
+    return NULL;
   f->next = NULL;
   f->obj = NULL;
   f->len = len;
@@ -48,16 +56,36 @@ fsc_fill_new (struct fsc_cache *c, size_t len)
 void
 fsc_fill_free (struct fsc_cache *c, struct fsc_fill *f)
 {
-  pthread_mutex_lock (&c->fill_lock);
-  c->fill_bytes -= f->len;
-  pthread_mutex_unlock (&c->fill_lock);
   free (f);
 }
 
-void
+bool
+fsc_fill_congested (struct fsc_cache *c)
+{
+  return __atomic_load_n (&c->fill_bytes, __ATOMIC_RELAXED) >
+    FILL_MAX_BYTES / 2;
+}
+
+int
 fsc_fill_submit (struct fsc_cache *c, struct fsc_object *obj,
                  struct fsc_fill *f)
 {
+  /* An empty queue takes any job, so that a job larger than the bound
+   * (there are none today: a fetch is at most 4 MiB) would not be
+   * refused forever.
+   */
+  pthread_mutex_lock (&c->fill_lock);
+  const size_t queued = c->fill_bytes;
+  bool ok = !c->fill_stopping &&
+    (queued == 0 || queued + f->len <= FILL_MAX_BYTES);
+  if (ok)
+    __atomic_store_n (&c->fill_bytes, queued + f->len, __ATOMIC_RELAXED);
+  pthread_mutex_unlock (&c->fill_lock);
+  if (!ok) {
+    errno = EAGAIN;
+    return -1;
+  }
+
   pthread_mutex_lock (&c->lock);
   obj->refs++;
   pthread_mutex_unlock (&c->lock);
@@ -71,6 +99,7 @@ fsc_fill_submit (struct fsc_cache *c, struct fsc_object *obj,
   c->fill_tail = &f->next;
   pthread_cond_signal (&c->fill_cond);
   pthread_mutex_unlock (&c->fill_lock);
+  return 0;
 }
 
 static void *
@@ -100,6 +129,10 @@ filler (void *arg)
     pthread_cond_broadcast (&o->cond);
     pthread_mutex_unlock (&o->lock);
     fsc_object_close (o);
+    pthread_mutex_lock (&c->fill_lock);
+    __atomic_store_n (&c->fill_bytes, c->fill_bytes - f->len,
+                      __ATOMIC_RELAXED);
+    pthread_mutex_unlock (&c->fill_lock);
     fsc_fill_free (c, f);
   }
 }

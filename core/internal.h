@@ -56,7 +56,8 @@ struct fsc_cache {
   bool commit_wanted;
 
   /* Background fills: a FIFO under fill_lock, at most FILL_MAX_BYTES
-   * queued; the thread runs between fsc_cache_start and close.
+   * queued (fill_bytes, also read without the lock: atomic stores);
+   * the thread runs between fsc_cache_start and close.
    */
   pthread_mutex_t fill_lock;
   pthread_cond_t fill_cond;
@@ -261,14 +262,23 @@ extern bool fsc_object_has_dirty (struct fsc_object *obj);
  */
 extern void *fsc_scratch (struct fsc_cache *cache, size_t size);
 
-/* fill.c: a fill job with room for LEN bytes, or NULL if fills are
- * not done in the background now (no thread, queue full, no memory).
+/* fill.c: a fill job with room for LEN bytes, or NULL with errno if
+ * fills are not done in the background (ENOTSUP: no thread, or it is
+ * stopping; ENOMEM).
  */
 extern struct fsc_fill *fsc_fill_new (struct fsc_cache *cache, size_t len);
 
-/* fill.c: queue F for OBJ (taking a reference on OBJ). */
-extern void fsc_fill_submit (struct fsc_cache *cache, struct fsc_object *obj,
-                             struct fsc_fill *f);
+/* fill.c: queue F for OBJ (taking a reference on OBJ), or -1 with
+ * errno EAGAIN if the queue is full (the cache disk is behind) or the
+ * thread is stopping; F is then still the caller's.
+ */
+extern int fsc_fill_submit (struct fsc_cache *cache, struct fsc_object *obj,
+                            struct fsc_fill *f);
+
+/* fill.c: true if the fill queue is more than half full, i.e. the
+ * cache disk is behind the upstream.  No lock.
+ */
+extern bool fsc_fill_congested (struct fsc_cache *cache);
 
 /* fill.c: free a job that was not submitted. */
 extern void fsc_fill_free (struct fsc_cache *cache, struct fsc_fill *f);

@@ -18,15 +18,20 @@
  *             fetches only the pieces it covers of the blocks at its
  *             ends (a 4 KiB read of a 64 KiB block: 4 KiB upstream);
  *             sequential and near reads, and prefetches, whole blocks;
- *   uncached  the object is withdrawn or fills are paused: read
- *             upstream, store nothing.
+ *   uncached  the object is withdrawn or fills are paused, or the
+ *             cache disk is behind (fill.c: the fill queue over half
+ *             full) and this is a client's read: read upstream, store
+ *             nothing (the last counted as a skipped fill).
  *
  * A miss on a block somebody else is fetching waits for that fetch
- * instead of repeating it (dedup); a prefetch (NBD_CMD_CACHE,
- * readahead) skips it.  A hit that fails its checksum drops the block
- * and reads it again as a miss; a failed read of a cache file
- * withdraws the object and the request goes upstream.  Only upstream
- * errors reach the caller.
+ * instead of repeating it (dedup); a whole-block prefetch (readahead)
+ * skips it.  A miss whose
+ * fill the fill queue refuses (full: the disk is behind) is answered
+ * all the same and its blocks released unstored, counted as skipped;
+ * readahead's likewise, an NBD_CMD_CACHE's is written inline.  A hit
+ * that fails its checksum drops the block and reads it again as a
+ * miss; a failed read of a cache file withdraws the object and the
+ * request goes upstream.  Only upstream errors reach the caller.
  */
 #include <config.h>
 
@@ -371,6 +376,16 @@ fetch_run (struct fsc_object *o, uint64_t b, uint64_t n, void *buf,
     }
   }
 
+  /* Hand the fill over.  The queue refuses a job when it is full: the
+   * cache disk is slower than the upstream.  A client's read, whose
+   * bytes are already in its buffer, then does not wait for the disk:
+   * its blocks are released unstored (absent, or holding the pieces
+   * they held; a later miss may fill them) and the skip is counted.
+   * So does readahead, which is only a guess, and whose claims a
+   * stream's reads would wait for.  An NBD_CMD_CACHE (exact), which
+   * asks for the bytes to be cached, fills inline.
+   */
+  bool skip = false;
   if (f && r == 0) {
     f->block = b;
     f->nblocks = n;
@@ -378,16 +393,21 @@ fetch_run (struct fsc_object *o, uint64_t b, uint64_t n, void *buf,
     f->flags = fflags;
     memcpy (f->epochs, epochs, (GROUP_OF (b + n - 1) - GROUP_OF (b) + 1)
             * sizeof *epochs);
-    fsc_fill_submit (o->cache, o, f);       /* takes a reference on O */
+    if (fsc_fill_submit (o->cache, o, f) == 0)   /* takes a ref on O */
+      return 0;
+    skip = !exact;
   }
-  else {
-    fsc_fill_blocks (o, b, n, r == 0 ? dst : NULL, start, len, epochs,
-                     fflags);
-    if (f)
-      fsc_fill_free (o->cache, f);
-    else if (!direct)
-      free (dst);
+  if (skip) {
+    FSC_STAT_ADD (st, fill_skipped, 1);
+    FSC_STAT_ADD (st, fill_skipped_bytes, len);
+    FSC_OSTAT_ADD (o, fill_skipped_bytes, len);
   }
+  fsc_fill_blocks (o, b, n, r == 0 && !skip ? dst : NULL, start, len,
+                   epochs, fflags);
+  if (f)
+    fsc_fill_free (o->cache, f);
+  else if (!direct)
+    free (dst);
   if (r == -1)
     errno = e;
   return r;
@@ -455,6 +475,7 @@ do_read (struct fsc_object *o, void *buf, uint32_t count, uint64_t offset,
     unsigned held_first = 0, held_last = 0;   /* a miss's end blocks'
                                                * pieces held */
     enum run_kind kind;
+    bool bypass = false;                /* uncached: the disk is behind */
     uint64_t n = 1;
 
     pthread_mutex_lock (&o->lock);
@@ -510,8 +531,23 @@ do_read (struct fsc_object *o, void *buf, uint32_t count, uint64_t offset,
         pthread_mutex_unlock (&o->lock);
         continue;
       }
+      /* Uncached: the object cannot fill now (no memory for a group,
+       * a full disk), or a client's read while the cache disk is
+       * behind (fill.c, congested).  That read bypasses the cache: it
+       * claims nothing (nobody waits for it), fetches just its bytes
+       * and stores nothing, counted as skipped, at the upstream's
+       * speed.  Whole blocks, which only the fill would use, would
+       * be fetched for nothing.
+       */
       if (g == NULL || time (NULL) < o->nofill_until) {
         kind = RUN_UNCACHED;
+        while (b + n <= last && n < max_run &&
+               !holds (o, b + n, offset, end, whole, NULL, NULL, NULL))
+          n++;
+      }
+      else if (buf && fsc_fill_congested (o->cache)) {
+        kind = RUN_UNCACHED;
+        bypass = true;
         while (b + n <= last && n < max_run &&
                !holds (o, b + n, offset, end, whole, NULL, NULL, NULL))
           n++;
@@ -587,6 +623,11 @@ do_read (struct fsc_object *o, void *buf, uint32_t count, uint64_t offset,
         FSC_OSTAT_ADD (o, upstream_bytes, hi - lo);
         FSC_OSTAT_ADD (o, miss_bytes, hi - lo);
         *missed += hi - lo;
+        if (bypass) {
+          FSC_STAT_ADD (st, fill_skipped, 1);
+          FSC_STAT_ADD (st, fill_skipped_bytes, hi - lo);
+          FSC_OSTAT_ADD (o, fill_skipped_bytes, hi - lo);
+        }
       }
       b += n;
       break;

@@ -46,7 +46,9 @@
   X (reclaimed_bytes)     /* unindexed space punched at an unclean open */\
   X (piece_fills)         /* blocks filled with only some of their pieces */\
   X (objects_upgraded)    /* reused from an older index format */   \
-  X (zero_blocks)         /* of stored_blocks, zero blocks (no data) */
+  X (zero_blocks)         /* of stored_blocks, zero blocks (no data) */ \
+  X (fill_skipped)        /* misses not stored: the fill queue was full */\
+  X (fill_skipped_bytes)  /* their bytes, read upstream and not stored */
 
 struct fsc_stats {
 #define FSC_STATS_DECL(name) uint64_t name;
