@@ -23,11 +23,19 @@
  * (fsc_fill_congested): client reads then bypass the cache altogether,
  * and readahead pauses.  Without the thread (unit tests) every fill is
  * inline.
+ *
+ * A read that finds a block claimed waits for the claim, as for a fetch
+ * (dedup), unless the claim is a fill waiting here or being written:
+ * then the bytes are in memory, and fsc_fill_copy serves them from the
+ * job rather than make the reader wait for the disk (a readahead that
+ * ran ahead of a stream would otherwise pace the stream at the disk's
+ * speed).  A job being read is freed by the last of its readers.
  */
 #include <config.h>
 
 #include <errno.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "internal.h"
 #include "utils.h"
@@ -50,6 +58,8 @@ fsc_fill_new (struct fsc_cache *c, size_t len)
   f->next = NULL;
   f->obj = NULL;
   f->len = len;
+  f->readers = 0;
+  f->done = false;
   return f;
 }
 
@@ -57,6 +67,43 @@ void
 fsc_fill_free (struct fsc_cache *c, struct fsc_fill *f)
 {
   free (f);
+}
+
+/* Does job F hold the bytes [LO, HI) of block B of O, claimed at
+ * EPOCH?  Caller holds c->fill_lock.
+ */
+static bool
+job_holds (const struct fsc_fill *f, const struct fsc_object *o, uint64_t b,
+           uint64_t epoch, uint64_t lo, uint64_t hi)
+{
+  return f->obj == o && b >= f->block && b < f->block + f->nblocks &&
+    lo >= f->start && hi <= f->start + f->len &&
+    f->epochs[GROUP_OF (b) - GROUP_OF (f->block)] == epoch;
+}
+
+bool
+fsc_fill_copy (struct fsc_cache *c, struct fsc_object *o, uint64_t b,
+               uint64_t epoch, uint64_t lo, uint64_t hi, void *dst)
+{
+  pthread_mutex_lock (&c->fill_lock);
+  struct fsc_fill *f = c->fill_current;
+  if (f == NULL || !job_holds (f, o, b, epoch, lo, hi))
+    for (f = c->fill_head; f && !job_holds (f, o, b, epoch, lo, hi);
+         f = f->next)
+      ;
+  if (f)
+    f->readers++;
+  pthread_mutex_unlock (&c->fill_lock);
+  if (f == NULL)
+    return false;
+
+  memcpy (dst, f->data + (lo - f->start), hi - lo);
+  pthread_mutex_lock (&c->fill_lock);
+  bool last = --f->readers == 0 && f->done;
+  pthread_mutex_unlock (&c->fill_lock);
+  if (last)
+    fsc_fill_free (c, f);
+  return true;
 }
 
 bool
@@ -99,6 +146,10 @@ fsc_fill_submit (struct fsc_cache *c, struct fsc_object *obj,
   c->fill_tail = &f->next;
   pthread_cond_signal (&c->fill_cond);
   pthread_mutex_unlock (&c->fill_lock);
+  /* Reads waiting for these blocks' claim can take them from here. */
+  pthread_mutex_lock (&obj->lock);
+  pthread_cond_broadcast (&obj->cond);
+  pthread_mutex_unlock (&obj->lock);
   return 0;
 }
 
@@ -116,6 +167,7 @@ filler (void *arg)
       c->fill_head = f->next;
       if (c->fill_head == NULL)
         c->fill_tail = &c->fill_head;
+      c->fill_current = f;
     }
     pthread_mutex_unlock (&c->fill_lock);
     if (f == NULL)              /* stopping, and the queue is empty */
@@ -128,12 +180,19 @@ filler (void *arg)
     o->pending_fills--;
     pthread_cond_broadcast (&o->cond);
     pthread_mutex_unlock (&o->lock);
-    fsc_object_close (o);
     pthread_mutex_lock (&c->fill_lock);
+    c->fill_current = NULL;
     __atomic_store_n (&c->fill_bytes, c->fill_bytes - f->len,
                       __ATOMIC_RELAXED);
+    f->done = true;
+    bool last = f->readers == 0;
     pthread_mutex_unlock (&c->fill_lock);
-    fsc_fill_free (c, f);
+    /* The object's reference last: its close may free it, and a
+     * reader's job_holds compares the pointer.
+     */
+    fsc_object_close (o);
+    if (last)
+      fsc_fill_free (c, f);
   }
 }
 

@@ -28,6 +28,8 @@
 struct fsc_fill {
   struct fsc_fill *next;
   struct fsc_object *obj;
+  unsigned readers;             /* copying from DATA (fsc_fill_copy) */
+  bool done;                    /* written: the last reader frees it */
   uint64_t block, nblocks;
   uint64_t start;               /* export offset of DATA: the first
                                  * block's start, or one of its pieces */
@@ -62,6 +64,7 @@ struct fsc_cache {
   pthread_mutex_t fill_lock;
   pthread_cond_t fill_cond;
   struct fsc_fill *fill_head, **fill_tail;
+  struct fsc_fill *fill_current;        /* the job being written */
   size_t fill_bytes;
   pthread_t filler;
   bool filler_running;
@@ -274,6 +277,14 @@ extern struct fsc_fill *fsc_fill_new (struct fsc_cache *cache, size_t len);
  */
 extern int fsc_fill_submit (struct fsc_cache *cache, struct fsc_object *obj,
                             struct fsc_fill *f);
+
+/* fill.c: if a fill job of OBJ, queued or being written, holds the
+ * bytes [LO, HI) of block B with claim epoch EPOCH, copy them to DST
+ * and return true.  Takes cache->fill_lock, never obj->lock.
+ */
+extern bool fsc_fill_copy (struct fsc_cache *cache, struct fsc_object *obj,
+                           uint64_t b, uint64_t epoch, uint64_t lo,
+                           uint64_t hi, void *dst);
 
 /* fill.c: true if the fill queue is more than half full, i.e. the
  * cache disk is behind the upstream.  No lock.

@@ -24,8 +24,9 @@
  *             nothing (the last counted as a skipped fill).
  *
  * A miss on a block somebody else is fetching waits for that fetch
- * instead of repeating it (dedup); a whole-block prefetch (readahead)
- * skips it.  A miss whose
+ * instead of repeating it (dedup), unless the fetch is done and its
+ * fill waits for the disk: the bytes are then copied from the fill job
+ * (fill.c); a whole-block prefetch (readahead) skips it.  A miss whose
  * fill the fill queue refuses (full: the disk is behind) is answered
  * all the same and its blocks released unstored, counted as skipped;
  * readahead's likewise, an NBD_CMD_CACHE's is written inline.  A hit
@@ -466,6 +467,7 @@ do_read (struct fsc_object *o, void *buf, uint32_t count, uint64_t offset,
     MAX (1, MIN ((uint64_t) MAX_RUN_BLOCKS, MAX_FETCH_BYTES >> o->bshift));
   const uint64_t max_hit = MIN (max_run, (uint64_t) FSC_GROUP_BLOCKS);
   uint64_t b = offset >> o->bshift;
+  uint64_t waited = UINT64_MAX;         /* the block last waited for */
 
   while (b <= last) {
     uint64_t csums[FSC_GROUP_BLOCKS];
@@ -523,10 +525,43 @@ do_read (struct fsc_object *o, void *buf, uint32_t count, uint64_t offset,
         b++;
         continue;
       }
+      if (g && (g->fetching & BIT_OF (b)) && buf && !g->writers) {
+        /* Claimed: if by a fill waiting for the disk (fill.c), its
+         * bytes are in memory and served from there, unless a write
+         * changed the block since (the epoch) or is in flight.
+         */
+        const uint64_t epoch = g->epoch;
+        pthread_mutex_unlock (&o->lock);
+        const uint64_t lo = MAX (block_start (o, b), offset);
+        const uint64_t hi = MIN (block_end (o, b), end);
+        if (fsc_fill_copy (o->cache, o, b, epoch, lo, hi,
+                           (unsigned char *) buf + (lo - offset))) {
+          FSC_STAT_ADD (st, hit_bytes, hi - lo);
+          FSC_STAT_ADD (st, pending_hit_bytes, hi - lo);
+          FSC_OSTAT_ADD (o, hit_bytes, hi - lo);
+          b++;
+          continue;
+        }
+        /* Not in the fill queue: a fetch in flight, or done meanwhile.
+         * Look again from the start (the block may be present now).
+         */
+        pthread_mutex_lock (&o->lock);
+        g = grp (o, GROUP_OF (b));
+        if (g == NULL || !(g->fetching & BIT_OF (b))) {
+          pthread_mutex_unlock (&o->lock);
+          continue;
+        }
+      }
       if (g && (g->fetching & BIT_OF (b))) {
-        /* Somebody is fetching it: wait for that, then look again. */
-        FSC_STAT_ADD (st, dedup_waits, 1);
-        while (o->state == FSC_OBJ_AVAILABLE && (g->fetching & BIT_OF (b)))
+        /* Somebody is fetching it: wait for a change, then look again.
+         * Not for the claim to end: its fetch may hand its bytes to the
+         * fill queue (fsc_fill_submit wakes us), from where they are
+         * served above, rather than wait for the disk to write them.
+         */
+        if (waited != b)
+          FSC_STAT_ADD (st, dedup_waits, 1);
+        waited = b;
+        if (o->state == FSC_OBJ_AVAILABLE)
           pthread_cond_wait (&o->cond, &o->lock);
         pthread_mutex_unlock (&o->lock);
         continue;

@@ -48,7 +48,8 @@
   X (objects_upgraded)    /* reused from an older index format */   \
   X (zero_blocks)         /* of stored_blocks, zero blocks (no data) */ \
   X (fill_skipped)        /* misses not stored: the fill queue was full */\
-  X (fill_skipped_bytes)  /* their bytes, read upstream and not stored */
+  X (fill_skipped_bytes)  /* their bytes, read upstream and not stored */\
+  X (pending_hit_bytes)   /* of hit_bytes, served from fills not written */
 
 struct fsc_stats {
 #define FSC_STATS_DECL(name) uint64_t name;
