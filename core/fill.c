@@ -182,6 +182,8 @@ filler (void *arg)
     pthread_mutex_unlock (&o->lock);
     pthread_mutex_lock (&c->fill_lock);
     c->fill_current = NULL;
+    if (c->fill_head == NULL)
+      pthread_cond_broadcast (&c->fill_idle_cond);
     __atomic_store_n (&c->fill_bytes, c->fill_bytes - f->len,
                       __ATOMIC_RELAXED);
     f->done = true;
@@ -194,6 +196,14 @@ filler (void *arg)
     if (last)
       fsc_fill_free (c, f);
   }
+}
+
+void
+fsc_cache_drain (struct fsc_cache *c)
+{
+  SCOPED_LOCK (&c->fill_lock);
+  while (c->filler_running && (c->fill_head || c->fill_current))
+    pthread_cond_wait (&c->fill_idle_cond, &c->fill_lock);
 }
 
 int

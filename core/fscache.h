@@ -100,6 +100,12 @@ extern void fsc_cache_set_trace (struct fsc_cache *cache,
 /* Commit every object with pending changes now. */
 extern void fsc_cache_commit_all (struct fsc_cache *cache);
 
+/* Wait until every fill queued so far is written (fill.c), e.g. so
+ * that the counters read next count them.  New ones may be queued
+ * meanwhile by other threads; they are waited for too.
+ */
+extern void fsc_cache_drain (struct fsc_cache *cache);
+
 struct fsc_object_params {
   const void *key;              /* any bytes */
   size_t key_len;               /* > 0 */

@@ -62,7 +62,8 @@ struct fsc_cache {
    * the thread runs between fsc_cache_start and close.
    */
   pthread_mutex_t fill_lock;
-  pthread_cond_t fill_cond;
+  pthread_cond_t fill_cond;             /* wakes the fill thread */
+  pthread_cond_t fill_idle_cond;        /* the queue ran empty */
   struct fsc_fill *fill_head, **fill_tail;
   struct fsc_fill *fill_current;        /* the job being written */
   size_t fill_bytes;

@@ -217,6 +217,8 @@ fscache_cleanup (nbdkit_backend *nxdata)
   /* Writers first: they write back through the cache's objects. */
   wb_shutdown_all ();
   if (state.cache) {
+    /* The fills still queued count in the stats written below. */
+    fsc_cache_drain (state.cache);
     fsc_cache_commit_all (state.cache);
     write_stats ();
     fsc_cache_close (state.cache);
