@@ -402,6 +402,9 @@ fetch_run (struct fsc_object *o, uint64_t b, uint64_t n, void *buf,
     FSC_STAT_ADD (st, fill_skipped, 1);
     FSC_STAT_ADD (st, fill_skipped_bytes, len);
     FSC_OSTAT_ADD (o, fill_skipped_bytes, len);
+    pthread_mutex_lock (&o->lock);
+    o->notices |= FSC_NOTICE_SKIPPED;
+    pthread_mutex_unlock (&o->lock);
   }
   fsc_fill_blocks (o, b, n, r == 0 && !skip ? dst : NULL, start, len,
                    epochs, fflags);
@@ -583,6 +586,7 @@ do_read (struct fsc_object *o, void *buf, uint32_t count, uint64_t offset,
       else if (buf && fsc_fill_congested (o->cache)) {
         kind = RUN_UNCACHED;
         bypass = true;
+        o->notices |= FSC_NOTICE_SKIPPED;
         while (b + n <= last && n < max_run &&
                !holds (o, b + n, offset, end, whole, NULL, NULL, NULL))
           n++;
