@@ -25,6 +25,7 @@
  * BLOCK of OBJ (a reference is held), their bytes in DATA.
  */
 #define FSC_FILL_MAX_GROUPS (1024 / 64 + 2)
+#define FSC_FILL_POOL_CLASSES 11        /* 4 KiB << 0..10: up to 4 MiB */
 struct fsc_fill {
   struct fsc_fill *next;
   struct fsc_object *obj;
@@ -36,7 +37,8 @@ struct fsc_fill {
   size_t len;
   unsigned flags;               /* FSC_FILL_* */
   uint64_t epochs[FSC_FILL_MAX_GROUPS];
-  unsigned char data[];
+  unsigned char *data;          /* LEN bytes, 4 KiB aligned */
+  size_t cap;                   /* the room at DATA (fill.c's pool) */
 };
 
 struct fsc_cache {
@@ -66,6 +68,8 @@ struct fsc_cache {
   pthread_cond_t fill_idle_cond;        /* the queue ran empty */
   struct fsc_fill *fill_head, **fill_tail;
   struct fsc_fill *fill_current;        /* the job being written */
+  struct fsc_fill *fill_pool[FSC_FILL_POOL_CLASSES];  /* reused jobs */
+  size_t fill_pooled;                   /* the room they hold */
   size_t fill_bytes;
   pthread_t filler;
   bool filler_running;
