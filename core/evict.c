@@ -537,8 +537,13 @@ shrink (struct fsc_object *o, uint64_t len, bool scan)
       uint64_t got = sweep (o, want, need, budget, scan);
       uint64_t target = o->change_seq;
       uint64_t hand = o->hand;
+      bool paged_out = o->nonres_blocks > 0 || o->census_next < o->ngroups;
       pthread_mutex_unlock (&o->lock);
-      if (got < need) {
+      /* Only when blocks are in groups not in memory: a second sweep
+       * over the same resident groups would take the hot set's second
+       * chance away within one round.
+       */
+      if (got < need && paged_out) {
         /* The victims the policy needs may be in groups not in
          * memory (groups.c): read some in from the hand on, so that
          * the next round's sweep sees them, and the cap holds.
