@@ -152,6 +152,8 @@ fsc_commit_upto (struct fsc_object *o, uint64_t target)
   }
   o->committing = true;
   target = o->change_seq;
+  struct timespec t0;
+  clock_gettime (CLOCK_MONOTONIC, &t0);
 
   size_t n = o->ndirty;
   uint64_t *gis = o->dirty;
@@ -217,6 +219,12 @@ fsc_commit_upto (struct fsc_object *o, uint64_t target)
   pthread_mutex_unlock (&o->lock);
   free (gis); free (recs); free (slots); free (written);
 
+  struct timespec t1;
+  clock_gettime (CLOCK_MONOTONIC, &t1);
+  const int64_t us = (int64_t) (t1.tv_sec - t0.tv_sec) * 1000000 +
+    (t1.tv_nsec - t0.tv_nsec) / 1000;
+  FSC_STAT_ADD (st, commit_us, us);
+  FSC_STAT_MAX (st, commit_max_us, us);
   FSC_STAT_ADD (st, commits, 1);
   if (r == -1) {
     FSC_STAT_ADD (st, commit_errors, 1);

@@ -46,7 +46,9 @@
   X (reclaimed_bytes)     /* unindexed space punched at an unclean open */\
   X (piece_fills)         /* blocks filled with only some of their pieces */\
   X (objects_upgraded)    /* reused from an older index format */   \
-  X (zero_blocks)         /* of stored_blocks, zero blocks (no data) */
+  X (zero_blocks)         /* of stored_blocks, zero blocks (no data) */ \
+  X (commit_us)           /* time spent in commits, microseconds */       \
+  X (commit_max_us)       /* the longest commit (a maximum, not a sum) */
 
 struct fsc_stats {
 #define FSC_STATS_DECL(name) uint64_t name;
@@ -56,6 +58,18 @@ struct fsc_stats {
 
 #define FSC_STAT_ADD(st, field, n) \
   __atomic_add_fetch (&(st)->field, (n), __ATOMIC_RELAXED)
+
+/* Raise ST->FIELD to at least N (a maximum, not a counter). */
+#define FSC_STAT_MAX(st, field, n)                                      \
+  do {                                                                  \
+    uint64_t fsc_n_ = (n);                                              \
+    uint64_t fsc_o_ = __atomic_load_n (&(st)->field, __ATOMIC_RELAXED); \
+    while (fsc_o_ < fsc_n_ &&                                           \
+           !__atomic_compare_exchange_n (&(st)->field, &fsc_o_, fsc_n_, \
+                                         true, __ATOMIC_RELAXED,        \
+                                         __ATOMIC_RELAXED))             \
+      ;                                                                 \
+  } while (0)
 
 /* Copy ST field by field with atomic loads. */
 extern void fsc_stats_snapshot (const struct fsc_stats *st,
