@@ -1,83 +1,217 @@
 #!/usr/bin/env bash
-# Memory and start-up at scale (issues 5 and 10): an export of SIZE
-# (default 1T; nbdkit null plugin) with SCATTER blocks of 64K cached at
-# random places (default 16384 = 1 GiB), then a restart.  Prints the
-# proxy's peak RSS (VmHWM) after the fill and after the restart, and
-# the time from starting the restarted proxy to the first read served.
+# Memory, start-up and commits at scale (issues 5, 10 and 18).
 #
-#   tools/bench/scale.sh [--size=SIZE] [SCATTER]
+# An export of SIZE (default 1T) from nbdkit null behind the filter
+# (fscache-validate=size, fscache-readahead=0), CACHED bytes of it
+# cached (default 1G) in 64 KiB blocks:
+#
+#   --pattern=sparse  blocks at random places over the export (the same
+#                     ones every run: a seeded sample), default
+#   --pattern=dense   the first CACHED bytes, in order
+#
+# The fill uses NBD_CMD_CACHE requests (64 KiB each when sparse, 4 MiB
+# when dense, 32 in flight), which fill inline when the fill queue is
+# full instead of skipping like reads do, so that everything asked is
+# cached however slow the disk.  Then:
+#
+#   1. kill -9 of the proxy that filled, a restart, and the time from
+#      starting nbdkit to the first read served (an unclean open: the
+#      index is checked and unnamed space reclaimed); the cache is then
+#      made whole again (what the crash lost is fetched again: counted);
+#   2. a clean stop (its time: the queued fills and the last commit), a
+#      restart and the time to the first read served;
+#   3. every cached block read again (all hits: checked), and the
+#      proxy's resident memory.
+#
+# Printed: the fill time and rate; peak RSS (VmHWM) while filling and
+# after the clean restart and the re-read; the commit rounds of the
+# fill (count, mean and longest, from the fscache-stats counters
+# commits, commit_us and commit_max_us); the first read after kill -9
+# and after the clean restart; the clean stop; the index and data on
+# disk.
+#
+#   tools/bench/scale.sh [--size=SIZE] [--cached=SIZE]
+#                        [--pattern=sparse|dense] [--dir=DIR]
+#
+# --dir puts the cache (and the work files) in DIR instead of a new
+# directory under /tmp: the data written is CACHED bytes, so DIR needs
+# that much free space.  The old form, a number of blocks (SCATTER),
+# is still taken: tools/bench/scale.sh 16384 is --cached=1G.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 FILTER="${FILTER:-$PWD/plugin/.libs/nbdkit-fscache-filter.so}"
-SIZE=1T SCATTER=16384
+TOOL="$PWD/tools/nbd-fscache/nbd-fscache"
+SIZE=1T CACHED=1G PATTERN=sparse DIR=""
 for a in "$@"; do
   case "$a" in
     --size=*) SIZE="${a#*=}" ;;
-    -h|--help) sed -n '2,9p' "$0"; exit 0 ;;
+    --cached=*) CACHED="${a#*=}" ;;
+    --pattern=*) PATTERN="${a#*=}" ;;
+    --dir=*) DIR="${a#*=}" ;;
+    -h|--help) sed -n '2,38p' "$0"; exit 0 ;;
     -*) echo "scale.sh: unknown option: $a" >&2; exit 2 ;;
-    *) SCATTER="$a" ;;
+    *) CACHED=$((a * 65536)) ;;
   esac
 done
+case "$PATTERN" in
+  sparse|dense) ;;
+  *) echo "scale.sh: --pattern=sparse or dense" >&2; exit 2 ;;
+esac
 BYTES=$(numfmt --from=iec "$SIZE")
+CBYTES=$(numfmt --from=iec "$CACHED")
+NBLOCKS=$((CBYTES / 65536))
+[ "$CBYTES" -le "$BYTES" ] || { echo "scale.sh: --cached over --size" >&2; exit 2; }
 PY=/usr/bin/python3
-work="$(mktemp -d /tmp/fscache-scale.XXXXXX)"
+if [ -n "$DIR" ]; then
+  mkdir -p "$DIR"
+  work="$(mktemp -d "$DIR/fscache-scale.XXXXXX")"
+else
+  work="$(mktemp -d /tmp/fscache-scale.XXXXXX)"
+fi
 cleanup () {
-  for p in "$work"/*.pid; do [ -s "$p" ] && kill "$(cat "$p")" 2>/dev/null; done
-  rm -rf "$work"
+  [ -s "$work/px.pid" ] && kill -9 "$(cat "$work/px.pid")" 2>/dev/null
+  if [ -n "${KEEP:-}" ]; then echo "scale.sh: kept $work"; else rm -rf "$work"; fi
 }
 trap cleanup EXIT
 
+now () { date +%s.%N; }
+since () { awk -v a="$(now)" -v b="$1" 'BEGIN { printf "%.3f\n", a - b }'; }
 wait_pid () { while [ ! -s "$1" ]; do sleep 0.01; done; }
-wait_gone () { while kill -0 "$1" 2>/dev/null; do sleep 0.05; done; }
+# A daemonized nbdkit is not our child, and may stay a zombie: it has
+# exited once it is gone, or a zombie without threads left (after a
+# kill -9 the leader is a zombie before the other threads, which hold
+# the object's lock, are gone).
+wait_gone ()
+{
+  local st
+  while st=$(awk '{ print $3 }' "/proc/$1/stat" 2>/dev/null); do
+    if [ "$st" = Z ] && [ "$(ls "/proc/$1/task" 2>/dev/null | wc -l)" -le 1 ]; then
+      return 0
+    fi
+    sleep 0.01
+  done
+}
+hwm () { awk '/VmHWM/ { print $2 }' "/proc/$(cat "$work/px.pid")/status"; }
+stat_of () { awk -v k="$1" '$1 == k { print $2 }' "$work/px.stats"; }
 
-nbdkit -U "$work/up.sock" -P "$work/up.pid" null "$BYTES"
 proxy () {
   rm -f "$work/px.sock" "$work/px.pid"
   nbdkit -U "$work/px.sock" -P "$work/px.pid" --filter="$FILTER" \
-    nbd socket="$work/up.sock" fscache-dir="$work/cache" \
-    fscache-validate=size fscache-readahead=0
+    null "$BYTES" fscache-dir="$work/cache" fscache-validate=size \
+    fscache-readahead=0 fscache-stats="$work/px.stats"
   wait_pid "$work/px.pid"
 }
+stop_proxy () { local p; p=$(cat "$work/px.pid"); kill "$p"; wait_gone "$p"; }
 
-proxy
-start=$(date +%s.%N)
-$PY - "$work/px.sock" "$SCATTER" "$BYTES" <<'PY'
-import nbd, random, sys
-h = nbd.NBD(); h.connect_unix(sys.argv[1])
-random.seed(1)
-nblocks = int(sys.argv[3]) // 65536
-for b in random.sample(range(nblocks), int(sys.argv[2])):
-    h.pread(65536, b * 65536)
+# blocks.py MODE: cache (NBD_CMD_CACHE) or read (pread, checked to be
+# zeroes) every block of the pattern, 32 requests in flight; prints
+# the seconds it took.  Sparse blocks are a seeded sample, so every
+# run (and every mode) touches the same ones.
+cat > "$work/blocks.py" <<'PY'
+import nbd, random, sys, time
+sock, mode, pattern = sys.argv[1], sys.argv[2], sys.argv[3]
+size, nblocks = int(sys.argv[4]), int(sys.argv[5])
+h = nbd.NBD()
+h.connect_unix(sock)
+if pattern == "sparse":
+    random.seed(1)
+    reqs = [(b * 65536, 65536)
+            for b in random.sample(range(size // 65536), nblocks)]
+else:
+    total, step = nblocks * 65536, 4 << 20
+    reqs = [(o, min(step, total - o)) for o in range(0, total, step)]
+bad = []
+def done(buf, off, err):
+    if err.value != 0:
+        bad.append((off, err.value))
+    elif buf is not None and not buf.is_zero():
+        bad.append((off, "not zeroes"))
+    return 1
+t0 = time.monotonic()
+i = 0
+while i < len(reqs) or h.aio_in_flight() > 0:
+    while i < len(reqs) and h.aio_in_flight() < 32:
+        off, n = reqs[i]
+        if mode == "cache":
+            h.aio_cache(n, off,
+                        completion=lambda err, o=off: done(None, o, err))
+        else:
+            b = nbd.Buffer(n)
+            h.aio_pread(b, off,
+                        completion=lambda err, o=off, b=b: done(b, o, err))
+        i += 1
+    h.poll(-1)
+print("%.3f" % (time.monotonic() - t0))
 h.shutdown()
+if bad:
+    sys.exit("%d failed requests, first %r" % (len(bad), bad[0]))
 PY
-fill=$(awk -v a="$(date +%s.%N)" -v b="$start" 'BEGIN { print a - b }')
-hwm_fill=$(awk '/VmHWM/ {print $2}' /proc/"$(cat "$work/px.pid")"/status)
-pid=$(cat "$work/px.pid"); kill "$pid"; wait_gone "$pid"
+blocks () { $PY "$work/blocks.py" "$work/px.sock" "$1" "$PATTERN" "$BYTES" "$NBLOCKS"; }
+first_read ()
+{
+  $PY -c 'import nbd, sys
+h = nbd.NBD(); h.connect_unix(sys.argv[1]); h.pread(65536, 0); h.shutdown()' \
+    "$work/px.sock"
+}
 
-start=$(date +%s.%N)
+# The fill, and the proxy that did it killed.  Its counters are
+# written when the filling connection has closed (after its fills).
 proxy
-$PY -c 'import nbd, sys; h = nbd.NBD(); h.connect_unix(sys.argv[1]); h.pread(65536, 0); h.shutdown()' "$work/px.sock"
-ready=$(awk -v a="$(date +%s.%N)" -v b="$start" 'BEGIN { print a - b }')
-# Read the cached blocks again after the restart, then measure memory.
-$PY - "$work/px.sock" "$SCATTER" "$BYTES" <<'PY'
-import nbd, random, sys
-h = nbd.NBD(); h.connect_unix(sys.argv[1])
-random.seed(1)
-nblocks = int(sys.argv[3]) // 65536
-for b in random.sample(range(nblocks), int(sys.argv[2])):
-    h.pread(65536, b * 65536)
-h.shutdown()
-PY
-hwm_restart=$(awk '/VmHWM/ {print $2}' /proc/"$(cat "$work/px.pid")"/status)
-idx=$(du -k "$work"/cache/objects/*/*.idx | awk '{print $1}')
-data=$(du -kc "$work"/cache/objects/*/*.data* | awk 'END {print $1}')
+fill_s=$(blocks cache)
+while [ ! -s "$work/px.stats" ]; do sleep 0.01; done
+hwm_fill=$(hwm)
+cp "$work/px.stats" "$work/fill.stats"
+commits=$(stat_of commits)
+commit_us=$(stat_of commit_us)
+commit_max_us=$(stat_of commit_max_us)
+kill -9 "$(cat "$work/px.pid")"
+wait_gone "$(cat "$work/px.pid")"
+rm -f "$work/px.stats"
+
+# 1. After kill -9: the first read, then the cache made whole again.
+t0=$(now)
+proxy
+first_read
+ready_kill=$(since "$t0")
+refill_s=$(blocks cache)
+stop_t0=$(now)
+stop_proxy
+stop_s=$(since "$stop_t0")
+refetched=$(stat_of upstream_read_bytes)
+mv "$work/px.stats" "$work/refill.stats"
+
+# 2. After a clean stop: the first read, then 3. everything again.
+t0=$(now)
+proxy
+first_read
+ready_clean=$(since "$t0")
+reread_s=$(blocks read)
+hwm_reread=$(hwm)
+stop_proxy
+hits_upstream=$(stat_of upstream_read_bytes)
+cached=$("$TOOL" stat --dir "$work/cache" | awk '$1 == "cached_bytes" { print $2 }')
+
+idx=$(du -kc "$work"/cache/objects/*/*.idx | awk 'END { print $1 }')
+data=$(du -kc "$work"/cache/objects/*/*.data* | awk 'END { print $1 }')
 nseg=$(ls "$work"/cache/objects/*/*.data* | wc -l)
 
-printf 'export %s, block 64K, %s blocks cached (%s MiB) at random places\n' \
-  "$SIZE" "$SCATTER" $((SCATTER / 16))
-printf 'fill time             %8.2f s\n' "$fill"
-printf 'VmHWM after fill      %8d KiB\n' "$hwm_fill"
-printf 'restart to first read %8.3f s\n' "$ready"
-printf 'VmHWM after re-read   %8d KiB\n' "$hwm_restart"
-printf 'index on disk         %8d KiB\n' "$idx"
-printf 'data on disk          %8d KiB in %d segment files\n' "$data" "$nseg"
+printf 'export %s, block 64K, %s cached (%s, %d blocks)\n' \
+  "$SIZE" "$CACHED" "$PATTERN" "$NBLOCKS"
+printf 'fill time                 %9.2f s (%.0f MiB/s)\n' "$fill_s" \
+  "$(awk -v b="$CBYTES" -v t="$fill_s" 'BEGIN { print b / 1048576 / t }')"
+printf 'VmHWM while filling       %9d KiB\n' "$hwm_fill"
+printf 'first read after kill -9  %9.3f s\n' "$ready_kill"
+printf 'refetched after kill -9   %9d bytes (lost by the crash), in %.2f s\n' \
+  "$refetched" "$refill_s"
+printf 'commits during the fill    %9d, mean %.1f ms, longest %.1f ms\n' \
+  "$commits" "$(awk -v u="$commit_us" -v n="$commits" \
+                 'BEGIN { print n ? u / n / 1000 : 0 }')" \
+  "$(awk -v u="$commit_max_us" 'BEGIN { print u / 1000 }')"
+printf 'clean stop                %9.3f s\n' "$stop_s"
+printf 'first read after restart  %9.3f s\n' "$ready_clean"
+printf 're-read of every block    %9.2f s, %d bytes upstream (0: all hits)\n' \
+  "$reread_s" "$hits_upstream"
+printf 'VmHWM after re-read       %9d KiB\n' "$hwm_reread"
+printf 'cached after all          %9d bytes\n' "$cached"
+printf 'index on disk             %9d KiB\n' "$idx"
+printf 'data on disk              %9d KiB in %d segment files\n' "$data" "$nseg"
