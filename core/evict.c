@@ -808,9 +808,17 @@ reclaim_later (struct fsc_object *o, struct reclaim_later *later)
     bool sums = later->v[i].sums;
     pthread_mutex_lock (&o->lock);
     struct group *g = grp (o, gi);
-    while (g && (g->fetching & mask) && o->state == FSC_OBJ_AVAILABLE)
+    while (g && (g->fetching & mask) && o->state == FSC_OBJ_AVAILABLE &&
+           !o->reclaim_closing)
       pthread_cond_wait (&o->cond, &o->lock);
+    /* The object is closing and a claim is still held (a fetch from a
+     * stalled upstream, say): not waited for; the walk did not finish,
+     * and the next open walks again.
+     */
+    bool abandon = g && (g->fetching & mask) && o->reclaim_closing;
     pthread_mutex_unlock (&o->lock);
+    if (abandon)
+      return 1;
     if (stopping (o))
       return 0;
     uint64_t b0 = gi * FSC_GROUP_BLOCKS;
@@ -849,7 +857,7 @@ fsc_reclaim_unnamed (struct fsc_object *o)
   if (r == 0)
     r = reclaim_file (o, o->sfd, 0, true, &later);
   if (r == 0)
-    r = reclaim_later (o, &later);
+    r = reclaim_later (o, &later);      /* 1: unfinished, no error */
   int e = errno;
   free (later.v);
   errno = e;
@@ -888,7 +896,7 @@ reclaimer (void *arg)
   if (o->census_next < o->ngroups)
     r = fsc_groups_census (o);
   if (r == 0 && (o->reclaim_unclean || leaked (o)))
-    r = fsc_reclaim_unnamed (o);
+    r = fsc_reclaim_unnamed (o);    /* 1: not finished */
   pthread_mutex_lock (&o->lock);
   o->reclaim_done = r == 0 && o->state == FSC_OBJ_AVAILABLE;
   o->reclaim_running = false;
@@ -918,6 +926,10 @@ fsc_reclaim_finish (struct fsc_object *o)
 {
   if (!o->reclaim_joinable)
     return o->reclaim_done;
+  pthread_mutex_lock (&o->lock);
+  o->reclaim_closing = true;            /* reclaim_later waits no more */
+  pthread_cond_broadcast (&o->cond);
+  pthread_mutex_unlock (&o->lock);
   pthread_join (o->reclaim_thread, NULL);
   o->reclaim_joinable = false;
   return o->reclaim_done;

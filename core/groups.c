@@ -271,7 +271,16 @@ fill_placeholders (struct fsc_object *o, uint64_t g0, uint64_t g1,
                                     o->sb.incarnation, &rec) : -1;
     if (slot >= 0) {
       fsc_group_from_rec (o, g, &rec, slot);
-      nonres_adjust (o, gi, g, -1);
+      /* Counted in nonres_* only if the census had passed it before
+       * it became a placeholder (a placeholder is resident: the census
+       * skips it).
+       */
+      if (g->counted) {
+        uint64_t blocks, bytes;
+        fsc_group_count (o, gi, g, &blocks, &bytes);
+        o->nonres_blocks -= MIN (blocks, o->nonres_blocks);
+        o->nonres_bytes -= MIN (bytes, o->nonres_bytes);
+      }
     }
     g->loading = false;
     o->pager_events++;
@@ -311,6 +320,7 @@ fsc_groups_pin (struct fsc_object *o, uint64_t g0, uint64_t g1)
       }
       /* Nothing to read for an object that is not in use. */
       g->loading = o->state == FSC_OBJ_AVAILABLE;
+      g->counted = gi < o->census_next;
       mine[gi - g0] = g->loading;
       load |= g->loading;
     }

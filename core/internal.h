@@ -98,6 +98,8 @@ struct group {
   bool loading;                 /* its record is being read (groups.c):
                                  * wait on obj->cond before use */
   bool touched;                 /* pinned since the pager's hand passed */
+  bool counted;                 /* a placeholder whose record the census
+                                 * had counted in nonres_* (groups.c) */
   uint8_t slot;                 /* slot of the newest record on disk */
   bool has_record;
   bool dirty;                   /* on obj->dirty */
@@ -234,6 +236,7 @@ struct fsc_object {
   bool reclaim_joinable;        /* started, not joined */
   bool reclaim_running;         /* under lock */
   bool reclaim_done;            /* under lock: the walk finished */
+  bool reclaim_closing;         /* under lock: the close waits for it */
   bool reclaim_unclean;         /* the previous user crashed */
   bool reclaim_wanted;          /* lookup asks for the thread */
 };
@@ -682,8 +685,10 @@ extern void fsc_punch_pending (struct fsc_object *o);
 
 /* evict.c: punch the space of the data and sums files that no present
  * block covers (see "Space nobody names" in evict.c), claiming what it
- * punches so that it may run beside requests.  Returns 0 or -1 with
- * errno (EOPNOTSUPP where holes cannot be punched).
+ * punches so that it may run beside requests.  Returns 0, 1 if the
+ * object began to close while a block it must look at again was still
+ * claimed (not finished), or -1 with errno (EOPNOTSUPP where holes
+ * cannot be punched).
  */
 extern int fsc_reclaim_unnamed (struct fsc_object *o);
 
