@@ -534,27 +534,33 @@ shrink (struct fsc_object *o, uint64_t len, bool scan)
       uint64_t need = used + len - budget;
       uint64_t want = need + MIN (slack, budget - len);
       pthread_mutex_lock (&o->lock);
-      uint64_t got = sweep (o, want, need, budget, scan);
-      uint64_t target = o->change_seq;
-      uint64_t hand = o->hand;
       bool paged_out = o->nonres_blocks > 0 || o->census_next < o->ngroups;
-      pthread_mutex_unlock (&o->lock);
-      /* Only when blocks are in groups not in memory: a second sweep
-       * over the same resident groups would take the hot set's second
-       * chance away within one round.
+      /* With blocks in groups not in memory (groups.c), the main set
+       * in memory is the part somebody used lately: those not in
+       * memory are the colder victims.  So the first sweep takes only
+       * probation, and the main set's victims come after some groups
+       * are read in, from where the clock hand starts.  (Sweeping the
+       * resident groups alone took the hot set, the only thing in
+       * memory, while colder blocks sat unseen on disk:
+       * test-fscache-max-size's scan resistance.)
        */
+      uint64_t got = sweep (o, want, paged_out ? 0 : need, budget, scan);
+      uint64_t target = o->change_seq;
+      uint64_t from = o->lhand;
+      pthread_mutex_unlock (&o->lock);
       if (got < need && paged_out) {
-        /* The victims the policy needs may be in groups not in
-         * memory (groups.c): read some in from the hand on, so that
-         * the next round's sweep sees them, and the cap holds.
-         */
-        if (fsc_groups_page_in (o, &hand, PAGE_IN_GROUPS) == 0) {
-          pthread_mutex_lock (&o->lock);
-          o->hand = hand;
-          got += sweep (o, want - MIN (got, want), need - got, budget, scan);
-          target = o->change_seq;
-          pthread_mutex_unlock (&o->lock);
+        uint64_t start;
+        bool read_in = fsc_groups_page_in (o, &start, &from,
+                                           PAGE_IN_GROUPS) == 0;
+        pthread_mutex_lock (&o->lock);
+        if (read_in) {
+          o->lhand = from;
+          o->hand = start;
         }
+        /* If reading failed, the resident main set it is. */
+        got += sweep (o, want - MIN (got, want), need - got, budget, scan);
+        target = o->change_seq;
+        pthread_mutex_unlock (&o->lock);
       }
       if (got > 0) {
         FSC_STAT_ADD (st, eviction_rounds, 1);

@@ -491,8 +491,10 @@ fsc_groups_trim (struct fsc_object *o)
 }
 
 int
-fsc_groups_page_in (struct fsc_object *o, uint64_t *gi, unsigned n)
+fsc_groups_page_in (struct fsc_object *o, uint64_t *first, uint64_t *gi,
+                    unsigned n)
 {
+  *first = 0;
   uint64_t from = *gi < o->ngroups ? *gi : 0;
   /* The next group with a record: holes in the index have none. */
   off_t d = lseek (o->ifd, fsc_grec_offset (from, 0), SEEK_DATA);
@@ -520,6 +522,7 @@ fsc_groups_page_in (struct fsc_object *o, uint64_t *gi, unsigned n)
   int r = fsc_groups_pin (o, g0, g1);
   if (r == 0)
     fsc_groups_unpin (o, g0, g1);
+  *first = g0;
   *gi = g1 + 1;
   return r;
 }

@@ -203,6 +203,7 @@ struct fsc_object {
   uint64_t quota;               /* from NAME.quota; 0: none */
   uint64_t pending_alloc;       /* bytes being written by fills */
   uint64_t hand;                /* main clock hand: a group index */
+  uint64_t lhand;               /* where eviction reads groups in next */
   uint64_t nprobation;          /* present blocks on probation */
   uint64_t *pq;                 /* probation FIFO of block numbers (a
                                  * ring; entries may be stale) */
@@ -454,11 +455,12 @@ extern void fsc_groups_unpin (struct fsc_object *o, uint64_t g0,
  */
 extern void fsc_groups_trim (struct fsc_object *o);
 /* groups.c: read the records of up to N groups with records from
- * group *GI on (wrapping), so that the eviction policy sees them; *GI
- * moves past them.  Without o->lock.  Returns 0 or -1 with errno.
+ * group *GI on (wrapping), so that the eviction policy sees them;
+ * *FIRST is set to the first of them, *GI moves past them.  Without
+ * o->lock.  Returns 0 or -1 with errno.
  */
-extern int fsc_groups_page_in (struct fsc_object *o, uint64_t *gi,
-                               unsigned n);
+extern int fsc_groups_page_in (struct fsc_object *o, uint64_t *first,
+                               uint64_t *gi, unsigned n);
 /* groups.c: fill G (of group REC->group, slot SLOT on disk) from the
  * record REC, dropping what damage could have made wrong.
  */
