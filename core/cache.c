@@ -342,7 +342,8 @@ each_object (struct fsc_cache *cache, bool budgets)
 
   pthread_mutex_lock (&cache->lock);
   for (struct fsc_object *o = cache->objects; o; o = o->next) {
-    if (o->closing || !o->ready)
+    /* A shell (share.c) has nothing to commit: its owner does that. */
+    if (o->closing || !o->ready || o->join)
       continue;
     /* Another process wrote upstream past us: drop our copy. */
     if (fsc_object_check_stale (o) ||
@@ -453,8 +454,36 @@ fsc_cache_close (struct fsc_cache *cache)
     pthread_join (cache->committer, NULL);
 
   /* Objects still open (a connection nbdkit did not close) are closed
-   * here, which commits them and marks them clean.
+   * here, which commits them and marks them clean.  First the other
+   * processes' requests end (their references are the closer's then),
+   * and shells let go of the objects they took over, which are listed
+   * themselves (share.c).
    */
+  pthread_mutex_lock (&cache->lock);
+  size_t nobj = 0;
+  for (struct fsc_object *o = cache->objects; o; o = o->next)
+    nobj++;
+  const size_t cap = nobj;
+  struct fsc_object **objs = calloc (cap ? cap : 1, sizeof *objs);
+  size_t nshell = 0;
+  for (struct fsc_object *o = cache->objects; objs && o && nshell < cap;
+       o = o->next)
+    if (o->join)
+      objs[nshell++] = o;
+  pthread_mutex_unlock (&cache->lock);
+  /* (No lock: no connection is left to close a shell meanwhile.) */
+  for (size_t i = 0; i < nshell; ++i)
+    (void) fsc_share_detach_local (objs[i]);
+  pthread_mutex_lock (&cache->lock);
+  nobj = 0;
+  for (struct fsc_object *o = cache->objects; objs && o && nobj < cap;
+       o = o->next)
+    if (!o->join && o->share)
+      objs[nobj++] = o;
+  pthread_mutex_unlock (&cache->lock);
+  for (size_t i = 0; i < nobj; ++i)
+    fsc_share_stop (objs[i]);
+  free (objs);
   for (;;) {
     pthread_mutex_lock (&cache->lock);
     struct fsc_object *o = cache->objects;

@@ -122,6 +122,8 @@ struct fsc_object_params {
                                  * FINGERPRINT is unknown */
   uint64_t resident_groups;     /* groups of FSC_GROUP_BLOCKS blocks kept
                                  * in memory; 0: FSC_RESIDENT_DEFAULT */
+  bool exclusive;               /* never join another process's copy
+                                 * nor let others join ours (writeback) */
 };
 
 /* Groups kept in memory by default: about 760 bytes each, 12 MiB. */
@@ -139,11 +141,23 @@ struct fsc_open_info {
                                  * runs in the background: groups.c) */
   unsigned old_version;         /* reused an index of this older format
                                  * version (now upgraded); 0 if not */
+  bool joined;                  /* another process holds it: requests go
+                                 * to that process (share.c) */
+  bool refused;                 /* that process refused us: REASON says
+                                 * why, the owner_* fields its settings */
+  int owner_pid;                /* the holder, when joined or refused */
+  uint32_t owner_block_size;
+  int owner_validate;
 };
 
 /* Look up or create the object for PARAMS.  Returns 0 and an object in
  * *OBJP (possibly WITHDRAWN, i.e. uncached, as INFO says), or -1 with
- * errno only for invalid parameters or no memory.
+ * errno only for invalid parameters, no memory, or EPERM: another
+ * process holds the object with another block size or validation mode
+ * (INFO->refused, INFO->reason and the owner_* fields say which).
+ *
+ * If another process holds it, the object returned joins that one's
+ * (INFO->joined; share.c): its requests are served by that process.
  *
  * With PARAMS->offline the recorded copy is taken as it is, without the
  * fingerprint comparison (nothing upstream to sample), and nothing is
@@ -239,6 +253,10 @@ struct fsc_write {
   uint64_t first_group, ngroups;
   uint32_t *epochs;             /* epoch of each group after invalidating */
   void *head, *tail;            /* old contents of partial end blocks */
+  struct fsc_object *local;     /* share.c: the object a joined write
+                                 * went to, once taken over */
+  int join_fd;                  /* share.c: the socket a joined write
+                                 * holds until its end, or -1 */
 };
 
 /* Before the upstream write: drop every block the range touches and

@@ -195,6 +195,12 @@ struct fsc_object {
   int withdraw_err;             /* errno that withdrew it */
   unsigned pending_fills;       /* queued on the cache's fill thread */
   bool busy;                    /* another process holds it: uncached */
+  struct share_server *share;   /* share.c: serving other processes */
+  struct fsc_join *join;        /* share.c: joined another's: a shell */
+  struct fsc_open_info refusal; /* share.c: its owner refused us */
+  bool test_no_claim;           /* NBD_FSCACHE_TEST_NO_CLAIM: a read
+                                 * does not wait for a block another
+                                 * request is fetching (tests only) */
   bool marked;                  /* busy, and the stale mark is made */
   unsigned notices;             /* FSC_NOTICE_* not yet taken */
 
@@ -733,5 +739,37 @@ extern void fsc_fill_blocks (struct fsc_object *o, uint64_t b, uint64_t n,
                              const unsigned char *data, uint64_t start,
                              uint64_t len, const uint64_t *epochs,
                              unsigned flags);
+
+
+/* share.c: one object for the whole host (see there). */
+extern int fsc_share_start (struct fsc_object *o);
+extern void fsc_share_stop (struct fsc_object *o);
+extern int fsc_share_join (struct fsc_object *o,
+                           const struct fsc_object_params *p,
+                           struct fsc_open_info *info);
+extern void fsc_share_leave (struct fsc_object *o);
+extern struct fsc_object *fsc_share_detach_local (struct fsc_object *o);
+extern int fsc_share_read (struct fsc_object *o, void *buf, uint32_t count,
+                           uint64_t offset, const struct fsc_upstream *up,
+                           unsigned flags);
+extern int fsc_share_prefetch (struct fsc_object *o, uint64_t offset,
+                               uint64_t count, const struct fsc_upstream *up,
+                               unsigned flags);
+extern int fsc_share_write_begin (struct fsc_object *o, uint64_t offset,
+                                  uint64_t count, unsigned flags,
+                                  struct fsc_write *w);
+extern void fsc_share_write_end (struct fsc_object *o, struct fsc_write *w,
+                                 const void *buf, bool upstream_ok);
+extern int fsc_share_commit (struct fsc_object *o);
+/* object.c: open the object for P in this process, holding it (no
+ * joining), listed; for share.c's takeover.  Returns 0 or -1 (busy,
+ * or the files failed).
+ */
+extern int fsc_object_open_local (struct fsc_cache *c,
+                                  const struct fsc_object_params *p,
+                                  struct fsc_object **objp,
+                                  struct fsc_open_info *info);
+/* object.c: a new reference unless the object is closing. */
+extern bool fsc_object_tryref (struct fsc_object *o);
 
 #endif /* FSC_INTERNAL_H */

@@ -253,6 +253,8 @@ create_cold (struct fsc_object *o, const struct fsc_object_params *p)
 static void
 free_object (struct fsc_object *o)
 {
+  fsc_share_stop (o);
+  fsc_share_leave (o);
   (void) fsc_reclaim_finish (o);
   fsc_gtable_free (o);
   free (o->dirty);
@@ -475,24 +477,13 @@ fsc_object_peek_size (struct fsc_cache *c, const void *key, size_t key_len,
 static struct fsc_object *find_locked (struct fsc_cache *c,
                                        const struct fsc_object_params *p);
 
-int
-fsc_object_open (struct fsc_cache *c, const struct fsc_object_params *p,
-                 struct fsc_object **objp, struct fsc_open_info *info)
+/* A new object for P, looking up, not listed.  NULL with errno. */
+static struct fsc_object *
+new_object (struct fsc_cache *c, const struct fsc_object_params *p)
 {
-  memset (info, 0, sizeof *info);
-  if (p->key_len == 0 || !is_power_of_2 (p->block_size) ||
-      p->block_size < SUB_SIZE || p->block_size > FSC_MAX_BLOCK_SIZE ||
-      p->validate < FSC_VALIDATE_NONE || p->validate > FSC_VALIDATE_SAMPLE ||
-      (p->generation && strlen (p->generation) > FSC_GEN_MAX) ||
-      p->size > (UINT64_C (1) << 60)) {
-    errno = EINVAL;
-    return -1;
-  }
-  FSC_STAT_ADD (&c->stats, objects_opened, 1);
-
   struct fsc_object *o = calloc (1, sizeof *o);
   if (o == NULL)
-    return -1;
+    return NULL;
   o->cache = c;
   o->refs = 1;
   o->fandirfd = o->ifd = o->sfd = -1;
@@ -509,16 +500,104 @@ fsc_object_open (struct fsc_cache *c, const struct fsc_object_params *p,
   o->quota = UINT64_MAX;
   o->res_max = p->resident_groups ? p->resident_groups
     : FSC_RESIDENT_DEFAULT;
+  const char *nc = getenv ("NBD_FSCACHE_TEST_NO_CLAIM");
+  o->test_no_claim = nc && strcmp (nc, "1") == 0;
   pthread_mutex_init (&o->lock, NULL);
   pthread_cond_init (&o->cond, NULL);
   o->key = malloc (p->key_len);
   if (o->key == NULL || fsc_gtable_init (o) == -1) {
     free_object (o);
     errno = ENOMEM;
-    return -1;
+    return NULL;
   }
   memcpy (o->key, p->key, p->key_len);
   o->key_len = p->key_len;
+  return o;
+}
+
+/* After a successful lookup: the background walk, and the socket for
+ * other processes.
+ */
+static void
+start_local (struct fsc_object *o, const struct fsc_object_params *p)
+{
+  int e = errno;
+  /* Leaked space only costs room: failing to start the walk is no
+   * reason to refuse the object (the next unclean open walks).
+   */
+  if (o->reclaim_wanted)
+    (void) fsc_reclaim_start (o, o->reclaim_unclean);
+  /* Nor is failing to share it: the others are served uncached. */
+  if (!p->exclusive && !p->offline)
+    (void) fsc_share_start (o);
+  errno = e;
+}
+
+static void
+list_object (struct fsc_cache *c, struct fsc_object *o)
+{
+  SCOPED_LOCK (&c->lock);
+  o->next = c->objects;
+  c->objects = o;
+  o->listed = true;
+}
+
+static void
+unlist_object (struct fsc_cache *c, struct fsc_object *o)
+{
+  SCOPED_LOCK (&c->lock);
+  if (o->listed) {
+    for (struct fsc_object **pp = &c->objects; *pp; pp = &(*pp)->next)
+      if (*pp == o) {
+        *pp = o->next;
+        break;
+      }
+    o->listed = false;
+  }
+  pthread_cond_broadcast (&c->ready_cond);
+}
+
+int
+fsc_object_open_local (struct fsc_cache *c,
+                       const struct fsc_object_params *p,
+                       struct fsc_object **objp, struct fsc_open_info *info)
+{
+  memset (info, 0, sizeof *info);
+  struct fsc_object *o = new_object (c, p);
+  if (o == NULL)
+    return -1;
+  FSC_STAT_ADD (&c->stats, objects_opened, 1);
+  if (lookup (o, p, info) == -1) {
+    int e = errno;
+    free_object (o);
+    errno = e;
+    return -1;
+  }
+  start_local (o, p);
+  o->ready = true;
+  list_object (c, o);
+  *objp = o;
+  return 0;
+}
+
+int
+fsc_object_open (struct fsc_cache *c, const struct fsc_object_params *p,
+                 struct fsc_object **objp, struct fsc_open_info *info)
+{
+  memset (info, 0, sizeof *info);
+  if (p->key_len == 0 || !is_power_of_2 (p->block_size) ||
+      p->block_size < SUB_SIZE || p->block_size > FSC_MAX_BLOCK_SIZE ||
+      p->validate < FSC_VALIDATE_NONE || p->validate > FSC_VALIDATE_SAMPLE ||
+      (p->generation && strlen (p->generation) > FSC_GEN_MAX) ||
+      p->size > (UINT64_C (1) << 60)) {
+    errno = EINVAL;
+    return -1;
+  }
+  FSC_STAT_ADD (&c->stats, objects_opened, 1);
+
+  struct fsc_object *o = new_object (c, p);
+  if (o == NULL)
+    return -1;
 
   /* Already open, or being looked up, in this process: share it.
    * Otherwise list ours before looking it up, so that concurrent opens
@@ -534,6 +613,12 @@ fsc_object_open (struct fsc_cache *c, const struct fsc_object_params *p,
   pthread_mutex_unlock (&c->lock);
   if (shared) {
     free_object (o);
+    if (shared->refusal.refused) {
+      *info = shared->refusal;
+      fsc_object_close (shared);
+      errno = EPERM;
+      return -1;
+    }
     *objp = shared;
     info->shared = true;
     info->state = fsc_object_state (shared);
@@ -542,17 +627,45 @@ fsc_object_open (struct fsc_cache *c, const struct fsc_object_params *p,
   }
 
   if (lookup (o, p, info) == -1) {
+    info->err = errno;
+    fsc_data_close (o);
+    if (o->sfd >= 0) { close (o->sfd); o->sfd = -1; }
+    if (o->ifd >= 0) { close (o->ifd); o->ifd = -1; }
+    /* Another process holds it: join that one's (share.c). */
+    if (o->busy && !p->exclusive && !p->offline) {
+      if (fsc_share_join (o, p, info) == 0) {
+        info->err = 0;
+        info->busy = false;
+        pthread_mutex_lock (&o->lock);
+        o->state = FSC_OBJ_AVAILABLE;
+        pthread_mutex_unlock (&o->lock);
+        goto ready;
+      }
+      if (errno == EPERM) {
+        /* Refused: every opener hears it (openers waiting for this
+         * lookup too), and it stays listed only while they do.
+         */
+        info->refused = true;
+        o->refusal = *info;
+        pthread_mutex_lock (&o->lock);
+        o->state = FSC_OBJ_WITHDRAWN;
+        pthread_mutex_unlock (&o->lock);
+        pthread_mutex_lock (&c->lock);
+        o->ready = true;
+        pthread_cond_broadcast (&c->ready_cond);
+        pthread_mutex_unlock (&c->lock);
+        fsc_object_close (o);
+        errno = EPERM;
+        return -1;
+      }
+    }
     /* Uncached: nothing on disk is used or kept open.  It stays
      * listed, so other connections share the verdict until the last
      * one closes it (as a withdrawn cookie in FS-Cache).
      */
-    info->err = errno;
     pthread_mutex_lock (&o->lock);
     o->state = FSC_OBJ_WITHDRAWN;
     pthread_mutex_unlock (&o->lock);
-    fsc_data_close (o);
-    if (o->sfd >= 0) { close (o->sfd); o->sfd = -1; }
-    if (o->ifd >= 0) { close (o->ifd); o->ifd = -1; }
     /* A busy object keeps its directory, to mark the holder's copy
      * stale if it writes.
      */
@@ -561,21 +674,17 @@ fsc_object_open (struct fsc_cache *c, const struct fsc_object_params *p,
       o->fandirfd = -1;
     }
   }
-  /* Leaked space only costs room: failing to start the walk is no
-   * reason to refuse the object (the next unclean open walks).
-   */
-  else if (o->reclaim_wanted) {
-    int e = errno;
-    (void) fsc_reclaim_start (o, o->reclaim_unclean);
-    errno = e;
-  }
+  else
+    start_local (o, p);
+ ready:
   pthread_mutex_lock (&c->lock);
   o->ready = true;
   pthread_cond_broadcast (&c->ready_cond);
   pthread_mutex_unlock (&c->lock);
 
   info->state = fsc_object_state (o);
-  info->present_blocks = fsc_object_present_blocks (o);
+  if (!info->joined)
+    info->present_blocks = fsc_object_present_blocks (o);
   *objp = o;
   return 0;
 }
@@ -640,6 +749,18 @@ fsc_object_close (struct fsc_object *o)
   o->closing = true;
   pthread_mutex_unlock (&c->lock);
 
+  if (o->join) {
+    /* A shell (share.c): nothing of its own on disk. */
+    fsc_share_leave (o);
+    unlist_object (c, o);
+    free_object (o);
+    return;
+  }
+  /* Other processes' requests first: their sockets close, and they
+   * take the object over once we let go of the index.
+   */
+  fsc_share_stop (o);
+
   /* The census and the walk for unnamed space end first: a close
    * waits for them (they take a few hundred milliseconds per GiB of
    * index and of scattered data), so that the gauges saved and the
@@ -664,17 +785,18 @@ fsc_object_close (struct fsc_object *o)
   if (o->sfd >= 0) { close (o->sfd); o->sfd = -1; }
   if (o->ifd >= 0) { close (o->ifd); o->ifd = -1; }   /* drops the flock */
 
-  pthread_mutex_lock (&c->lock);
-  if (o->listed) {
-    for (struct fsc_object **pp = &c->objects; *pp; pp = &(*pp)->next)
-      if (*pp == o) {
-        *pp = o->next;
-        break;
-      }
-  }
-  pthread_cond_broadcast (&c->ready_cond);
-  pthread_mutex_unlock (&c->lock);
+  unlist_object (c, o);
   free_object (o);
+}
+
+bool
+fsc_object_tryref (struct fsc_object *o)
+{
+  SCOPED_LOCK (&o->cache->lock);
+  if (o->closing || o->refs == 0)
+    return false;
+  o->refs++;
+  return true;
 }
 
 void

@@ -523,7 +523,7 @@ read_pinned (struct fsc_object *o, void *buf, uint32_t count,
         b++;
         continue;
       }
-      if (g && (g->fetching & BIT_OF (b))) {
+      if (g && (g->fetching & BIT_OF (b)) && !o->test_no_claim) {
         /* Somebody is fetching it: wait for that, then look again. */
         FSC_STAT_ADD (st, dedup_waits, 1);
         while (o->state == FSC_OBJ_AVAILABLE && (g->fetching & BIT_OF (b)))
@@ -531,7 +531,11 @@ read_pinned (struct fsc_object *o, void *buf, uint32_t count,
         pthread_mutex_unlock (&o->lock);
         continue;
       }
-      if (g == NULL || time (NULL) < o->nofill_until) {
+      /* (A block being fetched here is one the test knob does not
+       * wait for: it goes upstream again.)
+       */
+      if (g == NULL || time (NULL) < o->nofill_until ||
+          (g->fetching & BIT_OF (b))) {
         kind = RUN_UNCACHED;
         while (b + n <= last && n < max_run &&
                !holds (o, b + n, offset, end, whole, NULL, NULL, NULL))
@@ -647,6 +651,8 @@ fsc_object_read (struct fsc_object *o, void *buf, uint32_t count,
                  uint64_t offset, const struct fsc_upstream *up,
                  unsigned flags)
 {
+  if (o->join)
+    return fsc_share_read (o, buf, count, offset, up, flags);
   uint64_t missed = 0;
   FSC_STAT_ADD (&o->cache->stats, read_requests, 1);
   int r = do_read (o, buf, count, offset, up, flags, &missed);
@@ -665,6 +671,8 @@ int
 fsc_object_prefetch (struct fsc_object *o, uint64_t offset, uint64_t count,
                      const struct fsc_upstream *up, unsigned flags)
 {
+  if (o->join)
+    return fsc_share_prefetch (o, offset, count, up, flags);
   if (offset > o->size) {
     errno = EINVAL;
     return -1;

@@ -48,7 +48,12 @@
   X (objects_upgraded)    /* reused from an older index format */   \
   X (zero_blocks)         /* of stored_blocks, zero blocks (no data) */ \
   X (commit_us)           /* time spent in commits, microseconds */       \
-  X (commit_max_us)       /* the longest commit (a maximum, not a sum) */
+  X (commit_max_us)       /* the longest commit (a maximum, not a sum) */ \
+  X (share_joins)         /* opens that joined another process's object */\
+  X (share_served)        /* requests served for other processes */       \
+  X (share_fallbacks)     /* joined requests served uncached: no owner */ \
+  X (share_takeovers)     /* objects taken over from a gone owner */      \
+  X (share_refused)       /* joins refused: settings or upstream differ */
 
 struct fsc_stats {
 #define FSC_STATS_DECL(name) uint64_t name;

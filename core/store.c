@@ -355,6 +355,8 @@ fsc_object_write_begin_flags (struct fsc_object *o, uint64_t offset,
                               uint64_t count, unsigned flags,
                               struct fsc_write *w)
 {
+  if (o->join)
+    return fsc_share_write_begin (o, offset, count, flags, w);
   memset (w, 0, sizeof *w);
   w->offset = offset;
   w->count = count;
@@ -579,6 +581,11 @@ fsc_object_write_end (struct fsc_object *o, struct fsc_write *w,
                       const void *buf, bool upstream_ok)
 {
   uint8_t *claimed = NULL;
+
+  if (o->join) {
+    fsc_share_write_end (o, w, buf, upstream_ok);
+    return;
+  }
 
   if (w->counted) {
     pthread_mutex_lock (&o->lock);

@@ -303,6 +303,17 @@ bind_trace (struct handle *h, const char *k, size_t klen, uint64_t size)
 
 static void log_notices (struct handle *h);
 
+static const char *
+validate_name (int v)
+{
+  switch (v) {
+  case FSC_VALIDATE_NONE: return "none";
+  case FSC_VALIDATE_SIZE: return "size";
+  case FSC_VALIDATE_SAMPLE: return "sample";
+  default: return "?";
+  }
+}
+
 static int
 start_readahead (struct handle *h)
 {
@@ -423,6 +434,8 @@ fscache_prepare (nbdkit_next *next, void *handle, int readonly)
     .verify = params.verify, .validate = params.validate,
     .generation = params.generation, .max_size = params.max_size,
     .resident_groups = params.resident_groups,
+    /* The write log is one process's: never shared (share.c). */
+    .exclusive = params.mode == MODE_WRITEBACK,
   };
   if (!upstream_available (&h->upstream))
     return prepare_offline (h, &p);
@@ -458,7 +471,19 @@ fscache_prepare (nbdkit_next *next, void *handle, int readonly)
   struct fsc_open_info info;
   if (fsc_object_open (state.cache, &p, &h->obj, &info) == -1) {
     pthread_mutex_unlock (&open_lock);
-    nbdkit_error ("fscache: opening the cache object: %m");
+    if (errno == EPERM && info.refused)
+      nbdkit_error ("fscache: export \"%s\": process %d holds its cache "
+                    "object in %s with fscache-block-size=%" PRIu32
+                    " fscache-validate=%s, and this one has "
+                    "fscache-block-size=%" PRIu32 " fscache-validate=%s; "
+                    "refusing (one object is shared by every process: "
+                    "give them the same settings, or another "
+                    "fscache-key)", h->exportname, info.owner_pid,
+                    params.dir, info.owner_block_size,
+                    validate_name (info.owner_validate), params.block_size,
+                    validate_name (params.validate));
+    else
+      nbdkit_error ("fscache: opening the cache object: %m");
     fsc_wlog_close (wl);
     return -1;
   }
@@ -475,8 +500,17 @@ fscache_prepare (nbdkit_next *next, void *handle, int readonly)
   pthread_mutex_unlock (&open_lock);
   if (info.busy)
     nbdkit_error ("fscache: warning: export \"%s\" is cached by another "
-                  "process using %s; serving it uncached",
-                  h->exportname, params.dir);
+                  "process using %s%s; serving it uncached",
+                  h->exportname, params.dir,
+                  info.reason == FSC_REJ_UPSTREAM_SIZE ||
+                  info.reason == FSC_REJ_GENERATION ||
+                  info.reason == FSC_REJ_FINGERPRINT
+                  ? ", for a different upstream (size, generation or "
+                  "sample)" : "");
+  else if (info.joined)
+    nbdkit_debug ("fscache: export \"%s\": joined the copy of process %d "
+                  "(%" PRIu64 " blocks cached)", h->exportname,
+                  info.owner_pid, info.present_blocks);
   else if (info.err)
     nbdkit_error ("fscache: warning: export \"%s\": cache unusable (%s); "
                   "serving it uncached", h->exportname,

@@ -1,0 +1,1024 @@
+/* libfscache: one object for the whole host.
+ *
+ * Several processes (one nbdkit per VM or per CI job) open the same
+ * object: same cache directory, same key.  One of them holds it, as
+ * before: it has the index's flock and the object's state in memory
+ * (the owner).  The others join it: their object is a shell whose
+ * requests go to the owner over a Unix socket beside the object's
+ * files (SOCKNAME below, in the object's fan-out directory), and the
+ * owner serves them with the same code as its own clients' requests.
+ * So every rule of a single process holds for the host: a block
+ * several processes miss at once is fetched once (the owner's claims,
+ * retrieve.c), the cap and quotas hold for the object as a whole
+ * (evict.c), a write through any process drops the blocks it touches
+ * before it goes upstream (store.c), commits and counters are the
+ * owner's.
+ *
+ * Why this design, of the three (docs/design.md, "One cache for the
+ * whole host"): the state that makes the cache correct (present bits,
+ * claims, checksums, the eviction policy, the dirty groups of the next
+ * commit) lives in the owner's memory, under its locks, paged
+ * (groups.c).  Putting it in shared memory would mean robust
+ * cross-process locks around every structure and a second, shared
+ * format for all of it; a daemon owning every object would put a
+ * second process in every request even when one process is alone.
+ * Here a process alone pays nothing, and the joiners pay one round
+ * trip on a local socket per request.
+ *
+ * Misses of a joiner are fetched by the joiner, from its own upstream
+ * (it may be the only one with a connection that allows it): the owner
+ * claims the blocks, sends FETCH on the joiner's socket, the joiner
+ * reads upstream and sends the bytes back, and the owner stores them
+ * and releases the claim.  So a claim is never held by a process that
+ * could die without the owner noticing: if the joiner dies, its socket
+ * closes, the fetch fails, and the claim is released as any failed
+ * fetch's.
+ *
+ * If the owner dies (kill -9) or closes, a joiner's request in flight
+ * fails on the socket; the joiner then serves it uncached from its own
+ * upstream (never wrong data: the upstream is the truth), and tries to
+ * take the object over: it opens the object itself (flock, and the
+ * crash recovery of an unclean index), and from then on its shell
+ * forwards to that local object, which serves the others in turn.  A
+ * joiner that loses the race joins the winner.  A write whose link
+ * breaks before the owner dropped its blocks marks the copy stale
+ * (NAME.stale), as a process that cannot join does: whoever holds the
+ * object next discards it.
+ *
+ * Mismatched settings: a joiner is checked as an opener would be
+ * (check_sb's reasons): another block size or validation mode is
+ * refused (the process that asks gets an error, instead of discarding
+ * the copy under the others); another size, generation or coherency
+ * fingerprint (a different upstream) is served uncached.
+ *
+ * The protocol (docs/format.md, "The share socket"): messages of a
+ * fixed header (struct msg, native byte order: both ends run on one
+ * host and are checked by the version in HELLO) and a payload of
+ * header.count bytes for the types that carry data.  One request at a
+ * time per socket; a joiner keeps a pool of sockets, one per request
+ * in flight, and the owner a thread per socket.
+ */
+#include <config.h>
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "internal.h"
+#include "keyenc.h"
+#include "utils.h"
+
+#define SHARE_MAGIC 0x46534831u         /* "FSH1" */
+#define SHARE_VERSION 1
+#define SHARE_MAX_COUNT (64u << 20)     /* nbdkit's largest request */
+#define RETRY_MS 10                     /* between tries to rejoin */
+#define TAKEOVER_MS 2000                /* how long a request waits for
+                                         * a new owner's socket */
+
+enum {
+  MSG_HELLO = 1,        /* J->O: struct hello, key, generation */
+  MSG_WELCOME,          /* O->J: err = 0 or an FSC_REJ_* reason;
+                         * struct welcome */
+  MSG_READ,             /* J->O: offset, count, flags */
+  MSG_PREFETCH,         /* J->O: offset, count, flags */
+  MSG_WBEGIN,           /* J->O: offset, count, flags (FSC_WRITE_*) */
+  MSG_WEND,             /* J->O: flags WEND_*, data if WEND_DATA */
+  MSG_COMMIT,           /* J->O */
+  MSG_FETCH,            /* O->J: read offset, count upstream */
+  MSG_FETCHED,          /* J->O: err, or count bytes */
+  MSG_DONE,             /* O->J: err; a READ's data */
+};
+#define WEND_OK   1u    /* the upstream write succeeded */
+#define WEND_DATA 2u    /* the written data follows (else: zeroes) */
+
+struct msg {
+  uint32_t magic;
+  uint16_t type;
+  uint16_t flags;
+  uint32_t count;
+  int32_t err;
+  uint64_t offset;
+};
+
+struct hello {
+  uint32_t version;
+  uint32_t block_size;
+  uint64_t size;
+  uint64_t fingerprint;
+  int32_t validate;
+  int32_t pid;
+  uint32_t key_len;
+  uint32_t gen_len;
+};
+
+struct welcome {
+  int32_t pid;                  /* the owner's */
+  uint32_t block_size;          /* the owner's settings, for messages */
+  int32_t validate;
+  uint32_t pad;
+  uint64_t present_blocks;
+};
+
+/* The owner's side: a listening socket, and a thread per joiner's
+ * socket.
+ */
+struct share_conn {
+  struct share_conn *next;
+  int fd;
+};
+
+struct share_server {
+  int lfd;
+  pthread_t listener;
+  pthread_mutex_t lock;
+  pthread_cond_t cond;
+  bool stopping;
+  unsigned nconns;
+  struct share_conn *conns;
+};
+
+/* The joiner's side. */
+struct fsc_join {
+  pthread_mutex_t lock;         /* the pool, broken, local */
+  int *idle;                    /* sockets with no request in flight */
+  size_t nidle, cap;
+  bool broken;                  /* the owner went away */
+  uint64_t retry_at;            /* ms: next try to rejoin or take over */
+  struct fsc_object *local;     /* taken over: forward to it */
+  struct fsc_object_params p;   /* ours, for rejoining and taking over */
+  int owner_pid;
+};
+
+static uint64_t
+now_ms (void)
+{
+  struct timespec ts;
+  clock_gettime (CLOCK_MONOTONIC, &ts);
+  return (uint64_t) ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* The socket's address: its name in the fan-out directory, reached
+ * through /proc so that a deep cache directory still fits sun_path.
+ * The name is the key's hash: fixed length, whatever the key.
+ */
+static int
+sock_addr (const struct fsc_object *o, struct sockaddr_un *sa, char *name,
+           size_t namelen)
+{
+  uint64_t lo, hi;
+  fsc_key_hash (o->key, o->key_len, &lo, &hi);
+  snprintf (name, namelen, "%016" PRIx64 "%016" PRIx64 ".sock", lo, hi);
+  memset (sa, 0, sizeof *sa);
+  sa->sun_family = AF_UNIX;
+  int n = snprintf (sa->sun_path, sizeof sa->sun_path, "/proc/self/fd/%d/%s",
+                    o->fandirfd, name);
+  if (n < 0 || (size_t) n >= sizeof sa->sun_path) {
+    errno = ENAMETOOLONG;
+    return -1;
+  }
+  return 0;
+}
+
+static int
+send_all (int fd, const void *buf, size_t len)
+{
+  const char *p = buf;
+  while (len > 0) {
+    ssize_t r = send (fd, p, len, MSG_NOSIGNAL);
+    if (r == -1 && errno == EINTR)
+      continue;
+    if (r <= 0)
+      return -1;
+    p += r;
+    len -= r;
+  }
+  return 0;
+}
+
+static int
+recv_all (int fd, void *buf, size_t len)
+{
+  char *p = buf;
+  while (len > 0) {
+    ssize_t r = recv (fd, p, len, 0);
+    if (r == -1 && errno == EINTR)
+      continue;
+    if (r == 0)
+      errno = ECONNRESET;
+    if (r <= 0)
+      return -1;
+    p += r;
+    len -= r;
+  }
+  return 0;
+}
+
+static int
+send_msg (int fd, unsigned type, unsigned flags, uint32_t count, int err,
+          uint64_t offset, const void *payload, size_t plen)
+{
+  struct msg m = {
+    .magic = SHARE_MAGIC, .type = type, .flags = flags, .count = count,
+    .err = err, .offset = offset,
+  };
+  if (send_all (fd, &m, sizeof m) == -1)
+    return -1;
+  return plen ? send_all (fd, payload, plen) : 0;
+}
+
+static int
+recv_msg (int fd, struct msg *m)
+{
+  if (recv_all (fd, m, sizeof *m) == -1)
+    return -1;
+  if (m->magic != SHARE_MAGIC) {
+    errno = EPROTO;
+    return -1;
+  }
+  return 0;
+}
+
+/*----------------------------------------------------------------------
+ * The owner.
+ */
+
+/* The reason to refuse joiner H (check_sb's, in its order), or FSC_OK. */
+static int
+check_joiner (struct fsc_object *o, const struct hello *h, const void *key,
+              const char *gen)
+{
+  if (h->key_len != o->key_len || memcmp (key, o->key, o->key_len) != 0)
+    return FSC_REJ_KEY;
+  if (h->block_size != o->block_size)
+    return FSC_REJ_BLOCK_SIZE;
+  if (h->size != o->size)
+    return FSC_REJ_UPSTREAM_SIZE;
+  SCOPED_LOCK (&o->lock);
+  if (h->gen_len != o->sb.gen_len ||
+      memcmp (gen, o->sb.generation, h->gen_len) != 0)
+    return FSC_REJ_GENERATION;
+  if (h->validate != (int) o->sb.validate)
+    return FSC_REJ_VALIDATE;
+  /* After writes through the owner its recorded sample is old, and the
+   * joiner's (taken since) rightly differs.
+   */
+  if (h->validate == FSC_VALIDATE_SAMPLE && !o->written &&
+      h->fingerprint != o->sb.fingerprint)
+    return FSC_REJ_FINGERPRINT;
+  if (o->state != FSC_OBJ_AVAILABLE)
+    return FSC_REJ_FOREIGN;
+  return FSC_OK;
+}
+
+/* A joiner's misses: FETCH on its socket, the bytes back. */
+static int
+fetch_from_joiner (void *opaque, void *buf, uint32_t count, uint64_t offset)
+{
+  int fd = *(int *) opaque;
+  struct msg m;
+  if (send_msg (fd, MSG_FETCH, 0, count, 0, offset, NULL, 0) == -1 ||
+      recv_msg (fd, &m) == -1)
+    return -1;
+  if (m.type != MSG_FETCHED) {
+    errno = EPROTO;
+    return -1;
+  }
+  if (m.err) {
+    errno = m.err;
+    return -1;
+  }
+  if (m.count != count) {
+    errno = EPROTO;
+    return -1;
+  }
+  return recv_all (fd, buf, count);
+}
+
+/* Serve one joiner's socket until it closes.  Returns false if the
+ * hello was refused or the link broke (either way: done).
+ */
+static void
+serve (struct fsc_object *o, int fd)
+{
+  struct fsc_stats *st = &o->cache->stats;
+  struct fsc_upstream up = { .pread = fetch_from_joiner, .opaque = &fd };
+  struct fsc_write w;
+  bool in_write = false;
+  unsigned char *buf = NULL;
+  size_t cap = 0;
+  struct msg m;
+
+  /* The hello. */
+  struct hello h;
+  if (recv_msg (fd, &m) == -1 || m.type != MSG_HELLO ||
+      m.count < sizeof h || recv_all (fd, &h, sizeof h) == -1 ||
+      h.version != SHARE_VERSION || h.key_len > 65536 ||
+      h.gen_len > FSC_GEN_MAX || m.count != sizeof h + h.key_len + h.gen_len)
+    return;
+  char *kg = malloc (h.key_len + h.gen_len + 1);
+  if (kg == NULL || recv_all (fd, kg, h.key_len + h.gen_len) == -1) {
+    free (kg);
+    return;
+  }
+  kg[h.key_len + h.gen_len] = '\0';
+  int reason = check_joiner (o, &h, kg, kg + h.key_len);
+  free (kg);
+  struct welcome wel = {
+    .pid = getpid (), .block_size = o->block_size,
+    .validate = o->sb.validate,
+    .present_blocks = fsc_object_present_blocks (o),
+  };
+  if (send_msg (fd, MSG_WELCOME, 0, sizeof wel, reason, 0, &wel,
+                sizeof wel) == -1 || reason != FSC_OK) {
+    if (reason != FSC_OK)
+      FSC_STAT_ADD (st, share_refused, 1);
+    return;
+  }
+
+  while (recv_msg (fd, &m) == 0) {
+    int r = 0;
+    uint32_t out = 0;
+    FSC_STAT_ADD (st, share_served, 1);
+    switch (m.type) {
+    case MSG_READ:
+    case MSG_WEND:
+      if (m.count > SHARE_MAX_COUNT)
+        goto out;
+      if (m.count > cap) {
+        unsigned char *nb = realloc (buf, m.count);
+        if (nb == NULL)
+          goto out;
+        buf = nb;
+        cap = m.count;
+      }
+      break;
+    }
+    switch (m.type) {
+    case MSG_READ:
+      r = fsc_object_read (o, buf, m.count, m.offset, &up, m.flags);
+      out = r == 0 ? m.count : 0;
+      break;
+    case MSG_PREFETCH:
+      r = fsc_object_prefetch (o, m.offset, m.count, &up, m.flags);
+      break;
+    case MSG_WBEGIN:
+      if (in_write) {
+        errno = EPROTO;
+        goto out;
+      }
+      r = fsc_object_write_begin_flags (o, m.offset, m.count, m.flags, &w);
+      in_write = true;          /* paired with an end, even if it failed */
+      break;
+    case MSG_WEND:
+      if (!in_write || ((m.flags & WEND_DATA) && m.count != w.count) ||
+          (!(m.flags & WEND_DATA) && m.count != 0) ||
+          (m.count && recv_all (fd, buf, m.count) == -1))
+        goto out;
+      fsc_object_write_end (o, &w, (m.flags & WEND_DATA) ? buf : NULL,
+                            m.flags & WEND_OK);
+      in_write = false;
+      break;
+    case MSG_COMMIT:
+      r = fsc_object_commit (o);
+      break;
+    default:
+      goto out;
+    }
+    if (send_msg (fd, MSG_DONE, 0, out, r == -1 ? errno : 0, 0, buf,
+                  out) == -1)
+      goto out;
+  }
+ out:
+  /* A joiner gone between the two halves of a write: its blocks stay
+   * dropped, as after a failed upstream write.
+   */
+  if (in_write)
+    fsc_object_write_end (o, &w, NULL, false);
+  free (buf);
+}
+
+struct conn_arg {
+  struct fsc_object *o;
+  struct share_conn *c;
+};
+
+static void *
+conn_thread (void *arg)
+{
+  struct conn_arg *a = arg;
+  struct fsc_object *o = a->o;
+  struct share_server *srv = o->share;
+  struct share_conn *c = a->c;
+  free (a);
+
+  serve (o, c->fd);
+
+  pthread_mutex_lock (&srv->lock);
+  for (struct share_conn **pp = &srv->conns; *pp; pp = &(*pp)->next)
+    if (*pp == c) {
+      *pp = c->next;
+      break;
+    }
+  close (c->fd);
+  free (c);
+  bool stopping = srv->stopping;
+  srv->nconns--;
+  pthread_cond_broadcast (&srv->cond);
+  pthread_mutex_unlock (&srv->lock);
+  /* Our reference kept the object open for the joiner; when the owner
+   * is closing it (fsc_share_stop) that reference is the closer's.
+   */
+  if (!stopping)
+    fsc_object_close (o);
+  return NULL;
+}
+
+static void *
+listener (void *arg)
+{
+  struct fsc_object *o = arg;
+  struct share_server *srv = o->share;
+
+  for (;;) {
+    int fd = accept4 (srv->lfd, NULL, NULL, SOCK_CLOEXEC);
+    if (fd == -1) {
+      if (errno == EINTR || errno == ECONNABORTED)
+        continue;
+      pthread_mutex_lock (&srv->lock);
+      bool stop = srv->stopping;
+      pthread_mutex_unlock (&srv->lock);
+      if (stop)
+        return NULL;
+      /* Out of descriptors or memory: let others' requests finish. */
+      poll (NULL, 0, 100);
+      continue;
+    }
+    struct share_conn *c = calloc (1, sizeof *c);
+    struct conn_arg *a = malloc (sizeof *a);
+    pthread_mutex_lock (&srv->lock);
+    bool ok = c && a && !srv->stopping && fsc_object_tryref (o);
+    if (ok) {
+      c->fd = fd;
+      c->next = srv->conns;
+      srv->conns = c;
+      srv->nconns++;
+      a->o = o;
+      a->c = c;
+      pthread_t t;
+      pthread_attr_t attr;
+      pthread_attr_init (&attr);
+      pthread_attr_setdetachstate (&attr, PTHREAD_CREATE_DETACHED);
+      if (pthread_create (&t, &attr, conn_thread, a) != 0) {
+        srv->conns = c->next;
+        srv->nconns--;
+        ok = false;
+      }
+      pthread_attr_destroy (&attr);
+    }
+    pthread_mutex_unlock (&srv->lock);
+    if (!ok) {
+      if (c && c->fd == fd)
+        fsc_object_close (o);
+      close (fd);
+      free (c);
+      free (a);
+    }
+  }
+}
+
+int
+fsc_share_start (struct fsc_object *o)
+{
+  struct sockaddr_un sa;
+  char name[64];
+  if (o->share || sock_addr (o, &sa, name, sizeof name) == -1)
+    return -1;
+  struct share_server *srv = calloc (1, sizeof *srv);
+  if (srv == NULL)
+    return -1;
+  srv->lfd = socket (AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (srv->lfd == -1) {
+    free (srv);
+    return -1;
+  }
+  /* We hold the index's lock: a socket there is a dead owner's. */
+  unlinkat (o->fandirfd, name, 0);
+  if (bind (srv->lfd, (struct sockaddr *) &sa, sizeof sa) == -1 ||
+      listen (srv->lfd, 64) == -1) {
+    int e = errno;
+    close (srv->lfd);
+    free (srv);
+    errno = e;
+    return -1;
+  }
+  pthread_mutex_init (&srv->lock, NULL);
+  pthread_cond_init (&srv->cond, NULL);
+  o->share = srv;
+  int e = pthread_create (&srv->listener, NULL, listener, o);
+  if (e != 0) {
+    o->share = NULL;
+    unlinkat (o->fandirfd, name, 0);
+    close (srv->lfd);
+    pthread_mutex_destroy (&srv->lock);
+    pthread_cond_destroy (&srv->cond);
+    free (srv);
+    errno = e;
+    return -1;
+  }
+  return 0;
+}
+
+void
+fsc_share_stop (struct fsc_object *o)
+{
+  struct share_server *srv = o->share;
+  if (srv == NULL)
+    return;
+  struct sockaddr_un sa;
+  char name[64];
+  if (sock_addr (o, &sa, name, sizeof name) == 0)
+    unlinkat (o->fandirfd, name, 0);
+
+  pthread_mutex_lock (&srv->lock);
+  srv->stopping = true;
+  shutdown (srv->lfd, SHUT_RDWR);       /* wakes accept */
+  for (struct share_conn *c = srv->conns; c; c = c->next)
+    shutdown (c->fd, SHUT_RDWR);        /* fails their requests */
+  pthread_mutex_unlock (&srv->lock);
+  pthread_join (srv->listener, NULL);
+  pthread_mutex_lock (&srv->lock);
+  while (srv->nconns > 0)
+    pthread_cond_wait (&srv->cond, &srv->lock);
+  pthread_mutex_unlock (&srv->lock);
+  close (srv->lfd);
+  pthread_mutex_destroy (&srv->lock);
+  pthread_cond_destroy (&srv->cond);
+  free (srv);
+  o->share = NULL;
+}
+
+/*----------------------------------------------------------------------
+ * The joiner.
+ */
+
+/* Connect to the owner and say hello.  Returns the socket, or -1 with
+ * errno: EPERM if refused (*REASON, *WEL say why), else the link's.
+ */
+static int
+join_connect (struct fsc_object *o, const struct fsc_object_params *p,
+              int *reason, struct welcome *wel)
+{
+  struct sockaddr_un sa;
+  char name[64];
+  *reason = FSC_OK;
+  if (sock_addr (o, &sa, name, sizeof name) == -1)
+    return -1;
+  int fd = socket (AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd == -1)
+    return -1;
+  const char *gen = p->generation ? p->generation : "";
+  struct hello h = {
+    .version = SHARE_VERSION, .block_size = p->block_size, .size = p->size,
+    .fingerprint = p->fingerprint, .validate = p->validate,
+    .pid = getpid (), .key_len = p->key_len, .gen_len = strlen (gen),
+  };
+  struct msg m;
+  if (connect (fd, (struct sockaddr *) &sa, sizeof sa) == -1 ||
+      send_msg (fd, MSG_HELLO, 0, sizeof h + h.key_len + h.gen_len, 0, 0,
+                &h, sizeof h) == -1 ||
+      send_all (fd, p->key, p->key_len) == -1 ||
+      send_all (fd, gen, h.gen_len) == -1 ||
+      recv_msg (fd, &m) == -1)
+    goto fail;
+  if (m.type != MSG_WELCOME || m.count != sizeof *wel) {
+    errno = EPROTO;
+    goto fail;
+  }
+  if (recv_all (fd, wel, sizeof *wel) == -1)
+    goto fail;
+  if (m.err != FSC_OK) {
+    *reason = m.err;
+    errno = EPERM;
+    goto fail;
+  }
+  return fd;
+ fail:;
+  int e = errno;
+  close (fd);
+  errno = e;
+  return -1;
+}
+
+static void
+free_join (struct fsc_join *j)
+{
+  for (size_t i = 0; i < j->nidle; ++i)
+    close (j->idle[i]);
+  free (j->idle);
+  free ((void *) j->p.key);
+  free ((void *) j->p.generation);
+  pthread_mutex_destroy (&j->lock);
+  free (j);
+}
+
+int
+fsc_share_join (struct fsc_object *o, const struct fsc_object_params *p,
+                struct fsc_open_info *info)
+{
+  struct fsc_join *j = calloc (1, sizeof *j);
+  if (j == NULL)
+    return -1;
+  pthread_mutex_init (&j->lock, NULL);
+  j->p = *p;
+  j->p.key = malloc (p->key_len);
+  j->p.generation = p->generation ? strdup (p->generation) : NULL;
+  if (j->p.key == NULL || (p->generation && j->p.generation == NULL)) {
+    free_join (j);
+    errno = ENOMEM;
+    return -1;
+  }
+  memcpy ((void *) j->p.key, p->key, p->key_len);
+
+  struct welcome wel;
+  int reason;
+  int fd = join_connect (o, p, &reason, &wel);
+  if (fd == -1 && errno == EPERM) {
+    info->reason = reason;
+    info->owner_pid = wel.pid;
+    info->owner_block_size = wel.block_size;
+    info->owner_validate = wel.validate;
+    free_join (j);
+    FSC_STAT_ADD (&o->cache->stats, share_refused, 1);
+    /* Settings that would make a lone opener discard the copy are
+     * refused; a different upstream is only served uncached.
+     */
+    errno = reason == FSC_REJ_BLOCK_SIZE || reason == FSC_REJ_VALIDATE
+      ? EPERM : EBUSY;
+    return -1;
+  }
+  if (fd == -1) {
+    /* No owner listening: it is starting, or just died.  Joined all
+     * the same, broken: each request tries again (or takes over).
+     */
+    j->broken = true;
+  }
+  else {
+    j->idle = malloc (4 * sizeof *j->idle);
+    if (j->idle == NULL) {
+      close (fd);
+      free_join (j);
+      return -1;
+    }
+    j->cap = 4;
+    j->idle[j->nidle++] = fd;
+    j->owner_pid = wel.pid;
+    info->owner_pid = wel.pid;
+    info->present_blocks = wel.present_blocks;
+  }
+  o->join = j;
+  info->joined = true;
+  FSC_STAT_ADD (&o->cache->stats, share_joins, 1);
+  return 0;
+}
+
+void
+fsc_share_leave (struct fsc_object *o)
+{
+  struct fsc_join *j = o->join;
+  if (j == NULL)
+    return;
+  struct fsc_object *l = j->local;
+  o->join = NULL;
+  free_join (j);
+  if (l)
+    fsc_object_close (l);
+}
+
+struct fsc_object *
+fsc_share_detach_local (struct fsc_object *o)
+{
+  if (o->join == NULL)
+    return NULL;
+  SCOPED_LOCK (&o->join->lock);
+  struct fsc_object *l = o->join->local;
+  o->join->local = NULL;
+  return l;
+}
+
+/* A socket for one request: an idle one, or a new one.  Returns -1 if
+ * there is no owner to talk to; then *LOCAL may be the object we just
+ * took over.
+ */
+static int
+get_conn (struct fsc_object *o, struct fsc_object **local)
+{
+  struct fsc_join *j = o->join;
+  *local = NULL;
+  pthread_mutex_lock (&j->lock);
+  if (j->local) {
+    *local = j->local;
+    pthread_mutex_unlock (&j->lock);
+    return -1;
+  }
+  if (j->nidle > 0) {
+    int fd = j->idle[--j->nidle];
+    pthread_mutex_unlock (&j->lock);
+    return fd;
+  }
+  if (j->broken && now_ms () < j->retry_at) {
+    pthread_mutex_unlock (&j->lock);
+    return -1;
+  }
+  uint64_t deadline = now_ms () + TAKEOVER_MS;
+ again:;
+  /* Connect (with the lock: one rejoin or takeover at a time). */
+  struct welcome wel;
+  int reason;
+  int fd = join_connect (o, &j->p, &reason, &wel);
+  if (fd >= 0) {
+    j->broken = false;
+    j->owner_pid = wel.pid;
+    pthread_mutex_unlock (&j->lock);
+    return fd;
+  }
+  if (errno == EPERM) {
+    /* The new owner holds it with settings we cannot share (or a
+     * different upstream): uncached from now on.
+     */
+    j->broken = true;
+    j->retry_at = UINT64_MAX;
+    pthread_mutex_unlock (&j->lock);
+    return -1;
+  }
+  /* Nobody listening: take the object over, if nobody holds it. */
+  struct fsc_object *l = NULL;
+  struct fsc_open_info info;
+  if (fsc_object_open_local (o->cache, &j->p, &l, &info) == 0) {
+    j->local = l;
+    *local = l;
+    FSC_STAT_ADD (&o->cache->stats, share_takeovers, 1);
+  }
+  else if (errno == EWOULDBLOCK && now_ms () < deadline) {
+    /* Another process holds it and is not listening yet: it is
+     * taking over (or starting).  Its socket comes in milliseconds;
+     * the upstream would cost this request far more.
+     */
+    pthread_mutex_unlock (&j->lock);
+    poll (NULL, 0, RETRY_MS);
+    pthread_mutex_lock (&j->lock);
+    if (j->local) {
+      *local = j->local;
+      pthread_mutex_unlock (&j->lock);
+      return -1;
+    }
+    goto again;
+  }
+  else {
+    /* Uncached for a while; requests try again after RETRY_MS. */
+    j->broken = true;
+    j->retry_at = now_ms () + RETRY_MS;
+  }
+  pthread_mutex_unlock (&j->lock);
+  return -1;
+}
+
+static void
+put_conn (struct fsc_object *o, int fd, bool ok)
+{
+  struct fsc_join *j = o->join;
+  if (!ok) {
+    close (fd);
+    SCOPED_LOCK (&j->lock);
+    /* The owner went away: drop the other idle sockets too (their
+     * next request would fail the same way).
+     */
+    for (size_t i = 0; i < j->nidle; ++i)
+      close (j->idle[i]);
+    j->nidle = 0;
+    j->broken = true;
+    j->retry_at = 0;
+    return;
+  }
+  SCOPED_LOCK (&j->lock);
+  if (j->nidle == j->cap) {
+    size_t ncap = j->cap ? 2 * j->cap : 4;
+    int *p = realloc (j->idle, ncap * sizeof *p);
+    if (p == NULL) {
+      close (fd);
+      return;
+    }
+    j->idle = p;
+    j->cap = ncap;
+  }
+  j->idle[j->nidle++] = fd;
+}
+
+/* Run one request on FD: send it, answer the owner's FETCHes from UP,
+ * then take its DONE (and a READ's data into BUF).  Returns 0 with
+ * *ERR the owner's errno (0: done), or -1 if the link broke.
+ */
+static int
+run (int fd, unsigned type, unsigned flags, uint64_t offset, uint32_t count,
+     const void *payload, uint32_t plen, void *buf,
+     const struct fsc_upstream *up, int *err)
+{
+  struct msg m;
+  unsigned char *fetched = NULL;
+  size_t cap = 0;
+  int r = -1;
+
+  if (send_msg (fd, type, flags, type == MSG_WEND ? plen : count, 0, offset,
+                payload, plen) == -1)
+    return -1;
+  for (;;) {
+    if (recv_msg (fd, &m) == -1)
+      goto out;
+    if (m.type == MSG_DONE) {
+      if (m.count && (buf == NULL || m.count != count ||
+                      recv_all (fd, buf, m.count) == -1)) {
+        errno = EPROTO;
+        goto out;
+      }
+      *err = m.err;
+      r = 0;
+      goto out;
+    }
+    if (m.type != MSG_FETCH || up == NULL || m.count > SHARE_MAX_COUNT) {
+      errno = EPROTO;
+      goto out;
+    }
+    if (m.count > cap) {
+      unsigned char *nb = realloc (fetched, m.count);
+      if (nb == NULL)
+        goto out;
+      fetched = nb;
+      cap = m.count;
+    }
+    int e = 0;
+    if (up->pread (up->opaque, fetched, m.count, m.offset) == -1)
+      e = errno ? errno : EIO;
+    if (send_msg (fd, MSG_FETCHED, 0, e ? 0 : m.count, e, m.offset,
+                  fetched, e ? 0 : m.count) == -1)
+      goto out;
+  }
+ out:
+  free (fetched);
+  return r;
+}
+
+int
+fsc_share_read (struct fsc_object *o, void *buf, uint32_t count,
+                uint64_t offset, const struct fsc_upstream *up,
+                unsigned flags)
+{
+  /* A link that breaks is tried once more: the next owner (or our
+   * takeover) serves it from the cache, the upstream only if nobody
+   * comes.
+   */
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    struct fsc_object *l;
+    int fd = get_conn (o, &l);
+    if (l)
+      return fsc_object_read (l, buf, count, offset, up, flags);
+    if (fd < 0)
+      break;
+    int err;
+    if (run (fd, MSG_READ, flags, offset, count, NULL, 0, buf, up,
+             &err) == 0) {
+      put_conn (o, fd, true);
+      if (err == 0)
+        return 0;
+      errno = err;
+      return -1;
+    }
+    put_conn (o, fd, false);
+  }
+  /* No owner: the upstream, uncached. */
+  FSC_STAT_ADD (&o->cache->stats, share_fallbacks, 1);
+  FSC_STAT_ADD (&o->cache->stats, miss_bytes, count);
+  return up->pread (up->opaque, buf, count, offset);
+}
+
+int
+fsc_share_prefetch (struct fsc_object *o, uint64_t offset, uint64_t count,
+                    const struct fsc_upstream *up, unsigned flags)
+{
+  struct fsc_object *l;
+  int fd = get_conn (o, &l);
+  if (l)
+    return fsc_object_prefetch (l, offset, count, up, flags);
+  if (fd < 0)
+    return 0;                   /* a prefetch may do nothing */
+  int err;
+  while (count > 0) {
+    uint32_t n = MIN (count, (uint64_t) SHARE_MAX_COUNT);
+    if (run (fd, MSG_PREFETCH, flags, offset, n, NULL, 0, NULL, up,
+             &err) == -1) {
+      put_conn (o, fd, false);
+      return 0;
+    }
+    if (err) {
+      put_conn (o, fd, true);
+      errno = err;
+      return -1;
+    }
+    offset += n;
+    count -= n;
+  }
+  put_conn (o, fd, true);
+  return 0;
+}
+
+int
+fsc_share_write_begin (struct fsc_object *o, uint64_t offset, uint64_t count,
+                       unsigned flags, struct fsc_write *w)
+{
+  struct fsc_object *l;
+  int fd = get_conn (o, &l);
+  if (l) {
+    int r = fsc_object_write_begin_flags (l, offset, count, flags, w);
+    w->local = l;
+    return r;
+  }
+  memset (w, 0, sizeof *w);
+  w->offset = offset;
+  w->count = count;
+  w->keep = flags & FSC_WRITE_KEEP;
+  w->join_fd = -1;
+  if (fd >= 0) {
+    int err;
+    if (run (fd, MSG_WBEGIN, flags, offset, (uint32_t) count, NULL, 0, NULL,
+             NULL, &err) == 0 && err == 0) {
+      w->join_fd = fd;          /* held until the end */
+      return 0;
+    }
+    put_conn (o, fd, false);
+  }
+  /* Nobody could drop the blocks before the upstream changes: whoever
+   * holds the object next discards its copy.
+   */
+  fsc_mark_stale (o);
+  return 0;
+}
+
+void
+fsc_share_write_end (struct fsc_object *o, struct fsc_write *w,
+                     const void *buf, bool upstream_ok)
+{
+  if (w->local) {
+    struct fsc_object *l = w->local;
+    w->local = NULL;
+    fsc_object_write_end (l, w, buf, upstream_ok);
+    return;
+  }
+  int fd = w->join_fd;
+  w->join_fd = -1;
+  if (fd < 0)
+    return;
+  unsigned flags = (upstream_ok ? WEND_OK : 0) |
+    (buf && w->keep && upstream_ok ? WEND_DATA : 0);
+  uint32_t plen = (flags & WEND_DATA) ? (uint32_t) w->count : 0;
+  int err;
+  put_conn (o, fd, run (fd, MSG_WEND, flags, w->offset, (uint32_t) w->count,
+                        buf, plen, NULL, NULL, &err) == 0);
+}
+
+int
+fsc_share_commit (struct fsc_object *o)
+{
+  struct fsc_object *l;
+  int fd = get_conn (o, &l);
+  if (l)
+    return fsc_object_commit (l);
+  if (fd < 0)
+    return 0;                   /* nothing of ours to make durable */
+  int err;
+  if (run (fd, MSG_COMMIT, 0, 0, 0, NULL, 0, NULL, NULL, &err) == -1) {
+    put_conn (o, fd, false);
+    return 0;
+  }
+  put_conn (o, fd, true);
+  if (err) {
+    errno = err;
+    return -1;
+  }
+  return 0;
+}
+
+int
+fsc_share_owner_pid (struct fsc_object *o)
+{
+  if (o->join == NULL)
+    return 0;
+  SCOPED_LOCK (&o->join->lock);
+  return o->join->local ? (int) getpid () : o->join->owner_pid;
+}
