@@ -24,10 +24,12 @@
  * Withdrawal (fsc_withdraw) is the one answer to a failure of the
  * cache's own files: the files are unlinked, so that nothing stale
  * survives, and the object stays listed, withdrawn, until its last
- * user closes it.  An object held by another process is served
- * uncached here; a write through it leaves a mark (NAME.stale) beside
- * the object's files, and the holder withdraws its copy when it sees
- * the mark: at open, at close and every commit interval.
+ * user closes it.  An object held by another process is joined: this
+ * process's requests go to that one (share.c).  One that cannot be
+ * joined (writeback, offline, another upstream) is served uncached
+ * here; a write through it leaves a mark (NAME.stale) beside the
+ * object's files, and the holder withdraws its copy when it sees the
+ * mark: at open, at close and every commit interval.
  *
  * The operations live beside this file: retrieval (retrieve.c),
  * storage and invalidation (store.c), commits (commit.c), and the

@@ -69,6 +69,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
@@ -222,6 +223,9 @@ recv_all (int fd, void *buf, size_t len)
   return 0;
 }
 
+/* One message, header and payload in one system call where the
+ * socket takes it all.
+ */
 static int
 send_msg (int fd, unsigned type, unsigned flags, uint32_t count, int err,
           uint64_t offset, const void *payload, size_t plen)
@@ -230,9 +234,25 @@ send_msg (int fd, unsigned type, unsigned flags, uint32_t count, int err,
     .magic = SHARE_MAGIC, .type = type, .flags = flags, .count = count,
     .err = err, .offset = offset,
   };
-  if (send_all (fd, &m, sizeof m) == -1)
+  struct iovec iov[2] = {
+    { .iov_base = &m, .iov_len = sizeof m },
+    { .iov_base = (void *) payload, .iov_len = plen },
+  };
+  struct msghdr mh = { .msg_iov = iov, .msg_iovlen = plen ? 2 : 1 };
+  ssize_t r;
+  do
+    r = sendmsg (fd, &mh, MSG_NOSIGNAL);
+  while (r == -1 && errno == EINTR);
+  if (r == -1)
     return -1;
-  return plen ? send_all (fd, payload, plen) : 0;
+  size_t sent = r;
+  if (sent < sizeof m) {
+    if (send_all (fd, (char *) &m + sent, sizeof m - sent) == -1)
+      return -1;
+    sent = sizeof m;
+  }
+  return send_all (fd, (const char *) payload + (sent - sizeof m),
+                   plen - (sent - sizeof m));
 }
 
 static int
