@@ -3,24 +3,26 @@
 # through another: never stale.
 #
 # Two proxy processes P and Q on one cache directory and key, in front
-# of a writable upstream (nbdkit file, 10 ms per read and per write, so
-# that fills are in flight while writes go by).  P opens the object
-# first (it owns it), Q joins it.  Both have a background reader that
-# reads random ranges of the first 4 MiB all the time, so that the
-# blocks being written are being cached and filled again around each
-# write (a fill of old data that lands after a write is what would
-# leave a stale block).  Then, for each mode (writethrough, then
-# writearound), 12 rounds in each direction: writes through Q (a
-# joiner: its writes must drop the blocks in the owner before they go
-# upstream), then through P (the owner: a block a joiner is fetching
-# must not be stored with the old data).  Each round:
+# of a writable upstream (nbdkit file; 100 ms per read, 10 ms per
+# write, so that fills are long).  P opens the object first (it owns
+# it), Q joins it.  Each has two background connections that read the
+# range of the current round again and again, so that whenever a write
+# drops its blocks they are being filled again (a fill of old data that
+# lands after a write is what would leave a stale block).  Then, for
+# each mode (writethrough, then writearound), 12 rounds in each
+# direction: writes through Q (a joiner: its writes must drop the
+# blocks in the owner before they go upstream), then through P (the
+# owner: a block a joiner is fetching must not be stored with the old
+# data).  Each round, at a random offset and length (4 KiB aligned or
+# not, up to 192 KiB):
 #
 #   - the range is read through both processes (cached, if it was not);
-#   - qemu-io writes a new pattern (write -P 0xNN) through one process,
-#     at a random offset and length (4 KiB aligned or not, up to 192 KiB);
+#   - qemu-io writes a pattern (write -P 0xNN) through one process, and
+#     at once another one (while the background readers fill the range
+#     again after the first);
 #   - once qemu-io returns (the write acknowledged), qemu-io read -P
 #     through the OTHER process, and through the same one, must find
-#     the new pattern over the whole range.
+#     the last pattern over the whole range.
 #
 # At the end, readers stopped: a full copy through P, one through Q,
 # the upstream file and a model (the same writes applied by qemu-io to
@@ -46,27 +48,42 @@ model="$TMP/model.img"
 make_random "$img" $SIZE
 cp "$img" "$model"
 start_nbdkit -P "$TMP/up.pid" -U "$TMP/up.sock" \
-  --filter=delay file "$img" delay-read=10ms delay-write=10ms
+  --filter=delay file "$img" delay-read=100ms delay-write=10ms
 
+# The background readers: two connections per process, each reading
+# the range named in $TMP/target ("OFFSET LENGTH", the range of the
+# round) again and again, or random ranges of the region when there is
+# none.
 cat > "$TMP/bg.py" <<'PY'
-import nbd, os, random, sys
-uri, region, stop, failf, ready = sys.argv[1], int(sys.argv[2]), *sys.argv[3:]
-h = nbd.NBD()
-h.connect_uri(uri)
+import nbd, os, random, sys, threading
+uri, region, stop, failf, ready, target = sys.argv[1], int(sys.argv[2]), *sys.argv[3:]
+counts = []
+def reader(i):
+    h = nbd.NBD()
+    h.connect_uri(uri)
+    open(ready + str(i), "w").close()
+    rnd = random.Random()
+    n = 0
+    while not os.path.exists(stop):
+        try:
+            off, k = map(int, open(target).read().split())
+        except (OSError, ValueError):
+            off = rnd.randrange(0, region // 4096) * 4096
+            k = min(rnd.choice([4096, 65536, 262144]), region - off)
+        try:
+            h.pread(k, off)
+        except nbd.Error as e:
+            open(failf, "a").write("read %d+%d: %s\n" % (off, k, e))
+            return
+        n += 1
+    h.shutdown()
+    counts.append(n)
+ts = [threading.Thread(target=reader, args=(i,)) for i in range(2)]
+for t in ts: t.start()
+for t in ts: t.join()
 open(ready, "w").close()
-rnd = random.Random()
-n = 0
-while not os.path.exists(stop):
-    off = rnd.randrange(0, region // 4096) * 4096
-    k = min(rnd.choice([4096, 65536, 131072, 262144]), region - off)
-    try:
-        h.pread(k, off)
-    except nbd.Error as e:
-        open(failf, "a").write("read %d+%d: %s\n" % (off, k, e))
-        sys.exit(1)
-    n += 1
-h.shutdown()
-print(n)
+print(sum(counts))
+sys.exit(0 if len(counts) == 2 else 1)
 PY
 
 qio ()                          # PROCESS COMMAND
@@ -77,7 +94,7 @@ qio ()                          # PROCESS COMMAND
 
 round_no=0
 for mode in writethrough writearound; do
-  rm -f "$TMP/stop" "$TMP"/*.ready "$TMP"/*.bgfail
+  rm -f "$TMP/stop" "$TMP"/*.ready* "$TMP"/*.bgfail "$TMP/target"
   for p in P Q; do
     start_nbdkit -P "$TMP/$p.pid" -U "$TMP/$p.sock" -v --log=stderr \
       --filter="$FILTER" nbd socket="$TMP/up.sock" \
@@ -88,17 +105,19 @@ for mode in writethrough writearound; do
   bgpids=()
   for p in P Q; do
     python3 "$TMP/bg.py" "nbd+unix:///?socket=$TMP/$p.sock" $REGION \
-      "$TMP/stop" "$TMP/$p.bgfail" "$TMP/$p.ready" > "$TMP/$p.bgcount" &
+      "$TMP/stop" "$TMP/$p.bgfail" "$TMP/$p.ready" "$TMP/target" \
+      > "$TMP/$p.bgcount" &
     bgpids+=($!)
     cleanup_fn "touch '$TMP/stop'; kill $! 2>/dev/null"
-    wait_until test -e "$TMP/$p.ready" || fail "$mode: $p's reader did not connect"
+    wait_until test -e "$TMP/$p.ready1" || fail "$mode: $p's readers did not connect"
   done
 
   for writer in Q P; do
     if [ $writer = Q ]; then other=P; else other=Q; fi
     for (( r=1; r<=ROUNDS; r++ )); do
       round_no=$((round_no + 1))
-      pat=$(printf '0x%02x' $(( (round_no * 37) % 255 + 1 )))
+      pat1=$(printf '0x%02x' $(( (round_no * 74) % 255 + 1 )))
+      pat2=$(printf '0x%02x' $(( (round_no * 74 + 37) % 255 + 1 )))
       if (( RANDOM % 2 )); then
         off=$(( RANDOM % (REGION / 4096 - 48) * 4096 ))
         len=$(( (RANDOM % 48 + 1) * 4096 ))
@@ -106,21 +125,31 @@ for mode in writethrough writearound; do
         off=$(( RANDOM * 97 % (REGION - 200000) ))
         len=$(( RANDOM % 196608 + 1 ))
       fi
-      what="$mode, write $r through $writer: $pat at $off+$len"
+      what="$mode, round $r, writes through $writer at $off+$len"
+      rm -f "$TMP/target"
       qio $other "read $off $len" || { cat "$TMP/qio.out"; fail "$what: read"; }
       qio $writer "read $off $len" || { cat "$TMP/qio.out"; fail "$what: read"; }
-      qio $writer "write -P $pat $off $len" ||
-        { cat "$TMP/qio.out"; fail "$what: the write failed"; }
-      qemu-io -f raw "$model" -c "write -P $pat $off $len" > /dev/null
-      qio $other "read -P $pat $off $len" ||
-        { cat "$TMP/qio.out"; fail "$what: $other served stale data"; }
-      qio $writer "read -P $pat $off $len" ||
-        { cat "$TMP/qio.out"; fail "$what: $writer served stale data"; }
+      # The background readers now read this range all the time: after
+      # the first write drops its blocks they fill them again (100 ms
+      # each upstream), and the second write comes while they do.
+      echo "$off $len" > "$TMP/target.tmp" && mv "$TMP/target.tmp" "$TMP/target"
+      for pat in $pat1 $pat2; do
+        qio $writer "write -P $pat $off $len" ||
+          { cat "$TMP/qio.out"; fail "$what: the write of $pat failed"; }
+        qemu-io -f raw "$model" -c "write -P $pat $off $len" > /dev/null
+      done
+      qio $other "read -P $pat2 $off $len" ||
+        { cat "$TMP/qio.out"; fail "$what: $other served stale data" \
+                                   "(not $pat2, the last write's pattern)"; }
+      qio $writer "read -P $pat2 $off $len" ||
+        { cat "$TMP/qio.out"; fail "$what: $writer served stale data" \
+                                   "(not $pat2, the last write's pattern)"; }
     done
-    echo "$mode: $ROUNDS writes through $writer, each read back new through" \
-         "$other and $writer"
+    echo "$mode: $ROUNDS rounds of two writes through $writer, each read" \
+         "back new through $other and $writer"
   done
 
+  rm -f "$TMP/target"
   touch "$TMP/stop"
   for p in "${bgpids[@]}"; do wait "$p" || fail "$mode: a background reader failed"; done
   for p in P Q; do
