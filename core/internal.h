@@ -593,8 +593,12 @@ extern void fsc_zero_csums (struct fsc_object *o);
 
 /* sums.c: copy into SUMS the K hashes of block B kept from an earlier
  * check against CSUM with PIECES, and return true; or false if none are
- * kept.  Remember them after a check.  Take o->lock.
+ * kept.  Remember them after a check.  Take o->lock (the _locked one:
+ * the caller holds it).
  */
+extern bool fsc_scache_get_locked (struct fsc_object *o, uint64_t b,
+                                   uint64_t csum, unsigned pieces,
+                                   uint64_t *sums, unsigned k);
 extern bool fsc_scache_get (struct fsc_object *o, uint64_t b, uint64_t csum,
                             unsigned pieces, uint64_t *sums, unsigned k);
 extern void fsc_scache_put (struct fsc_object *o, uint64_t b, uint64_t csum,

@@ -110,13 +110,33 @@ read_failed (struct fsc_object *o, ssize_t r)
   fsc_withdraw (o, r == -1 ? errno : EIO);
 }
 
+/* The sub-block hashes of a hit's partly read end blocks, taken from
+ * the hash cache (sums.c) in the read's first critical section, so
+ * that a hit takes the object's lock once, not twice.
+ */
+struct end_sums {
+  uint64_t blk[2];
+  bool have[2];
+  uint64_t sums[2][SCACHE_SUBS];
+};
+
+static const uint64_t *
+end_sums_of (const struct end_sums *es, uint64_t blk)
+{
+  for (int i = 0; es && i < 2; ++i)
+    if (es->have[i] && es->blk[i] == blk)
+      return es->sums[i];
+  return NULL;
+}
+
 /* Serve the part [LO, HI) of present block BLK, which does not cover
  * all of it, into BUF (the client's window starts at OFFSET).  Returns
  * true if served.
  */
 static bool
 hit_partial (struct fsc_object *o, uint64_t blk, void *buf, uint64_t offset,
-             uint64_t lo, uint64_t hi, uint64_t csum, unsigned pieces)
+             uint64_t lo, uint64_t hi, uint64_t csum, unsigned pieces,
+             const uint64_t *pre)
 {
   struct fsc_io *io = &o->cache->io;
   unsigned char *out = (unsigned char *) buf + (lo - offset);
@@ -137,7 +157,9 @@ hit_partial (struct fsc_object *o, uint64_t blk, void *buf, uint64_t offset,
    */
   const unsigned kb = DIV_ROUND_UP (be - bs, SUB_SIZE);
   uint64_t sums[MAX_SUBS];
-  if (!fsc_scache_get (o, blk, csum, pieces, sums, kb)) {
+  if (pre)
+    memcpy (sums, pre, kb * sizeof *sums);
+  else if (!fsc_scache_get (o, blk, csum, pieces, sums, kb)) {
     unsigned char le[8 * MAX_SUBS];
     r = fsc_io_pread (io, FSC_FILE_SUMS, o->sfd, le, 8 * kb,
                       sums_offset (o, blk));
@@ -160,7 +182,11 @@ hit_partial (struct fsc_object *o, uint64_t blk, void *buf, uint64_t offset,
   const uint64_t s0 = (lo - bs) >> SUB_SHIFT, s1 = (hi - 1 - bs) >> SUB_SHIFT;
   const uint64_t ds = bs + (s0 << SUB_SHIFT);
   const uint64_t de = MIN (bs + ((s1 + 1) << SUB_SHIFT), be);
-  unsigned char *tmp = fsc_scratch (o->cache, de - ds);
+  /* Sub-block aligned (a 4 KiB read): straight into the client's
+   * buffer, no bounce.
+   */
+  unsigned char *tmp = lo == ds && hi == de ? out
+    : fsc_scratch (o->cache, de - ds);
   if (tmp == NULL) {
     /* No memory for a bounce buffer: serve this object uncached
      * rather than spin on the same block.
@@ -180,7 +206,8 @@ hit_partial (struct fsc_object *o, uint64_t blk, void *buf, uint64_t offset,
       return false;
     }
   }
-  memcpy (out, tmp + (lo - ds), hi - lo);
+  if (tmp != out)
+    memcpy (out, tmp + (lo - ds), hi - lo);
   return true;
 }
 
@@ -218,7 +245,7 @@ hit_zero (struct fsc_object *o, uint64_t b, uint64_t n, void *buf,
 static uint64_t
 hit_run (struct fsc_object *o, uint64_t b, uint64_t n, void *buf,
          uint64_t offset, uint32_t count, const uint64_t *csums,
-         const uint16_t *pieces)
+         const uint16_t *pieces, const struct end_sums *es)
 {
   struct fsc_stats *st = &o->cache->stats;
   const uint64_t wend = offset + count;
@@ -253,11 +280,12 @@ hit_run (struct fsc_object *o, uint64_t b, uint64_t n, void *buf,
     uint64_t lo = MAX (bs, offset), hi = MIN (be, wend);
     if (lo == bs && hi == be) {
       if (hit_run (o, b + i, 1, buf, offset, count, &csums[i],
-                   &pieces[i]) == 0)
+                   &pieces[i], NULL) == 0)
         return i;
       continue;
     }
-    if (!hit_partial (o, b + i, buf, offset, lo, hi, csums[i], pieces[i]))
+    if (!hit_partial (o, b + i, buf, offset, lo, hi, csums[i], pieces[i],
+                      end_sums_of (es, b + i)))
       return i;
     FSC_STAT_ADD (st, hit_bytes, hi - lo);
     FSC_OSTAT_ADD (o, hit_bytes, hi - lo);
@@ -465,6 +493,7 @@ read_pinned (struct fsc_object *o, void *buf, uint32_t count,
     uint64_t epochs[MAX_RUN_GROUPS];
     unsigned held_first = 0, held_last = 0;   /* a miss's end blocks'
                                                * pieces held */
+    struct end_sums es;
     enum run_kind kind;
     uint64_t n = 1;
 
@@ -495,6 +524,19 @@ read_pinned (struct fsc_object *o, void *buf, uint32_t count,
        * punch what it reads (evict.c), and mark the blocks referenced
        * unless a sequential stream reads them.
        */
+      /* The end blocks read in part: their hashes, if cached. */
+      es.have[0] = es.have[1] = false;
+      for (int e = 0; o->verify && buf && e < 2; ++e) {
+        uint64_t eb = e == 0 ? b : b + n - 1;
+        if ((e == 1 && n == 1) || zeros[eb - b] ||
+            (block_start (o, eb) >= offset && block_end (o, eb) <= end))
+          continue;
+        unsigned kb = DIV_ROUND_UP (block_end (o, eb) - block_start (o, eb),
+                                    SUB_SIZE);
+        es.blk[e] = eb;
+        es.have[e] = fsc_scache_get_locked (o, eb, csums[eb - b],
+                                            pieces[eb - b], es.sums[e], kb);
+      }
       for (uint64_t gi = GROUP_OF (b); gi <= GROUP_OF (b + n - 1); ++gi) {
         struct group *hg = grp (o, gi);
         hg->readers++;
@@ -579,7 +621,7 @@ read_pinned (struct fsc_object *o, void *buf, uint32_t count,
           ? hit_zero (o, b + done, k - done, buf, offset, count,
                       &csums[done])
           : hit_run (o, b + done, k - done, buf, offset, count,
-                     &csums[done], &pieces[done]);
+                     &csums[done], &pieces[done], &es);
         done += got;
         if (done < k)
           break;

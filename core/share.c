@@ -486,6 +486,7 @@ listener (void *arg)
     struct conn_arg *a = malloc (sizeof *a);
     pthread_mutex_lock (&srv->lock);
     bool ok = c && a && !srv->stopping && fsc_object_tryref (o);
+    bool reffed = ok;
     if (ok) {
       c->fd = fd;
       c->next = srv->conns;
@@ -506,7 +507,7 @@ listener (void *arg)
     }
     pthread_mutex_unlock (&srv->lock);
     if (!ok) {
-      if (c && c->fd == fd)
+      if (reffed)
         fsc_object_close (o);
       close (fd);
       free (c);

@@ -116,10 +116,15 @@ bool
 fsc_scache_get (struct fsc_object *o, uint64_t b, uint64_t csum,
                 unsigned pieces, uint64_t *sums, unsigned k)
 {
-  if (k > SCACHE_SUBS)
-    return false;
   SCOPED_LOCK (&o->lock);
-  if (o->nscache == 0)
+  return fsc_scache_get_locked (o, b, csum, pieces, sums, k);
+}
+
+bool
+fsc_scache_get_locked (struct fsc_object *o, uint64_t b, uint64_t csum,
+                       unsigned pieces, uint64_t *sums, unsigned k)
+{
+  if (k > SCACHE_SUBS || o->nscache == 0)
     return false;
   const struct scache_entry *e = scache_slot (o, b);
   if (e->block != b || e->csum != csum || e->pieces != pieces)

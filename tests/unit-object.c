@@ -763,6 +763,93 @@ test_paging (void)
   fsc_cache_close (c);
 }
 
+/* Two caches on one directory stand for two processes (the index's
+ * flock is per open file, so the second finds the object held): the
+ * second joins the first's object (share.c).  Its reads are served by
+ * the owner and filled once, its writes drop the owner's blocks, a
+ * block size of its own is refused, and when the owner's cache closes
+ * the joiner takes the object over, still warm.
+ */
+static void
+test_share (void)
+{
+  struct fsc_open_info info;
+  struct fsc_stats st;
+  static unsigned char got[SIZE];
+
+  struct fsc_cache *c1 = open_cache (NULL), *c2 = open_cache (NULL);
+  struct fsc_object *o1 = open_obj (c1, &info, "share", SIZE);
+  CHECK (!info.joined);
+  struct fsc_object *o2 = open_obj (c2, &info, "share", SIZE);
+  CHECK (info.joined);
+  CHECK_EQ (info.owner_pid, (int) getpid ());
+  CHECK_EQ (fsc_object_state (o2), FSC_OBJ_AVAILABLE);
+
+  /* Cold through the joiner: fetched once, stored in the owner's. */
+  up_bytes = 0;
+  read_all (o2);
+  CHECK_EQ (up_bytes, SIZE);
+  CHECK_EQ (fsc_object_present_blocks (o1), (SIZE + BS - 1) / BS);
+  up_bytes = 0;
+  read_all (o1);
+  read_all (o2);
+  CHECK_EQ (up_bytes, 0);
+  fsc_cache_stats (c2, &st);
+  CHECK_EQ (st.share_joins, 1);
+  fsc_cache_stats (c1, &st);
+  CHECK (st.share_served > 0);
+
+  /* A write through the joiner drops the owner's block before it goes
+   * upstream, and stores the new data after.
+   */
+  struct fsc_write w;
+  unsigned char nb[BS];
+  memset (nb, 0x5c, BS);
+  CHECK (fsc_object_write_begin (o2, 7 * BS, BS, true, &w) == 0);
+  CHECK (!fsc_object_block_present (o1, 7));
+  memcpy (upstream + 7 * BS, nb, BS);
+  fsc_object_write_end (o2, &w, nb, true);
+  CHECK (fsc_object_block_present (o1, 7));
+  up_bytes = 0;
+  CHECK (fsc_object_read (o1, got, BS, 7 * BS, &up, 0) == 0);
+  CHECK (memcmp (got, nb, BS) == 0);
+  CHECK (fsc_object_read (o2, got, BS, 7 * BS, &up, 0) == 0);
+  CHECK (memcmp (got, nb, BS) == 0);
+  CHECK_EQ (up_bytes, 0);
+  CHECK (fsc_object_commit (o2) == 0);
+
+  /* Another block size: refused, not discarded under the owner. */
+  struct fsc_cache *c3 = open_cache (NULL);
+  struct fsc_object *o3 = NULL;
+  struct fsc_object_params p3 = {
+    .key = "key\0export=", .key_len = 11, .block_size = 2 * BS,
+    .size = SIZE, .verify = true, .validate = FSC_VALIDATE_SIZE,
+    .generation = "share",
+  };
+  errno = 0;
+  CHECK (fsc_object_open (c3, &p3, &o3, &info) == -1);
+  CHECK_EQ (errno, EPERM);
+  CHECK (info.refused);
+  CHECK_EQ (info.reason, FSC_REJ_BLOCK_SIZE);
+  CHECK_EQ (info.owner_block_size, BS);
+  fsc_cache_close (c3);
+  CHECK_EQ (fsc_object_present_blocks (o1), (SIZE + BS - 1) / BS);
+
+  /* The owner goes away (its joiner's sockets kept the object open
+   * after its own last close): the joiner takes over, warm.
+   */
+  fsc_object_close (o1);
+  fsc_cache_close (c1);
+  up_bytes = 0;
+  read_all (o2);
+  CHECK_EQ (up_bytes, 0);
+  fsc_cache_stats (c2, &st);
+  CHECK_EQ (st.share_takeovers, 1);
+  CHECK_EQ (st.share_fallbacks, 0);
+  fsc_object_close (o2);
+  fsc_cache_close (c2);
+}
+
 int
 main (void)
 {
@@ -1234,6 +1321,7 @@ main (void)
   test_zero ();
   test_counters ();
   test_paging ();
+  test_share ();
 
   /* A world-writable cache directory is refused. */
   CHECK (chmod (dir, 0777) == 0);

@@ -5,6 +5,8 @@
 # one after the other and with the same fio jobs, four configurations:
 #
 #   nocache   fio -> slow remote
+#   proxy     fio -> nbdkit nbd -> remote (no filter: what the extra
+#             hop of any proxy costs; not run unless asked for)
 #   nbdcache  fio -> nbdkit --filter=cache cache-on-read=true nbd -> remote
 #   fscache   fio -> nbdkit --filter=fscache nbd -> remote (fresh dir)
 #   local     fio -> nbdkit file IMG (no delay, no rate: the local limit)
@@ -93,7 +95,8 @@ Knobs (option or environment variable; options win):
   --fscache-args="K=V"  FSCACHE_ARGS more fscache-* parameters, e.g.
                                      "fscache-verify=false"
   --out=DIR            OUT           output dir (default /tmp/fscache-bench.*)
-  --configs="A B"      CONFIGS       subset of: nocache nbdcache fscache local
+  --configs="A B"      CONFIGS       subset of: nocache proxy nbdcache fscache
+                                     local
   --phases="A B"       PHASES_ONLY   run only these phases (default: all);
                                      a warm or restart phase needs the
                                      phase that fills the cache before it
@@ -178,7 +181,7 @@ for cmd in nbdkit fio python3; do
 done
 for c in $CONFIGS; do
   case "$c" in
-    nocache|nbdcache|fscache|local) ;;
+    nocache|proxy|nbdcache|fscache|local) ;;
     *) echo "$0: unknown configuration $c" >&2; exit 2 ;;
   esac
 done
@@ -398,12 +401,14 @@ wait_remote_idle ()
   echo "compare.sh: warning: remote still has $((c - d)) connection(s)" >&2
 }
 
-# start_proxy nbdcache|fscache fresh|keep
+# start_proxy proxy|nbdcache|fscache fresh|keep
 start_proxy ()
 {
   local config="$1" how="$2"
   local args=()
-  if [ "$config" = nbdcache ]; then
+  if [ "$config" = proxy ]; then
+    srv_start proxy "$PPID_FILE" "$PSOCK" nbd socket="$RSOCK"
+  elif [ "$config" = nbdcache ]; then
     # The cache filter keeps its cache in an unlinked file in $TMPDIR:
     # every start is cold.
     TMPDIR="$NBDCACHE_TMP" srv_start nbdcache "$PPID_FILE" "$PSOCK" \
@@ -463,7 +468,7 @@ prepare_phase ()
 {
   local config="$1" phase="$2"
   case "$config" in
-    nbdcache|fscache)
+    proxy|nbdcache|fscache)
       case "$phase" in
         cold-*)     srv_stop "$PPID_FILE"; start_proxy "$config" fresh ;;
         restart-*)  srv_stop "$PPID_FILE"; start_proxy "$config" keep ;;
@@ -504,7 +509,7 @@ run_phase ()
   # A server that died under the load is a failure even if fio coped.
   local pf
   case "$config" in
-    nbdcache|fscache) pf="$PPID_FILE" ;;
+    proxy|nbdcache|fscache) pf="$PPID_FILE" ;;
     local)            pf="$LPID" ;;
     *)                pf="$RPID" ;;
   esac

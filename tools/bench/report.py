@@ -12,7 +12,7 @@
 import json
 import sys
 
-CONFIGS = ["nocache", "nbdcache", "fscache", "local"]
+CONFIGS = ["nocache", "proxy", "nbdcache", "fscache", "local"]
 
 # (phase, what the fscache figure is compared to, minimum ratio, label)
 TARGETS = [
