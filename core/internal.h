@@ -765,6 +765,14 @@ extern int fsc_share_write_begin (struct fsc_object *o, uint64_t offset,
 extern void fsc_share_write_end (struct fsc_object *o, struct fsc_write *w,
                                  const void *buf, bool upstream_ok);
 extern int fsc_share_commit (struct fsc_object *o);
+/* retrieve.c: fsc_object_read of an object held here, with the bytes
+ * that came from the upstream in *MISSED.
+ */
+extern int fsc_read_counted (struct fsc_object *o, void *buf, uint32_t count,
+                             uint64_t offset, const struct fsc_upstream *up,
+                             unsigned flags, uint64_t *missed);
+extern void fsc_share_bump (struct fsc_object *o, uint64_t g0, uint64_t g1);
+extern void fsc_share_bump_all (struct fsc_object *o);
 /* object.c: open the object for P in this process, holding it (no
  * joining), listed; for share.c's takeover.  Returns 0 or -1 (busy,
  * or the files failed).

@@ -88,6 +88,8 @@ fsc_withdraw (struct fsc_object *o, int err)
 
   FSC_STAT_ADD (&o->cache->stats, withdrawals, 1);
   FSC_OSTAT_ADD (o, withdrawals, 1);
+  /* Joiners stop serving hits from the files themselves (share.c). */
+  fsc_share_bump_all (o);
   /* The index may name blocks whose upstream content will change while
    * we are not tracking writes any more: remove it so that nobody can
    * trust it later.  Best effort: if even unlink fails the disk is

@@ -695,9 +695,19 @@ fsc_object_read (struct fsc_object *o, void *buf, uint32_t count,
 {
   if (o->join)
     return fsc_share_read (o, buf, count, offset, up, flags);
+  uint64_t missed;
+  return fsc_read_counted (o, buf, count, offset, up, flags, &missed);
+}
+
+int
+fsc_read_counted (struct fsc_object *o, void *buf, uint32_t count,
+                  uint64_t offset, const struct fsc_upstream *up,
+                  unsigned flags, uint64_t *missedp)
+{
   uint64_t missed = 0;
   FSC_STAT_ADD (&o->cache->stats, read_requests, 1);
   int r = do_read (o, buf, count, offset, up, flags, &missed);
+  *missedp = missed;
   /* A request is a hit if nothing of it came from upstream (a failed
    * one counts as a miss).
    */

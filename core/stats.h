@@ -51,6 +51,7 @@
   X (commit_max_us)       /* the longest commit (a maximum, not a sum) */ \
   X (share_joins)         /* opens that joined another process's object */\
   X (share_served)        /* requests served for other processes */       \
+  X (share_direct_bytes)  /* joined: bytes served from the files directly */\
   X (share_fallbacks)     /* joined requests served uncached: no owner */ \
   X (share_takeovers)     /* objects taken over from a gone owner */      \
   X (share_refused)       /* joins refused: settings or upstream differ */

@@ -371,6 +371,10 @@ fsc_object_write_begin_flags (struct fsc_object *o, uint64_t offset,
   bool pinned = fsc_groups_pin (o, g0, g1) == 0;
   int r = write_begin_pinned (o, offset, count, flags, w);
   int e = errno;
+  /* The blocks are dropped: joiners' maps of them are stale from now
+   * on, before the write goes upstream (share.c).
+   */
+  fsc_share_bump (o, g0, g1);
   if (pinned)
     fsc_groups_unpin (o, g0, g1);
   errno = e;

@@ -789,6 +789,7 @@ test_share (void)
   up_bytes = 0;
   read_all (o2);
   CHECK_EQ (up_bytes, SIZE);
+  fsc_object_drain (o1);                /* the fills queued are done */
   CHECK_EQ (fsc_object_present_blocks (o1), (SIZE + BS - 1) / BS);
   up_bytes = 0;
   read_all (o1);
@@ -796,8 +797,40 @@ test_share (void)
   CHECK_EQ (up_bytes, 0);
   fsc_cache_stats (c2, &st);
   CHECK_EQ (st.share_joins, 1);
+  /* Aligned hits of the joiner come from the files themselves. */
+  for (uint64_t off = 0; off < SIZE; off += 4 * BS) {
+    uint32_t n = SIZE - off < 4 * BS ? SIZE - off : 4 * BS;
+    CHECK (fsc_object_read (o2, got, n, off, &up, 0) == 0);
+    CHECK (memcmp (got, upstream + off, n) == 0);
+  }
+  CHECK_EQ (up_bytes, 0);
+  fsc_cache_stats (c2, &st);
+  CHECK (st.share_direct_bytes >= SIZE);
   fsc_cache_stats (c1, &st);
   CHECK (st.share_served > 0);
+
+  /* A write through the owner, with the joiner's maps of the block
+   * taken: the joiner's next read sees the new data, not its map's.
+   */
+  {
+    struct fsc_write w1;
+    unsigned char n1[BS];
+    CHECK (fsc_object_read (o2, got, BS, 9 * BS, &up, 0) == 0);
+    memset (n1, 0x3d, BS);
+    CHECK (fsc_object_write_begin (o1, 9 * BS, BS, true, &w1) == 0);
+    memcpy (upstream + 9 * BS, n1, BS);
+    fsc_object_write_end (o1, &w1, n1, true);
+    CHECK (fsc_object_read (o2, got, BS, 9 * BS, &up, 0) == 0);
+    CHECK (memcmp (got, n1, BS) == 0);
+    /* And a write that fails upstream leaves nothing to serve. */
+    CHECK (fsc_object_write_begin (o1, 9 * BS, BS, true, &w1) == 0);
+    memset (upstream + 9 * BS, 0x4e, BS);
+    fsc_object_write_end (o1, &w1, NULL, false);
+    up_bytes = 0;
+    CHECK (fsc_object_read (o2, got, BS, 9 * BS, &up, 0) == 0);
+    CHECK (memcmp (got, upstream + 9 * BS, BS) == 0);
+    CHECK_EQ (up_bytes, BS);
+  }
 
   /* A write through the joiner drops the owner's block before it goes
    * upstream, and stores the new data after.
