@@ -32,8 +32,11 @@
 #                              background ($dpid, messages in $dlog), once
 #                              its pid file exists
 #   stop_daemon                SIGTERM it; fail unless it exits 0
-#   hold_export URI STOPFILE   keep one client connection to URI open
-#                              (its object in use) until STOPFILE exists
+#   hold_export URI STOPFILE [READYFILE]
+#                              keep one client connection to URI open
+#                              (its object in use) until STOPFILE exists;
+#                              with READYFILE, return once connected (it
+#                              has read 4 KiB at 0), and create READYFILE
 #   tool ARGS...               nbd-fscache ARGS ($TOOL)
 #
 # $FILTER is the fscache filter to pass to --filter=, $PYTHON the python3
@@ -305,11 +308,16 @@ import nbd, os, sys, time
 h = nbd.NBD()
 h.connect_uri(sys.argv[1])
 h.pread(4096, 0)
+if sys.argv[3]:
+    open(sys.argv[3], "w").close()
 while not os.path.exists(sys.argv[2]):
     time.sleep(0.05)
 h.shutdown()
-' "$1" "$2" &
+' "$1" "$2" "${3:-}" &
   cleanup_fn "touch '$2'; kill $! 2>/dev/null; wait $! 2>/dev/null"
+  if [ -n "${3:-}" ]; then
+    wait_until test -e "$3" || fail "hold_export: no connection to $1"
+  fi
 }
 
 wait_until ()

@@ -1,8 +1,16 @@
 #!/usr/bin/env bash
 # A second process writes upstream through an object the first process
-# holds (so the second serves it uncached): the first must stop serving
-# its now stale copy (it sees the mark the writer leaves within a commit
-# interval), and nothing stale survives a restart.
+# holds, without joining it: the first must stop serving its now stale
+# copy (it sees the mark the writer leaves within a commit interval),
+# and nothing stale survives a restart.
+#
+# Processes with the same settings share an object (the second joins
+# the first, and its writes drop the blocks in the holder before they
+# go upstream: tests/test-share-writes.sh).  One that finds the object
+# held for another upstream cannot join it and serves it uncached: here
+# the second process has another fscache-generation (a configuration
+# updated while the old proxy still runs).  Its writes are what the
+# stale mark is for.
 source "${top_srcdir:-$(dirname "$0")/..}/tests/functions.sh"
 requires nbdkit --version
 requires nbdcopy --version
@@ -12,12 +20,12 @@ M=$((1024 * 1024))
 SIZE=$((8 * M))
 make_random "$TMP/up.img" $SIZE
 start_nbdkit -P "$TMP/up.pid" -U "$TMP/up.sock" file "$TMP/up.img"
-proxy ()                        # NAME
+proxy ()                        # NAME [fscache-PARAM=VALUE...]
 {
   start_nbdkit -P "$TMP/$1.pid" -U "$TMP/$1.sock" --filter="$FILTER" \
     nbd socket="$TMP/up.sock" fscache-dir="$TMP/cache" fscache-key=k \
     fscache-validate=size fscache-readahead=0 fscache-stats="$TMP/$1.stats" \
-    -v --log=stderr 2>"$TMP/$1.err"
+    "${@:2}" -v --log=stderr 2>"$TMP/$1.err"
 }
 
 # P1 caches everything and keeps the object open (a held connection).
@@ -40,8 +48,9 @@ holder=$!
 cleanup_fn "touch '$TMP/release'; kill $holder 2>/dev/null"
 wait_until test -f "$TMP/held" || fail "holder did not connect"
 
-# P2 finds the object locked: uncached, and its write marks P1 stale.
-proxy p2
+# P2, for another generation, finds the object held for another
+# upstream: uncached, and its write marks P1 stale.
+proxy p2 fscache-generation=2
 python3 - "$TMP/p2.sock" <<'PY'
 import nbd, sys
 h = nbd.NBD()
