@@ -194,6 +194,8 @@ struct fsc_join {
   uint64_t hit_requests, hit_bytes;     /* the same, counted */
   struct gmap *maps;            /* NMAPS, by group number; under lock */
   bool files;                   /* the data and sums files are open */
+  bool direct_off;              /* the files are not the owner's now */
+  dev_t ids[6];                 /* the files' (device, inode) pairs */
 };
 
 static uint64_t
@@ -311,15 +313,17 @@ recv_msg (int fd, struct msg *m)
   return 0;
 }
 
-/* The epochs file (HASH.epochs beside the socket), mapped: WRITABLE
- * for the owner, read-only for joiners.  Never truncated nor removed,
- * so that the epochs only grow, whoever owns the object.
+/* The epochs file (NAME.epochs, with the object's files, culled with
+ * them), mapped: WRITABLE for the owner, read-only for joiners.  Never
+ * truncated, so that the epochs only grow, whoever owns the object; a
+ * joiner maps it anew whenever it joins a new owner (the file may have
+ * been culled and made again meanwhile).
  */
 static uint32_t *
-map_epochs (const struct fsc_object *o, bool writable)
+map_epochs (struct fsc_object *o, bool writable)
 {
-  char name[64];
-  hash_name (o, ".epochs", name, sizeof name);
+  char name[FILE_NAME_MAX];
+  fsc_file_name (o, ".epochs", name);
   const size_t len = EPOCH_SLOTS * sizeof (uint32_t);
   int fd = openat (o->fandirfd, name,
                    (writable ? O_RDWR | O_CREAT : O_RDONLY) | O_NOFOLLOW |
@@ -857,10 +861,31 @@ free_join (struct fsc_join *j)
  * data and sums files, read-only in spirit (we never write them).
  * Without any of them every read goes to the owner.
  */
+/* The identity of the files the direct path reads (the epochs, the
+ * data's first segment, the sums), into IDS; false if any is missing.
+ */
+static bool
+file_ids (struct fsc_object *o, dev_t ids[6])
+{
+  static const char *const sfx[3] = { ".epochs", ".data", ".sums" };
+  for (int i = 0; i < 3; ++i) {
+    char name[FILE_NAME_MAX];
+    struct stat st;
+    if (fstatat (o->fandirfd, fsc_file_name (o, sfx[i], name), &st,
+                 AT_SYMLINK_NOFOLLOW) == -1)
+      return false;
+    ids[2 * i] = st.st_dev;
+    ids[2 * i + 1] = st.st_ino;
+  }
+  return true;
+}
+
 static void
 setup_direct (struct fsc_object *o, struct fsc_join *j)
 {
   bool ok;
+  if (!file_ids (o, j->ids))
+    return;
   j->ep = map_epochs (o, false);
   j->maps = malloc (NMAPS * sizeof *j->maps);
   if (j->maps)
@@ -993,6 +1018,16 @@ get_conn (struct fsc_object *o, struct fsc_object **local)
   int reason;
   int fd = join_connect (o, &j->p, &reason, &wel);
   if (fd >= 0) {
+    /* Joined again after the link broke: a new owner, maybe with the
+     * files made anew (a cull, a discard) which we do not have open:
+     * then the owner serves every read (the files we hold open stay
+     * open until the shell closes, so that no read in flight uses a
+     * descriptor closed under it).
+     */
+    dev_t ids[6];
+    if (j->broken && j->ep &&
+        (!file_ids (o, ids) || memcmp (ids, j->ids, sizeof ids) != 0))
+      j->direct_off = true;             /* files made anew: not ours */
     j->broken = false;
     j->owner_pid = wel.pid;
     pthread_mutex_unlock (&j->lock);
@@ -1194,7 +1229,7 @@ direct_read (struct fsc_object *o, void *buf, uint32_t count,
   for (int attempt = 0; ; ++attempt) {
     bool stale = false, absent = false;
     pthread_mutex_lock (&j->lock);
-    if (j->local || j->broken) {
+    if (j->local || j->broken || j->direct_off) {
       pthread_mutex_unlock (&j->lock);
       return DIRECT_NO;
     }

@@ -204,7 +204,7 @@ stop_nbdkit "$TMP/p9.pid"
 expect_stat p9 share_joins -eq 1
 expect_stat p9 share_takeovers -eq 1
 expect_stat p9 unclean_opens -eq 1
-expect_stat p9 hit_bytes -eq $SIZE
+expect_stat p9 hit_bytes -ge $SIZE          # and its hold's read, a hit too
 [ "$(log_read_bytes "$TMP/p9.log")" -eq "$b9" ] ||
   fail "p9 read upstream after taking the object over"
 echo "B2: after the holder's crash the other process took the cache over"
