@@ -91,6 +91,8 @@
                                          * object, the others for groups
                                          * (hashed) */
 #define NMAPS 1024                      /* group maps a joiner keeps */
+#define REF_BATCH 256                   /* block numbers a joiner sends at
+                                         * a time */
 #define MAP_FRESH_MS 50                 /* a map showing a block absent
                                          * is taken again after this */
 
@@ -107,6 +109,8 @@ enum {
   MSG_FETCHED,          /* J->O: err, or count bytes */
   MSG_DONE,             /* O->J: err; a READ's data, a MAP's map */
   MSG_MAP,              /* J->O: the map of group offset */
+  MSG_REF,              /* J->O: hits served here: u64 requests, u64
+                         * bytes, then u64 block numbers */
 };
 #define WEND_OK   1u    /* the upstream write succeeded */
 #define WEND_DATA 2u    /* the written data follows (else: zeroes) */
@@ -185,8 +189,13 @@ struct fsc_join {
   struct fsc_object_params p;   /* ours, for rejoining and taking over */
   int owner_pid;
   const uint32_t *ep;           /* the epochs file, mapped, or NULL */
+  uint64_t refs[REF_BATCH];     /* blocks hit here, not yet reported */
+  unsigned nrefs;
+  uint64_t hit_requests, hit_bytes;     /* the same, counted */
   struct gmap *maps;            /* NMAPS, by group number; under lock */
   bool files;                   /* the data and sums files are open */
+  bool direct_off;              /* the files are not the owner's now */
+  dev_t ids[6];                 /* the files' (device, inode) pairs */
 };
 
 static uint64_t
@@ -304,15 +313,17 @@ recv_msg (int fd, struct msg *m)
   return 0;
 }
 
-/* The epochs file (HASH.epochs beside the socket), mapped: WRITABLE
- * for the owner, read-only for joiners.  Never truncated nor removed,
- * so that the epochs only grow, whoever owns the object.
+/* The epochs file (NAME.epochs, with the object's files, culled with
+ * them), mapped: WRITABLE for the owner, read-only for joiners.  Never
+ * truncated, so that the epochs only grow, whoever owns the object; a
+ * joiner maps it anew whenever it joins a new owner (the file may have
+ * been culled and made again meanwhile).
  */
 static uint32_t *
-map_epochs (const struct fsc_object *o, bool writable)
+map_epochs (struct fsc_object *o, bool writable)
 {
-  char name[64];
-  hash_name (o, ".epochs", name, sizeof name);
+  char name[FILE_NAME_MAX];
+  fsc_file_name (o, ".epochs", name);
   const size_t len = EPOCH_SLOTS * sizeof (uint32_t);
   int fd = openat (o->fandirfd, name,
                    (writable ? O_RDWR | O_CREAT : O_RDONLY) | O_NOFOLLOW |
@@ -453,6 +464,33 @@ take_map (struct fsc_object *o, uint64_t gi, struct gmap *m)
   return 0;
 }
 
+/* A joiner's hits, which it served from the files itself: they count
+ * in the object's counters, and as references for the eviction policy
+ * (evict.c), as the owner's own hits do.  V: requests, bytes, then N-2
+ * block numbers.
+ */
+static void
+note_refs (struct fsc_object *o, const uint64_t *v, size_t n)
+{
+  FSC_OSTAT_ADD (o, hit_requests, v[0]);
+  FSC_OSTAT_ADD (o, hit_bytes, v[1]);
+  pthread_mutex_lock (&o->lock);
+  for (size_t i = 2; i < n; ++i) {
+    uint64_t b = v[i];
+    if (b >= o->nblocks)
+      continue;
+    struct group *g = grp (o, GROUP_OF (b));    /* resident ones only */
+    uint64_t bit = UINT64_C (1) << IDX_OF (b);
+    if (g && (g->present & bit)) {
+      g->referenced |= bit & ~g->unread;
+      g->unread &= ~bit;
+      g->touched = true;
+    }
+  }
+  pthread_mutex_unlock (&o->lock);
+  fsc_note_use (o);
+}
+
 /* Serve one joiner's socket until it closes.  Returns false if the
  * hello was refused or the link broke (either way: done).
  */
@@ -501,6 +539,7 @@ serve (struct fsc_object *o, int fd)
     switch (m.type) {
     case MSG_READ:
     case MSG_WEND:
+    case MSG_REF:
       if (m.count > SHARE_MAX_COUNT)
         goto out;
       if (m.count > cap) {
@@ -545,6 +584,11 @@ serve (struct fsc_object *o, int fd)
       break;
     case MSG_COMMIT:
       r = fsc_object_commit (o);
+      break;
+    case MSG_REF:
+      if (m.count < 16 || m.count % 8 || recv_all (fd, buf, m.count) == -1)
+        goto out;
+      note_refs (o, (const uint64_t *) buf, m.count / 8);
       break;
     case MSG_MAP:
       if (cap < sizeof (struct gmap)) {
@@ -748,6 +792,8 @@ fsc_share_stop (struct fsc_object *o)
  * The joiner.
  */
 
+static void report_hits (struct fsc_object *o, bool force);
+
 /* Connect to the owner and say hello.  Returns the socket, or -1 with
  * errno: EPERM if refused (*REASON, *WEL say why), else the link's.
  */
@@ -815,10 +861,31 @@ free_join (struct fsc_join *j)
  * data and sums files, read-only in spirit (we never write them).
  * Without any of them every read goes to the owner.
  */
+/* The identity of the files the direct path reads (the epochs, the
+ * data's first segment, the sums), into IDS; false if any is missing.
+ */
+static bool
+file_ids (struct fsc_object *o, dev_t ids[6])
+{
+  static const char *const sfx[3] = { ".epochs", ".data", ".sums" };
+  for (int i = 0; i < 3; ++i) {
+    char name[FILE_NAME_MAX];
+    struct stat st;
+    if (fstatat (o->fandirfd, fsc_file_name (o, sfx[i], name), &st,
+                 AT_SYMLINK_NOFOLLOW) == -1)
+      return false;
+    ids[2 * i] = st.st_dev;
+    ids[2 * i + 1] = st.st_ino;
+  }
+  return true;
+}
+
 static void
 setup_direct (struct fsc_object *o, struct fsc_join *j)
 {
   bool ok;
+  if (!file_ids (o, j->ids))
+    return;
   j->ep = map_epochs (o, false);
   j->maps = malloc (NMAPS * sizeof *j->maps);
   if (j->maps)
@@ -901,6 +968,7 @@ fsc_share_leave (struct fsc_object *o)
   struct fsc_join *j = o->join;
   if (j == NULL)
     return;
+  report_hits (o, true);
   struct fsc_object *l = j->local;
   o->join = NULL;
   free_join (j);
@@ -950,6 +1018,16 @@ get_conn (struct fsc_object *o, struct fsc_object **local)
   int reason;
   int fd = join_connect (o, &j->p, &reason, &wel);
   if (fd >= 0) {
+    /* Joined again after the link broke: a new owner, maybe with the
+     * files made anew (a cull, a discard) which we do not have open:
+     * then the owner serves every read (the files we hold open stay
+     * open until the shell closes, so that no read in flight uses a
+     * descriptor closed under it).
+     */
+    dev_t ids[6];
+    if (j->broken && j->ep &&
+        (!file_ids (o, ids) || memcmp (ids, j->ids, sizeof ids) != 0))
+      j->direct_off = true;             /* files made anew: not ours */
     j->broken = false;
     j->owner_pid = wel.pid;
     pthread_mutex_unlock (&j->lock);
@@ -1041,7 +1119,8 @@ run (int fd, unsigned type, unsigned flags, uint64_t offset, uint32_t count,
   size_t cap = 0;
   int r = -1;
 
-  if (send_msg (fd, type, flags, type == MSG_WEND ? plen : count, 0, offset,
+  if (send_msg (fd, type, flags, type == MSG_WEND || plen ? plen : count,
+                0, offset,
                 payload, plen) == -1)
     return -1;
   for (;;) {
@@ -1128,7 +1207,7 @@ fetch_map (struct fsc_object *o, uint64_t gi)
 enum direct { DIRECT_SERVED, DIRECT_ABSENT, DIRECT_NO };
 static enum direct
 direct_read (struct fsc_object *o, void *buf, uint32_t count,
-             uint64_t offset)
+             uint64_t offset, unsigned flags)
 {
   struct fsc_join *j = o->join;
   uint64_t end;
@@ -1150,7 +1229,7 @@ direct_read (struct fsc_object *o, void *buf, uint32_t count,
   for (int attempt = 0; ; ++attempt) {
     bool stale = false, absent = false;
     pthread_mutex_lock (&j->lock);
-    if (j->local || j->broken) {
+    if (j->local || j->broken || j->direct_off) {
       pthread_mutex_unlock (&j->lock);
       return DIRECT_NO;
     }
@@ -1238,7 +1317,55 @@ direct_read (struct fsc_object *o, void *buf, uint32_t count,
       return DIRECT_NO;
   FSC_STAT_ADD (&o->cache->stats, share_direct_bytes, count);
   FSC_STAT_ADD (&o->cache->stats, hit_bytes, count);
+  /* For the owner's counters and policy: a stream's hits are no
+   * references there either.
+   */
+  bool full;
+  pthread_mutex_lock (&j->lock);
+  j->hit_requests++;
+  j->hit_bytes += count;
+  for (uint64_t b = b0; b <= b1 && !(flags & FSC_READ_SEQUENTIAL) &&
+         j->nrefs < REF_BATCH; ++b)
+    j->refs[j->nrefs++] = b;
+  full = j->nrefs >= REF_BATCH;
+  pthread_mutex_unlock (&j->lock);
+  if (full)
+    report_hits (o, false);
   return DIRECT_SERVED;
+}
+
+/* Send the hits served here to the owner (note_refs): when REF_BATCH
+ * blocks are waiting, or with FORCE (closing).  Best effort: lost
+ * reports cost only counts and second chances.
+ */
+static void
+report_hits (struct fsc_object *o, bool force)
+{
+  struct fsc_join *j = o->join;
+  uint64_t v[REF_BATCH + 2];
+  pthread_mutex_lock (&j->lock);
+  /* Closing, only on a socket already open: a report is not worth
+   * connecting to, nor taking over, an owner.
+   */
+  if (j->hit_requests == 0 || (!force && j->nrefs < REF_BATCH) ||
+      j->local || j->broken || (force && j->nidle == 0)) {
+    pthread_mutex_unlock (&j->lock);
+    return;
+  }
+  v[0] = j->hit_requests;
+  v[1] = j->hit_bytes;
+  memcpy (&v[2], j->refs, j->nrefs * sizeof *v);
+  size_t n = 2 + j->nrefs;
+  j->hit_requests = j->hit_bytes = 0;
+  j->nrefs = 0;
+  pthread_mutex_unlock (&j->lock);
+
+  struct fsc_object *l;
+  int fd = get_conn (o, &l), err;
+  if (fd < 0)
+    return;
+  put_conn (o, fd, run (fd, MSG_REF, 0, 0, n * 8, v, n * 8, NULL, NULL,
+                        &err, NULL) == 0);
 }
 
 /* The owner served [OFFSET, OFFSET+COUNT) from its cache: our maps of
@@ -1264,7 +1391,7 @@ fsc_share_read (struct fsc_object *o, void *buf, uint32_t count,
                 uint64_t offset, const struct fsc_upstream *up,
                 unsigned flags)
 {
-  enum direct d = direct_read (o, buf, count, offset);
+  enum direct d = direct_read (o, buf, count, offset, flags);
   if (d == DIRECT_SERVED)
     return 0;
 
