@@ -358,14 +358,15 @@ void
 fsc_share_bump (struct fsc_object *o, uint64_t g0, uint64_t g1)
 {
   struct share_server *srv = o->share;
-  if (srv == NULL || srv->ep == NULL)
-    return;
+  uint32_t *ep = srv ? __atomic_load_n (&srv->ep, __ATOMIC_SEQ_CST) : NULL;
+  if (ep == NULL)
+    return;                     /* no joiner ever: no map to make stale */
   if (g1 - g0 >= EPOCH_SLOTS - 1) {
-    __atomic_add_fetch (&srv->ep[0], 1, __ATOMIC_SEQ_CST);
+    __atomic_add_fetch (&ep[0], 1, __ATOMIC_SEQ_CST);
     return;
   }
   for (uint64_t gi = g0; gi <= g1; ++gi)
-    __atomic_add_fetch (&srv->ep[slot_of (gi)], 1, __ATOMIC_SEQ_CST);
+    __atomic_add_fetch (&ep[slot_of (gi)], 1, __ATOMIC_SEQ_CST);
 }
 
 /* Every map stale: the object was withdrawn (or changed owner). */
@@ -373,8 +374,28 @@ void
 fsc_share_bump_all (struct fsc_object *o)
 {
   struct share_server *srv = o->share;
-  if (srv && srv->ep)
-    __atomic_add_fetch (&srv->ep[0], 1, __ATOMIC_SEQ_CST);
+  uint32_t *ep = srv ? __atomic_load_n (&srv->ep, __ATOMIC_SEQ_CST) : NULL;
+  if (ep)
+    __atomic_add_fetch (&ep[0], 1, __ATOMIC_SEQ_CST);
+}
+
+/* The epochs file, made (or mapped) when the first joiner comes, so
+ * that an object nobody joins has none.  Bumping the object's epoch
+ * then makes every map a joiner kept of an earlier owner stale.
+ * Without it joiners only lose their own hits: every read goes to us.
+ */
+static void
+ensure_epochs (struct fsc_object *o)
+{
+  struct share_server *srv = o->share;
+  SCOPED_LOCK (&srv->lock);
+  if (srv->ep)
+    return;
+  uint32_t *ep = map_epochs (o, true);
+  if (ep) {
+    __atomic_add_fetch (&ep[0], 1, __ATOMIC_SEQ_CST);
+    __atomic_store_n (&srv->ep, ep, __ATOMIC_SEQ_CST);
+  }
 }
 
 /*----------------------------------------------------------------------
@@ -520,6 +541,8 @@ serve (struct fsc_object *o, int fd)
   kg[h.key_len + h.gen_len] = '\0';
   int reason = check_joiner (o, &h, kg, kg + h.key_len);
   free (kg);
+  if (reason == FSC_OK)
+    ensure_epochs (o);
   struct welcome wel = {
     .pid = getpid (), .block_size = o->block_size,
     .validate = o->sb.validate,
@@ -734,12 +757,6 @@ fsc_share_start (struct fsc_object *o)
   }
   pthread_mutex_init (&srv->lock, NULL);
   pthread_cond_init (&srv->cond, NULL);
-  /* Without it joiners only lose their own hits: every read goes to
-   * us.  A new owner makes every joiner's map of the last one stale.
-   */
-  srv->ep = map_epochs (o, true);
-  if (srv->ep)
-    __atomic_add_fetch (&srv->ep[0], 1, __ATOMIC_SEQ_CST);
   o->share = srv;
   int e = pthread_create (&srv->listener, NULL, listener, o);
   if (e != 0) {
