@@ -302,8 +302,7 @@ lookup (struct fsc_object *o, const struct fsc_object_params *p,
   if (flock (o->ifd, LOCK_EX | LOCK_NB) == -1) {
     if (errno == EWOULDBLOCK) {
       info->busy = true;
-      o->busy = true;
-      FSC_STAT_ADD (st, objects_busy, 1);
+      o->busy = true;           /* counted if not joined (below) */
     }
     return -1;
   }
@@ -663,6 +662,8 @@ fsc_object_open (struct fsc_cache *c, const struct fsc_object_params *p,
         return -1;
       }
     }
+    if (o->busy)
+      FSC_STAT_ADD (&c->stats, objects_busy, 1);
     /* Uncached: nothing on disk is used or kept open.  It stays
      * listed, so other connections share the verdict until the last
      * one closes it (as a withdrawn cookie in FS-Cache).

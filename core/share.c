@@ -85,6 +85,7 @@
 #define SHARE_VERSION 1
 #define SHARE_MAX_COUNT (64u << 20)     /* nbdkit's largest request */
 #define RETRY_MS 10                     /* between tries to rejoin */
+#define RETRY_AFTER_MS 1000             /* after a wait that failed */
 #define TAKEOVER_MS 2000                /* how long a request waits for
                                          * a new owner's socket */
 #define EPOCH_SLOTS 65536               /* the epochs file: slot 0 for the
@@ -938,7 +939,16 @@ fsc_share_join (struct fsc_object *o, const struct fsc_object_params *p,
 
   struct welcome wel;
   int reason;
-  int fd = join_connect (o, p, &reason, &wel);
+  /* The holder may still be opening the object (its socket comes right
+   * after): wait for it a little.  A holder that never listens (a
+   * writeback proxy, nbd-fscached culling, a tool) leaves us uncached,
+   * as before sharing.
+   */
+  uint64_t deadline = now_ms () + TAKEOVER_MS;
+  int fd;
+  while ((fd = join_connect (o, p, &reason, &wel)) == -1 &&
+         (errno == ENOENT || errno == ECONNREFUSED) && now_ms () < deadline)
+    poll (NULL, 0, RETRY_MS);
   if (fd == -1 && errno == EPERM) {
     info->reason = reason;
     info->owner_pid = wel.pid;
@@ -954,10 +964,9 @@ fsc_share_join (struct fsc_object *o, const struct fsc_object_params *p,
     return -1;
   }
   if (fd == -1) {
-    /* No owner listening: it is starting, or just died.  Joined all
-     * the same, broken: each request tries again (or takes over).
-     */
-    j->broken = true;
+    free_join (j);
+    errno = EBUSY;
+    return -1;
   }
   else {
     j->idle = malloc (4 * sizeof *j->idle);
@@ -1083,9 +1092,9 @@ get_conn (struct fsc_object *o, struct fsc_object **local)
     goto again;
   }
   else {
-    /* Uncached for a while; requests try again after RETRY_MS. */
+    /* Nobody came: uncached for a while, then requests try again. */
     j->broken = true;
-    j->retry_at = now_ms () + RETRY_MS;
+    j->retry_at = now_ms () + RETRY_AFTER_MS;
   }
   pthread_mutex_unlock (&j->lock);
   return -1;
