@@ -329,3 +329,35 @@ wait_until ()
   done
   return 1
 }
+
+# The allocated bytes (du) of the objects' .idx, .data and .sums files
+# in $TMP/cache (what fscache-max-size caps).
+object_du ()
+{
+  local files
+  files=$(find "$TMP/cache/objects" -type f \( -name '*.idx' -o \
+          -name '*.data' -o -name '*.sums' \))
+  [ -n "$files" ] || { echo 0; return; }
+  # shellcheck disable=SC2086
+  du -B1 -c $files | awk 'END { print $1 }'
+}
+
+# Sample object_du into $TMP/du.samples every 20 ms, in the background,
+# from start_sampler until stop_sampler.
+start_sampler ()
+{
+  rm -f "$TMP/stop-sampler" "$TMP/du.samples"
+  (
+    while [ ! -e "$TMP/stop-sampler" ]; do
+      object_du >> "$TMP/du.samples"
+      sleep 0.02
+    done
+  ) &
+  sampler=$!
+  cleanup_fn "touch '$TMP/stop-sampler'"
+}
+stop_sampler ()
+{
+  touch "$TMP/stop-sampler"
+  wait "$sampler"
+}

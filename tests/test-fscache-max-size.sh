@@ -50,34 +50,7 @@ start_proxy ()
     fscache-key=capped fscache-stats="$TMP/px.stats" "$@" 2>>"$TMP/px.err"
 }
 
-# The object's allocated bytes (its .idx, .data and .sums).
-object_du ()
-{
-  local files
-  files=$(find "$TMP/cache/objects" -type f \( -name '*.idx' -o \
-          -name '*.data' -o -name '*.sums' \))
-  [ -n "$files" ] || { echo 0; return; }
-  # shellcheck disable=SC2086
-  du -B1 -c $files | awk 'END { print $1 }'
-}
-
-# Sample du in the background until told to stop (a file appears).
-start_sampler ()
-{
-  rm -f "$TMP/stop-sampler" "$TMP/du.samples"
-  (
-    while [ ! -e "$TMP/stop-sampler" ]; do
-      object_du >> "$TMP/du.samples"
-      sleep 0.02
-    done
-  ) &
-  sampler=$!
-}
-stop_sampler ()
-{
-  touch "$TMP/stop-sampler"
-  wait "$sampler"
-}
+# object_du, start_sampler, stop_sampler: tests/functions.sh.
 
 # reader.py MODE: "random" reads every 64 KiB block once in a random
 # order; "hot SECONDS" reads 4 KiB at random in [0, hot) until the file

@@ -51,33 +51,7 @@ done
 uri () { echo "nbd+unix:///?socket=$TMP/px$1.sock"; }
 hold_export "$(uri 1)" "$TMP/release" "$TMP/held"
 
-# The object's allocated bytes (its .idx, .data and .sums).
-object_du ()
-{
-  local files
-  files=$(find "$TMP/cache/objects" -type f \( -name '*.idx' -o \
-          -name '*.data' -o -name '*.sums' \))
-  [ -n "$files" ] || { echo 0; return; }
-  # shellcheck disable=SC2086
-  du -B1 -c $files | awk 'END { print $1 }'
-}
-start_sampler ()
-{
-  rm -f "$TMP/stop-sampler" "$TMP/du.samples"
-  (
-    while [ ! -e "$TMP/stop-sampler" ]; do
-      object_du >> "$TMP/du.samples"
-      sleep 0.02
-    done
-  ) &
-  sampler=$!
-  cleanup_fn "touch '$TMP/stop-sampler'"
-}
-stop_sampler ()
-{
-  touch "$TMP/stop-sampler"
-  wait "$sampler"
-}
+# object_du, start_sampler, stop_sampler: tests/functions.sh.
 
 # reader.py URI IMAGE random | hot HOT DONEFILE (as in
 # test-fscache-max-size.sh): "random" reads every 64 KiB block once in
