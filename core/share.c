@@ -811,6 +811,8 @@ fsc_share_stop (struct fsc_object *o)
  */
 
 static void report_hits (struct fsc_object *o, bool force);
+static void forget_maps (struct fsc_object *o, uint64_t offset,
+                         uint32_t count);
 
 /* Connect to the owner and say hello.  Returns the socket, or -1 with
  * errno: EPERM if refused (*REASON, *WEL say why), else the link's.
@@ -1304,14 +1306,14 @@ direct_read (struct fsc_object *o, void *buf, uint32_t count,
     unsigned char *out = (unsigned char *) buf + (lo - offset);
     if (zero[b - b0]) {
       if (csum[b - b0] != zero_csum (o, b))
-        return DIRECT_NO;
+        goto stale;
       memset (out, 0, hi - lo);
       continue;
     }
     if (lo == bs && hi == be) {
       if (fsc_data_pread (o, out, be - bs, bs) != (ssize_t) (be - bs) ||
           fsc_block_csum (out, be - bs) != csum[b - b0])
-        return DIRECT_NO;
+        goto stale;
       continue;
     }
     if (((lo - bs) & (SUB_SIZE - 1)) || ((hi - bs) & (SUB_SIZE - 1) &&
@@ -1321,16 +1323,16 @@ direct_read (struct fsc_object *o, void *buf, uint32_t count,
     unsigned char le[8 * MAX_SUBS];
     uint64_t sums[MAX_SUBS];
     if (pread (o->sfd, le, 8 * kb, sums_offset (o, b)) != (ssize_t) (8 * kb))
-      return DIRECT_NO;
+      goto stale;
     for (unsigned i = 0; i < kb; ++i)
       sums[i] = get_le64 (le + 8 * i);
     if (fsc_sums_csum (sums, kb) != csum[b - b0] ||
         fsc_data_pread (o, out, hi - lo, lo) != (ssize_t) (hi - lo))
-      return DIRECT_NO;
+      goto stale;
     for (uint64_t x = lo; x < hi; x += SUB_SIZE) {
       uint64_t n = MIN (SUB_SIZE, hi - x);
       if (XXH3_64bits (out + (x - lo), n) != sums[(x - bs) >> SUB_SHIFT])
-        return DIRECT_NO;
+        goto stale;
     }
   }
 
@@ -1358,6 +1360,14 @@ direct_read (struct fsc_object *o, void *buf, uint32_t count,
   if (full)
     report_hits (o, false);
   return DIRECT_SERVED;
+
+ stale:
+  /* A check failed: the block was evicted or is being refilled since
+   * the map was taken (or a read failed).  Take the maps again next
+   * time, so that a block gone stays with the owner.
+   */
+  forget_maps (o, offset, count);
+  return DIRECT_NO;
 }
 
 /* Send the hits served here to the owner (note_refs): when REF_BATCH
