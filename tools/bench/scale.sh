@@ -69,8 +69,12 @@ if [ -n "$DIR" ]; then
 else
   work="$(mktemp -d /tmp/fscache-scale.XXXXXX)"
 fi
+# (Under set -e a failing kill, of a proxy already stopped, would end
+# the trap before the rm: CACHED bytes left behind on every run.)
 cleanup () {
-  [ -s "$work/px.pid" ] && kill -9 "$(cat "$work/px.pid")" 2>/dev/null
+  if [ -s "$work/px.pid" ]; then
+    kill -9 "$(cat "$work/px.pid")" 2>/dev/null || true
+  fi
   if [ -n "${KEEP:-}" ]; then echo "scale.sh: kept $work"; else rm -rf "$work"; fi
 }
 trap cleanup EXIT
