@@ -159,13 +159,17 @@ fsc_commit_upto (struct fsc_object *o, uint64_t target)
   uint64_t *gis = o->dirty;
   o->dirty = NULL;
   o->ndirty = o->dirty_cap = 0;
-  unsigned char *recs = n ? malloc (n * FSC_GREC_SIZE) : NULL;
+  /* (A buffer of fill.c's: a commit's records are up to megabytes.) */
+  size_t recs_cap = 0;
+  unsigned char *recs = n ? fsc_buf_get (o->cache, n * FSC_GREC_SIZE,
+                                         &recs_cap) : NULL;
   uint8_t *slots = n ? malloc (n) : NULL;
   uint64_t *written = n ? malloc (n * sizeof *written) : NULL;
   if (n && (!recs || !slots || !written)) {
     io_release (o);
     pthread_mutex_unlock (&o->lock);
-    free (gis); free (recs); free (slots); free (written);
+    free (gis); free (slots); free (written);
+    fsc_buf_put (o->cache, recs, recs_cap);
     fsc_withdraw (o, ENOMEM);
     return -1;
   }
@@ -217,7 +221,8 @@ fsc_commit_upto (struct fsc_object *o, uint64_t target)
   }
   io_release (o);
   pthread_mutex_unlock (&o->lock);
-  free (gis); free (recs); free (slots); free (written);
+  free (gis); free (slots); free (written);
+  fsc_buf_put (o->cache, recs, recs_cap);
 
   struct timespec t1;
   clock_gettime (CLOCK_MONOTONIC, &t1);

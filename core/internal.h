@@ -33,9 +33,10 @@ struct fsc_fill {
   uint64_t start;               /* export offset of DATA: the first
                                  * block's start, or one of its pieces */
   size_t len;
+  size_t cap;                   /* of DATA's buffer */
   unsigned flags;               /* FSC_FILL_* */
   uint64_t epochs[FSC_FILL_MAX_GROUPS];
-  unsigned char data[];
+  unsigned char *data;          /* LEN bytes, from fsc_buf_get */
 };
 
 struct fsc_cache {
@@ -66,6 +67,10 @@ struct fsc_cache {
   pthread_t filler;
   bool filler_running;
   bool fill_stopping;
+  /* Big buffers given back, for reuse (fill.c), under fill_lock. */
+#define BUF_CLASSES 8
+  void *buf_pool[BUF_CLASSES];
+  size_t buf_pool_bytes;
 
   /* The free space floor (evict.c), checked at most every
    * SPACE_CHECK_MS: atomics, no lock.
@@ -310,6 +315,15 @@ extern void fsc_fill_submit (struct fsc_cache *cache, struct fsc_object *obj,
 
 /* fill.c: free a job that was not submitted. */
 extern void fsc_fill_free (struct fsc_cache *cache, struct fsc_fill *f);
+
+/* fill.c: a buffer of at least SIZE bytes, mapped apart from malloc's
+ * arenas or reused, its capacity in *CAP; or NULL.  Give it back with
+ * fsc_buf_put (P may be NULL); fsc_buf_pool_free unmaps those kept.
+ * Takes cache->fill_lock.
+ */
+extern void *fsc_buf_get (struct fsc_cache *cache, size_t size, size_t *cap);
+extern void fsc_buf_put (struct fsc_cache *cache, void *p, size_t cap);
+extern void fsc_buf_pool_free (struct fsc_cache *cache);
 
 /* fill.c: start the fill thread (without it fills are synchronous), and
  * stop it after finishing every queued job.

@@ -342,8 +342,10 @@ fetch_run (struct fsc_object *o, uint64_t b, uint64_t n, void *buf,
    * buffer only when the fill will not need it afterwards.
    */
   struct fsc_fill *f = fsc_fill_new (o->cache, len);
+  size_t cap = 0;
   unsigned char *dst = f ? f->data
-    : direct ? (unsigned char *) buf + (start - offset) : malloc (len);
+    : direct ? (unsigned char *) buf + (start - offset)
+    : fsc_buf_get (o->cache, len, &cap);
   int r = -1, e = ENOMEM;
 
   if (dst != NULL) {
@@ -386,7 +388,7 @@ fetch_run (struct fsc_object *o, uint64_t b, uint64_t n, void *buf,
     if (f)
       fsc_fill_free (o->cache, f);
     else if (!direct)
-      free (dst);
+      fsc_buf_put (o->cache, dst, cap);
   }
   if (r == -1)
     errno = e;
