@@ -108,6 +108,15 @@ fsc_buf_pool_free (struct fsc_cache *c)
   c->buf_pool_bytes = 0;
 }
 
+size_t
+fsc_fill_room (struct fsc_cache *c)
+{
+  SCOPED_LOCK (&c->fill_lock);
+  if (!c->filler_running || c->fill_stopping)
+    return 0;
+  return FILL_MAX_BYTES - c->fill_bytes;
+}
+
 struct fsc_fill *
 fsc_fill_new (struct fsc_cache *c, size_t len)
 {

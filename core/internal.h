@@ -309,6 +309,11 @@ extern void *fsc_scratch (struct fsc_cache *cache, size_t size);
  */
 extern struct fsc_fill *fsc_fill_new (struct fsc_cache *cache, size_t len);
 
+/* fill.c: bytes the fill queue has room for now (a hint: no lock
+ * held after).  Takes cache->fill_lock.
+ */
+extern size_t fsc_fill_room (struct fsc_cache *cache);
+
 /* fill.c: queue F for OBJ (taking a reference on OBJ). */
 extern void fsc_fill_submit (struct fsc_cache *cache, struct fsc_object *obj,
                              struct fsc_fill *f);
@@ -341,6 +346,7 @@ extern void fsc_cache_kick (struct fsc_cache *cache);
  */
 
 #define MAX_FETCH_BYTES (4u << 20)      /* one upstream read at most */
+#define INLINE_FETCH_BYTES (1u << 20)   /* a prefetch's, filling inline */
 #define MAX_RUN_BLOCKS 1024             /* 4 MiB of 4K blocks */
 #define MAX_RUN_GROUPS (MAX_RUN_BLOCKS / FSC_GROUP_BLOCKS + 2)
 _Static_assert (MAX_RUN_GROUPS <= FSC_FILL_MAX_GROUPS,
