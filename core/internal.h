@@ -195,6 +195,11 @@ struct fsc_object {
   uint64_t change_seq;          /* bumped by each change to persist */
   uint64_t durable_seq;         /* changes up to here are durable */
   bool committing;
+  bool unclean_due;             /* opened clean: the not-clean mark is
+                                 * still to be made durable, before the
+                                 * first change (fsc_object_mark_in_use);
+                                 * atomic read, set under lock */
+  bool unclean_marking;         /* under lock: a thread is writing it */
   bool data_dirty;              /* data written since the last sync */
   bool written;                 /* saw a write: fingerprint stale */
   int withdraw_err;             /* errno that withdrew it */
@@ -640,6 +645,16 @@ extern int fsc_mark_dirty (struct fsc_object *o, uint64_t gi,
  */
 extern int fsc_write_sb (struct fsc_object *o, uint32_t set_flags,
                          uint32_t clear_flags, const uint64_t *fingerprint);
+
+/* commit.c: before the first change to the object's files after a
+ * clean open (a data or sums write or punch, an index record, the
+ * sample mode's stale mark), make the superblock's not-clean mark
+ * durable, once: see "Crash safety" in docs/design.md.  Returns 0 (at
+ * once if it is, or if the object was not opened clean), or -1 (the
+ * object withdrawn).  Takes o->lock; never call it holding the lock
+ * or the index (o->committing).
+ */
+extern int fsc_object_mark_in_use (struct fsc_object *o);
 
 /* commit.c: make every change up to TARGET (a change_seq) durable.
  * Returns 0, or -1 if the object is (or became) withdrawn.  Takes
