@@ -533,13 +533,20 @@ int
 fsc_groups_census (struct fsc_object *o)
 {
   const uint64_t gsize = 2 * FSC_GREC_SIZE;
-  unsigned char *buf = malloc (CENSUS_CHUNK * gsize);
+  size_t cap;
+  unsigned char *buf = fsc_buf_get (o->cache, CENSUS_CHUNK * gsize, &cap);
   uint64_t gi = 0, chunk = CENSUS_CHUNK;
   int r = 0;
 
   if (buf == NULL)
     return -1;
-  while (gi < o->ngroups && fsc_object_state (o) == FSC_OBJ_AVAILABLE) {
+  for (;;) {
+    pthread_mutex_lock (&o->lock);
+    bool go = gi < o->ngroups && o->state == FSC_OBJ_AVAILABLE &&
+      !o->reclaim_stop;
+    pthread_mutex_unlock (&o->lock);
+    if (!go)
+      break;
     /* Skip holes: groups never written have no record. */
     off_t d = lseek (o->ifd, fsc_grec_offset (gi, 0), SEEK_DATA);
     if (d == -1 && errno == ENXIO) {
@@ -604,6 +611,6 @@ fsc_groups_census (struct fsc_object *o)
     o->census_next = o->ngroups;
     pthread_mutex_unlock (&o->lock);
   }
-  free (buf);
+  fsc_buf_put (o->cache, buf, cap);
   return r;
 }

@@ -346,8 +346,8 @@ lookup (struct fsc_object *o, const struct fsc_object_params *p,
     o->sb_slot = slot;
     o->seq = sb.seq;
     info->unclean = !(sb.flags & FSC_SB_CLEAN);
-    /* An older format read as it is: the superblock written at open
-     * below is already in the current one.
+    /* An older format read as it is: the superblock written before
+     * the first change (and at close) is in the current one.
      */
     if (sb.version < FSC_INDEX_VERSION) {
       info->old_version = sb.version;
@@ -429,11 +429,20 @@ lookup (struct fsc_object *o, const struct fsc_object_params *p,
     errno = e;
     return -1;
   }
-  /* Mark it in use (not clean) before anything can change. */
-  if (fsc_write_sb (o, 0, FSC_SB_CLEAN, NULL) == -1) {
-    errno = EIO;
-    return -1;
+  /* In use: not clean.  A new or discarded index gets its first
+   * superblock now.  A reused one already says so after a crash; after
+   * a clean close the mark is made durable before the first change
+   * instead (fsc_object_mark_in_use), so that an open syncs nothing
+   * and a session of hits writes nothing until its close.
+   */
+  if (reason != FSC_OK) {
+    if (fsc_write_sb (o, 0, FSC_SB_CLEAN, NULL) == -1) {
+      errno = EIO;
+      return -1;
+    }
   }
+  else if (!info->unclean)
+    o->unclean_due = true;
   o->state = FSC_OBJ_AVAILABLE;
   return 0;
 }
@@ -703,6 +712,8 @@ find_locked (struct fsc_cache *c, const struct fsc_object_params *p)
  again:
   for (struct fsc_object *o = c->objects; o; o = o->next) {
     if (o->key_len == p->key_len && memcmp (o->key, p->key, p->key_len) == 0) {
+      if (o->lingering && !o->closing)
+        fsc_reclaim_unlinger (o);       /* open anew: see evict.c */
       if (o->closing) {
         /* Its last user is committing and closing it, and still holds
          * the index lock: wait until it is gone, then look it up anew
@@ -737,13 +748,30 @@ fsc_object_ref (struct fsc_object *o)
   return o;
 }
 
+static void close_object (struct fsc_object *o);
+
 void
 fsc_object_close (struct fsc_object *o)
 {
   struct fsc_cache *c = o->cache;
 
   pthread_mutex_lock (&c->lock);
+  if (o->refs == 1 && fsc_reclaim_may_linger (o)) {
+    /* The last user, while the walk after a crash runs: the object
+     * will linger until the walk ends (evict.c), without keeping this
+     * user waiting; its changes are made durable now, as a close
+     * would (our reference still held).
+     */
+    pthread_mutex_unlock (&c->lock);
+    (void) fsc_object_commit (o);
+    pthread_mutex_lock (&c->lock);
+  }
   if (--o->refs > 0) {
+    pthread_mutex_unlock (&c->lock);
+    return;
+  }
+  if (!o->closing && fsc_reclaim_may_linger (o)) {
+    o->lingering = true;
     pthread_mutex_unlock (&c->lock);
     return;
   }
@@ -753,6 +781,33 @@ fsc_object_close (struct fsc_object *o)
    */
   o->closing = true;
   pthread_mutex_unlock (&c->lock);
+  close_object (o);
+}
+
+void
+fsc_object_linger_done (struct fsc_object *o)
+{
+  struct fsc_cache *c = o->cache;
+
+  pthread_mutex_lock (&c->lock);
+  bool mine = o->lingering && o->refs == 0;
+  o->lingering = false;
+  if (mine)
+    o->closing = true;
+  pthread_mutex_unlock (&c->lock);
+  if (!mine)
+    return;
+  /* This is the reclaimer thread: nobody joins it now. */
+  o->reclaim_joinable = false;
+  pthread_detach (pthread_self ());
+  close_object (o);
+}
+
+/* The last reference is gone and O is marked closing. */
+static void
+close_object (struct fsc_object *o)
+{
+  struct fsc_cache *c = o->cache;
 
   if (o->join) {
     /* A shell (share.c): nothing of its own on disk. */
@@ -766,11 +821,13 @@ fsc_object_close (struct fsc_object *o)
    */
   fsc_share_stop (o);
 
-  /* The census and the walk for unnamed space end first: a close
-   * waits for them (they take a few hundred milliseconds per GiB of
-   * index and of scattered data), so that the gauges saved and the
-   * clean mark are right, and that short connections after a crash
-   * cannot start them over and over.  Requests never wait for them.
+  /* The census and the walk for unnamed space end first, so that the
+   * gauges saved and the clean mark are right: here they have ended
+   * (the object lingered for them, evict.c), or an open of it stopped
+   * them (the index stays unclean, and that open walks again), or the
+   * process is stopping and this waits for them (they take seconds per
+   * GiB of index and of scattered data).  Requests never wait for
+   * them, nor does a disconnect.
    */
   bool reclaimed = fsc_reclaim_finish (o);
   if (!fsc_object_check_stale (o) &&
@@ -798,6 +855,8 @@ bool
 fsc_object_tryref (struct fsc_object *o)
 {
   SCOPED_LOCK (&o->cache->lock);
+  if (o->lingering && !o->closing)
+    fsc_reclaim_unlinger (o);           /* opened anew: see evict.c */
   if (o->closing || o->refs == 0)
     return false;
   o->refs++;
