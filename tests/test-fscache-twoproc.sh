@@ -203,7 +203,9 @@ release h9
 stop_nbdkit "$TMP/p9.pid"
 expect_stat p9 share_joins -eq 1
 expect_stat p9 share_takeovers -eq 1
-expect_stat p9 unclean_opens -eq 1
+# The holder only served hits: its kill may leave the index clean
+# (the not-clean mark comes before the first change, commit.c).
+expect_stat p9 unclean_opens -le 1
 expect_stat p9 hit_bytes -ge $SIZE          # and its hold's read, a hit too
 [ "$(log_read_bytes "$TMP/p9.log")" -eq "$b9" ] ||
   fail "p9 read upstream after taking the object over"
