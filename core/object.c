@@ -712,8 +712,6 @@ find_locked (struct fsc_cache *c, const struct fsc_object_params *p)
  again:
   for (struct fsc_object *o = c->objects; o; o = o->next) {
     if (o->key_len == p->key_len && memcmp (o->key, p->key, p->key_len) == 0) {
-      if (o->lingering && !o->closing)
-        fsc_reclaim_unlinger (o);       /* open anew: see evict.c */
       if (o->closing) {
         /* Its last user is committing and closing it, and still holds
          * the index lock: wait until it is gone, then look it up anew
@@ -748,30 +746,13 @@ fsc_object_ref (struct fsc_object *o)
   return o;
 }
 
-static void close_object (struct fsc_object *o);
-
 void
 fsc_object_close (struct fsc_object *o)
 {
   struct fsc_cache *c = o->cache;
 
   pthread_mutex_lock (&c->lock);
-  if (o->refs == 1 && fsc_reclaim_may_linger (o)) {
-    /* The last user, while the walk after a crash runs: the object
-     * will linger until the walk ends (evict.c), without keeping this
-     * user waiting; its changes are made durable now, as a close
-     * would (our reference still held).
-     */
-    pthread_mutex_unlock (&c->lock);
-    (void) fsc_object_commit (o);
-    pthread_mutex_lock (&c->lock);
-  }
   if (--o->refs > 0) {
-    pthread_mutex_unlock (&c->lock);
-    return;
-  }
-  if (!o->closing && fsc_reclaim_may_linger (o)) {
-    o->lingering = true;
     pthread_mutex_unlock (&c->lock);
     return;
   }
@@ -781,33 +762,6 @@ fsc_object_close (struct fsc_object *o)
    */
   o->closing = true;
   pthread_mutex_unlock (&c->lock);
-  close_object (o);
-}
-
-void
-fsc_object_linger_done (struct fsc_object *o)
-{
-  struct fsc_cache *c = o->cache;
-
-  pthread_mutex_lock (&c->lock);
-  bool mine = o->lingering && o->refs == 0;
-  o->lingering = false;
-  if (mine)
-    o->closing = true;
-  pthread_mutex_unlock (&c->lock);
-  if (!mine)
-    return;
-  /* This is the reclaimer thread: nobody joins it now. */
-  o->reclaim_joinable = false;
-  pthread_detach (pthread_self ());
-  close_object (o);
-}
-
-/* The last reference is gone and O is marked closing. */
-static void
-close_object (struct fsc_object *o)
-{
-  struct fsc_cache *c = o->cache;
 
   if (o->join) {
     /* A shell (share.c): nothing of its own on disk. */
@@ -821,13 +775,11 @@ close_object (struct fsc_object *o)
    */
   fsc_share_stop (o);
 
-  /* The census and the walk for unnamed space end first, so that the
-   * gauges saved and the clean mark are right: here they have ended
-   * (the object lingered for them, evict.c), or an open of it stopped
-   * them (the index stays unclean, and that open walks again), or the
-   * process is stopping and this waits for them (they take seconds per
-   * GiB of index and of scattered data).  Requests never wait for
-   * them, nor does a disconnect.
+  /* The census and the walk for unnamed space end first: a close
+   * waits for them (they take a few hundred milliseconds per GiB of
+   * index and of scattered data), so that the gauges saved and the
+   * clean mark are right, and that short connections after a crash
+   * cannot start them over and over.  Requests never wait for them.
    */
   bool reclaimed = fsc_reclaim_finish (o);
   if (!fsc_object_check_stale (o) &&
@@ -855,8 +807,6 @@ bool
 fsc_object_tryref (struct fsc_object *o)
 {
   SCOPED_LOCK (&o->cache->lock);
-  if (o->lingering && !o->closing)
-    fsc_reclaim_unlinger (o);           /* opened anew: see evict.c */
   if (o->closing || o->refs == 0)
     return false;
   o->refs++;
