@@ -14,8 +14,9 @@
 #     left), passes promtool check metrics when promtool exists and the
 #     strict parser tests/prom-check.py always, and its hit_bytes
 #     counter is the JSON's.
-#  4. The proxy killed (-9) while the client holds the export: its
-#     index is left without CLEAN, and ls says "needs check".
+#  4. The proxy killed (-9) after a write, while the client holds the
+#     export: its index is left without CLEAN, and ls says "needs
+#     check".
 
 source "${top_srcdir:-$(dirname "$0")/..}/tests/functions.sh"
 
@@ -138,8 +139,18 @@ grep -q '^nbd_fscache_last_use_timestamp_seconds{' "$TMP/m.samples" ||
   fail "prometheus: no last_use gauge"
 
 # ---- 4. a crash leaves it needing a check -----------------------------------
+# Only a change marks the index not clean (before it is made: commit.c,
+# rule 5); a proxy that only served hits leaves it clean.  So the held
+# connection writes back 4 KiB it read, and then the proxy is killed.
 hold_export "$uri" "$TMP/stop-hold2"
 wait_until in_use || fail "ls never said in use again"
+"$PYTHON" -c '
+import nbd, sys
+h = nbd.NBD()
+h.connect_uri(sys.argv[1])
+h.pwrite(h.pread(4096, 0), 0)
+h.flush()
+h.shutdown()' "$uri"
 kill9_nbdkit "$pid"
 needs_check () { tool --dir "$cache" ls | grep -q '^lsstat .* needs check$'; }
 wait_until needs_check || { tool --dir "$cache" ls >&2; fail "ls: not 'needs check' after a crash"; }
