@@ -52,38 +52,9 @@ start_proxy ()
 
 # object_du, start_sampler, stop_sampler: tests/functions.sh.
 
-# reader.py MODE: "random" reads every 64 KiB block once in a random
-# order; "hot SECONDS" reads 4 KiB at random in [0, hot) until the file
-# $TMP/scan-done exists (or SECONDS pass).  Every read is compared with
-# the image.
-cat > "$TMP/reader.py" <<'EOF'
-import os, random, sys, time
-import nbd
-uri, img, mode = sys.argv[1], sys.argv[2], sys.argv[3]
-h = nbd.NBD()
-h.connect_uri(uri)
-size = h.get_size()
-data = open(img, "rb").read(size if mode == "random" else int(sys.argv[4]))
-rnd = random.Random(7)
-n = 0
-if mode == "random":
-    blocks = list(range(0, size, 65536))
-    rnd.shuffle(blocks)
-    for off in blocks:
-        k = min(65536, size - off)
-        if h.pread(k, off) != data[off:off + k]:
-            sys.exit("random: wrong data at %d" % off)
-        n += 1
-elif mode == "hot":
-    hot, done, limit = int(sys.argv[4]), sys.argv[5], time.time() + 60
-    open(done + ".ready", "w").close()
-    while not os.path.exists(done) and time.time() < limit:
-        off = rnd.randrange(0, hot // 4096) * 4096
-        if h.pread(4096, off) != data[off:off + 4096]:
-            sys.exit("hot: wrong data at %d" % off)
-        n += 1
-print(n)
-EOF
+# The readers: tests/cap-reader.py.
+reader="$top_srcdir/tests/cap-reader.py"
+export READER_SEED=7                 # the same orders every run
 
 # Upstream bytes read at offsets below LIMIT, from the log.
 log_bytes_below () { log_read_bytes "$log" "$1"; }
@@ -96,7 +67,7 @@ for pass in 1 2; do
   cmp "$img" "$TMP/seq.img" || fail "sequential pass $pass differs"
 done
 for pass in 1 2; do
-  $PYTHON "$TMP/reader.py" "$uri" "$img" random > /dev/null ||
+  $PYTHON "$reader" "$uri" "$img" random > /dev/null ||
     fail "random pass $pass: wrong data"
 done
 stop_sampler
@@ -125,7 +96,7 @@ for rep in range(3):
             sys.exit("warm-up: wrong data")
 EOF
 b0=$(log_bytes_below "$hot")
-$PYTHON "$TMP/reader.py" "$uri" "$img" hot "$hot" "$TMP/scan-done" \
+$PYTHON "$reader" "$uri" "$img" hot "$hot" "$TMP/scan-done" \
   > "$TMP/hot.count" &
 hotpid=$!
 hot_ready () { [ -e "$TMP/scan-done.ready" ]; }

@@ -53,43 +53,13 @@ hold_export "$(uri 1)" "$TMP/release" "$TMP/held"
 
 # object_du, start_sampler, stop_sampler: tests/functions.sh.
 
-# reader.py URI IMAGE random | hot HOT DONEFILE (as in
-# test-fscache-max-size.sh): "random" reads every 64 KiB block once in
-# a random order; "hot" reads 4 KiB at random in [0, HOT) until
-# DONEFILE exists (at most 60 s).  Every read is compared.
-cat > "$TMP/reader.py" <<'EOF'
-import os, random, sys, time
-import nbd
-uri, img, mode = sys.argv[1], sys.argv[2], sys.argv[3]
-h = nbd.NBD()
-h.connect_uri(uri)
-size = h.get_size()
-data = open(img, "rb").read(size if mode == "random" else int(sys.argv[4]))
-rnd = random.Random()
-n = 0
-if mode == "random":
-    blocks = list(range(0, size, 65536))
-    rnd.shuffle(blocks)
-    for off in blocks:
-        k = min(65536, size - off)
-        if h.pread(k, off) != data[off:off + k]:
-            sys.exit("random: wrong data at %d" % off)
-        n += 1
-elif mode == "hot":
-    hot, done, limit = int(sys.argv[4]), sys.argv[5], time.time() + 60
-    open(done + ".ready", "w").close()
-    while not os.path.exists(done) and time.time() < limit:
-        off = rnd.randrange(0, hot // 4096) * 4096
-        if h.pread(4096, off) != data[off:off + 4096]:
-            sys.exit("hot: wrong data at %d" % off)
-        n += 1
-print(n)
-EOF
+# The readers: tests/cap-reader.py.
+reader="$top_srcdir/tests/cap-reader.py"
 
 # ---- 1. the cap, three processes filling at once -----------------------
 start_sampler
 for pass in 1 2; do
-  "$PYTHON" "$TMP/reader.py" "$(uri 1)" "$img" random > /dev/null &
+  "$PYTHON" "$reader" "$(uri 1)" "$img" random > /dev/null &
   r1=$!
   nbdcopy "$(uri 2)" "$TMP/seq2.img" & c2=$!
   nbdcopy "$(uri 3)" "$TMP/seq3.img" & c3=$!
@@ -125,7 +95,7 @@ for rep in range(3):
 EOF
 b0=$(log_read_bytes "$log" "$hot")
 rm -f "$TMP/scan-done" "$TMP/scan-done.ready"
-"$PYTHON" "$TMP/reader.py" "$(uri 2)" "$img" hot "$hot" "$TMP/scan-done" \
+"$PYTHON" "$reader" "$(uri 2)" "$img" hot "$hot" "$TMP/scan-done" \
   > "$TMP/hot.count" &
 hotpid=$!
 wait_until test -e "$TMP/scan-done.ready" || fail "2: the hot reader did not start"
