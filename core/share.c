@@ -4,9 +4,11 @@
  * object: same cache directory, same key.  One of them holds it, as
  * before: it has the index's flock and the object's state in memory
  * (the owner).  The others join it: their object is a shell whose
- * requests go to the owner over a Unix socket beside the object's
- * files (SOCKNAME below, in the object's fan-out directory), and the
- * owner serves them with the same code as its own clients' requests.
+ * misses, writes and flushes go to the owner over a Unix socket beside
+ * the object's files (HASH.sock, sock_addr), and the owner serves them
+ * with the same code as its own clients' requests.  Hits a joiner
+ * serves itself from the shared files, checked against maps of groups
+ * the owner gives it and epochs the owner bumps (direct_read).
  * So every rule of a single process holds for the host: a block
  * several processes miss at once is fetched once (the owner's claims,
  * retrieve.c), the cap and quotas hold for the object as a whole
@@ -22,8 +24,8 @@
  * cross-process locks around every structure and a second, shared
  * format for all of it; a daemon owning every object would put a
  * second process in every request even when one process is alone.
- * Here a process alone pays nothing, and the joiners pay one round
- * trip on a local socket per request.
+ * Here a process alone pays nothing, and a joiner pays a round trip
+ * on a local socket per miss (and per map of a group).
  *
  * Misses of a joiner are fetched by the joiner, from its own upstream
  * (it may be the only one with a connection that allows it): the owner
