@@ -533,8 +533,7 @@ int
 fsc_groups_census (struct fsc_object *o)
 {
   const uint64_t gsize = 2 * FSC_GREC_SIZE;
-  size_t cap;
-  unsigned char *buf = fsc_buf_get (o->cache, CENSUS_CHUNK * gsize, &cap);
+  unsigned char *buf = malloc (CENSUS_CHUNK * gsize);
   uint64_t gi = 0, chunk = CENSUS_CHUNK;
   int r = 0;
 
@@ -605,6 +604,6 @@ fsc_groups_census (struct fsc_object *o)
     o->census_next = o->ngroups;
     pthread_mutex_unlock (&o->lock);
   }
-  fsc_buf_put (o->cache, buf, cap);
+  free (buf);
   return r;
 }
