@@ -495,6 +495,7 @@ fsc_cache_close (struct fsc_cache *cache)
     fsc_object_close (o);
   }
 
+  fsc_buf_pool_free (cache);
   void *p = pthread_getspecific (cache->scratch_key);
   free (p);
   pthread_setspecific (cache->scratch_key, NULL);

@@ -11,6 +11,15 @@
  * naming that data, then syncs the index.  So no durable record ever
  * names data that is not on disk.
  *
+ * Rule 5: nothing changes in the object's files while its superblock
+ * on disk says CLEAN (a clean close; the next open then trusts that no
+ * space lies unnamed and skips the walk, evict.c).  After a clean open
+ * the first change (a data or sums write or punch: data.c; a commit
+ * with records to write; the stale fingerprint mark, store.c; the
+ * walk's punches, evict.c) first makes a superblock without CLEAN
+ * durable, once (fsc_object_mark_in_use).  Not at open: an open syncs
+ * nothing, and a session of hits writes nothing before its close.
+ *
  * Commits serialise on obj->committing (a flag waited on with
  * obj->cond, never a lock held across I/O).  fsc_commit_upto is group
  * commit: a caller that needs its change durable waits for a commit in
@@ -126,6 +135,29 @@ write_sb (struct fsc_object *o, uint32_t set_flags, uint32_t clear_flags,
   return r;
 }
 
+int
+fsc_object_mark_in_use (struct fsc_object *o)
+{
+  if (!__atomic_load_n (&o->unclean_due, __ATOMIC_ACQUIRE))
+    return 0;
+  pthread_mutex_lock (&o->lock);
+  while (o->unclean_marking)
+    pthread_cond_wait (&o->cond, &o->lock);
+  bool todo = o->unclean_due;
+  o->unclean_marking = todo;
+  pthread_mutex_unlock (&o->lock);
+  if (!todo)
+    return 0;
+  int r = write_sb (o, 0, FSC_SB_CLEAN, NULL, true);
+  pthread_mutex_lock (&o->lock);
+  o->unclean_marking = false;
+  if (r == 0)
+    __atomic_store_n (&o->unclean_due, false, __ATOMIC_RELEASE);
+  pthread_cond_broadcast (&o->cond);
+  pthread_mutex_unlock (&o->lock);
+  return r;
+}
+
 /* Make every change up to TARGET durable: return at once if it is,
  * wait for a commit in progress and look again (group commit: it may
  * cover us), else commit everything changed so far.  Returns 0, or -1
@@ -135,6 +167,15 @@ int
 fsc_commit_upto (struct fsc_object *o, uint64_t target)
 {
   struct fsc_stats *st = &o->cache->stats;
+
+  /* A commit with something to write is a change: the not-clean mark
+   * first (an invalidation's commit may be the session's first).
+   */
+  pthread_mutex_lock (&o->lock);
+  bool change = o->durable_seq < target;
+  pthread_mutex_unlock (&o->lock);
+  if (change && fsc_object_mark_in_use (o) == -1)
+    return -1;
 
   pthread_mutex_lock (&o->lock);
   for (;;) {
@@ -159,13 +200,17 @@ fsc_commit_upto (struct fsc_object *o, uint64_t target)
   uint64_t *gis = o->dirty;
   o->dirty = NULL;
   o->ndirty = o->dirty_cap = 0;
-  unsigned char *recs = n ? malloc (n * FSC_GREC_SIZE) : NULL;
+  /* (A buffer of fill.c's: a commit's records are up to megabytes.) */
+  size_t recs_cap = 0;
+  unsigned char *recs = n ? fsc_buf_get (o->cache, n * FSC_GREC_SIZE,
+                                         &recs_cap) : NULL;
   uint8_t *slots = n ? malloc (n) : NULL;
   uint64_t *written = n ? malloc (n * sizeof *written) : NULL;
   if (n && (!recs || !slots || !written)) {
     io_release (o);
     pthread_mutex_unlock (&o->lock);
-    free (gis); free (recs); free (slots); free (written);
+    free (gis); free (slots); free (written);
+    fsc_buf_put (o->cache, recs, recs_cap);
     fsc_withdraw (o, ENOMEM);
     return -1;
   }
@@ -217,7 +262,8 @@ fsc_commit_upto (struct fsc_object *o, uint64_t target)
   }
   io_release (o);
   pthread_mutex_unlock (&o->lock);
-  free (gis); free (recs); free (slots); free (written);
+  free (gis); free (slots); free (written);
+  fsc_buf_put (o->cache, recs, recs_cap);
 
   struct timespec t1;
   clock_gettime (CLOCK_MONOTONIC, &t1);

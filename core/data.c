@@ -131,6 +131,10 @@ fsc_data_pwrite (struct fsc_object *o, const void *buf, size_t n,
                  uint64_t off)
 {
   size_t done = 0;
+  if (fsc_object_mark_in_use (o) == -1) {
+    errno = EIO;
+    return -1;
+  }
   while (done < n) {
     uint64_t pos = off + done, i = pos / FSC_SEG_SIZE;
     if (i >= o->nseg) {
@@ -170,6 +174,11 @@ fsc_data_sync (struct fsc_object *o)
 int
 fsc_data_punch (struct fsc_object *o, uint64_t off, uint64_t len)
 {
+  /* (Every punch of the sums file follows one of the data file.) */
+  if (len > 0 && fsc_object_mark_in_use (o) == -1) {
+    errno = EIO;
+    return -1;
+  }
   while (len > 0) {
     uint64_t i = off / FSC_SEG_SIZE;
     uint64_t n = MIN (len, FSC_SEG_SIZE - off % FSC_SEG_SIZE);

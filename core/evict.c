@@ -855,6 +855,11 @@ reclaim_later (struct fsc_object *o, struct reclaim_later *later)
 int
 fsc_reclaim_unnamed (struct fsc_object *o)
 {
+  /* It punches the files directly: after a clean open (leaked ()) the
+   * not-clean mark goes first.
+   */
+  if (fsc_object_mark_in_use (o) == -1)
+    return -1;
   uint64_t before = fsc_object_allocated (o);
   struct reclaim_later later = { 0 };
   int r = 0;

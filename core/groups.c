@@ -533,7 +533,8 @@ int
 fsc_groups_census (struct fsc_object *o)
 {
   const uint64_t gsize = 2 * FSC_GREC_SIZE;
-  unsigned char *buf = malloc (CENSUS_CHUNK * gsize);
+  size_t cap;
+  unsigned char *buf = fsc_buf_get (o->cache, CENSUS_CHUNK * gsize, &cap);
   uint64_t gi = 0, chunk = CENSUS_CHUNK;
   int r = 0;
 
@@ -604,6 +605,6 @@ fsc_groups_census (struct fsc_object *o)
     o->census_next = o->ngroups;
     pthread_mutex_unlock (&o->lock);
   }
-  free (buf);
+  fsc_buf_put (o->cache, buf, cap);
   return r;
 }

@@ -33,9 +33,10 @@ struct fsc_fill {
   uint64_t start;               /* export offset of DATA: the first
                                  * block's start, or one of its pieces */
   size_t len;
+  size_t cap;                   /* of DATA's buffer */
   unsigned flags;               /* FSC_FILL_* */
   uint64_t epochs[FSC_FILL_MAX_GROUPS];
-  unsigned char data[];
+  unsigned char *data;          /* LEN bytes, from fsc_buf_get */
 };
 
 struct fsc_cache {
@@ -66,6 +67,10 @@ struct fsc_cache {
   pthread_t filler;
   bool filler_running;
   bool fill_stopping;
+  /* Big buffers given back, for reuse (fill.c), under fill_lock. */
+#define BUF_CLASSES 8
+  void *buf_pool[BUF_CLASSES];
+  size_t buf_pool_bytes;
 
   /* The free space floor (evict.c), checked at most every
    * SPACE_CHECK_MS: atomics, no lock.
@@ -190,6 +195,11 @@ struct fsc_object {
   uint64_t change_seq;          /* bumped by each change to persist */
   uint64_t durable_seq;         /* changes up to here are durable */
   bool committing;
+  bool unclean_due;             /* opened clean: the not-clean mark is
+                                 * still to be made durable, before the
+                                 * first change (fsc_object_mark_in_use);
+                                 * atomic read, set under lock */
+  bool unclean_marking;         /* under lock: a thread is writing it */
   bool data_dirty;              /* data written since the last sync */
   bool written;                 /* saw a write: fingerprint stale */
   int withdraw_err;             /* errno that withdrew it */
@@ -304,12 +314,26 @@ extern void *fsc_scratch (struct fsc_cache *cache, size_t size);
  */
 extern struct fsc_fill *fsc_fill_new (struct fsc_cache *cache, size_t len);
 
+/* fill.c: bytes the fill queue has room for now (a hint: no lock
+ * held after).  Takes cache->fill_lock.
+ */
+extern size_t fsc_fill_room (struct fsc_cache *cache);
+
 /* fill.c: queue F for OBJ (taking a reference on OBJ). */
 extern void fsc_fill_submit (struct fsc_cache *cache, struct fsc_object *obj,
                              struct fsc_fill *f);
 
 /* fill.c: free a job that was not submitted. */
 extern void fsc_fill_free (struct fsc_cache *cache, struct fsc_fill *f);
+
+/* fill.c: a buffer of at least SIZE bytes, mapped apart from malloc's
+ * arenas or reused, its capacity in *CAP; or NULL.  Give it back with
+ * fsc_buf_put (P may be NULL); fsc_buf_pool_free unmaps those kept.
+ * Takes cache->fill_lock.
+ */
+extern void *fsc_buf_get (struct fsc_cache *cache, size_t size, size_t *cap);
+extern void fsc_buf_put (struct fsc_cache *cache, void *p, size_t cap);
+extern void fsc_buf_pool_free (struct fsc_cache *cache);
 
 /* fill.c: start the fill thread (without it fills are synchronous), and
  * stop it after finishing every queued job.
@@ -327,6 +351,7 @@ extern void fsc_cache_kick (struct fsc_cache *cache);
  */
 
 #define MAX_FETCH_BYTES (4u << 20)      /* one upstream read at most */
+#define INLINE_FETCH_BYTES (1u << 20)   /* a prefetch's, filling inline */
 #define MAX_RUN_BLOCKS 1024             /* 4 MiB of 4K blocks */
 #define MAX_RUN_GROUPS (MAX_RUN_BLOCKS / FSC_GROUP_BLOCKS + 2)
 _Static_assert (MAX_RUN_GROUPS <= FSC_FILL_MAX_GROUPS,
@@ -624,6 +649,16 @@ extern int fsc_mark_dirty (struct fsc_object *o, uint64_t gi,
  */
 extern int fsc_write_sb (struct fsc_object *o, uint32_t set_flags,
                          uint32_t clear_flags, const uint64_t *fingerprint);
+
+/* commit.c: before the first change to the object's files after a
+ * clean open (a data or sums write or punch, an index record, the
+ * sample mode's stale mark), make the superblock's not-clean mark
+ * durable, once: see "Crash safety" in docs/design.md.  Returns 0 (at
+ * once if it is, or if the object was not opened clean), or -1 (the
+ * object withdrawn).  Takes o->lock; never call it holding the lock
+ * or the index (o->committing).
+ */
+extern int fsc_object_mark_in_use (struct fsc_object *o);
 
 /* commit.c: make every change up to TARGET (a change_seq) durable.
  * Returns 0, or -1 if the object is (or became) withdrawn.  Takes

@@ -346,8 +346,8 @@ lookup (struct fsc_object *o, const struct fsc_object_params *p,
     o->sb_slot = slot;
     o->seq = sb.seq;
     info->unclean = !(sb.flags & FSC_SB_CLEAN);
-    /* An older format read as it is: the superblock written at open
-     * below is already in the current one.
+    /* An older format read as it is: the superblock written before
+     * the first change (and at close) is in the current one.
      */
     if (sb.version < FSC_INDEX_VERSION) {
       info->old_version = sb.version;
@@ -429,11 +429,20 @@ lookup (struct fsc_object *o, const struct fsc_object_params *p,
     errno = e;
     return -1;
   }
-  /* Mark it in use (not clean) before anything can change. */
-  if (fsc_write_sb (o, 0, FSC_SB_CLEAN, NULL) == -1) {
-    errno = EIO;
-    return -1;
+  /* In use: not clean.  A new or discarded index gets its first
+   * superblock now.  A reused one already says so after a crash; after
+   * a clean close the mark is made durable before the first change
+   * instead (fsc_object_mark_in_use), so that an open syncs nothing
+   * and a session of hits writes nothing until its close.
+   */
+  if (reason != FSC_OK) {
+    if (fsc_write_sb (o, 0, FSC_SB_CLEAN, NULL) == -1) {
+      errno = EIO;
+      return -1;
+    }
   }
+  else if (!info->unclean)
+    o->unclean_due = true;
   o->state = FSC_OBJ_AVAILABLE;
   return 0;
 }

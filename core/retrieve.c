@@ -370,8 +370,10 @@ fetch_run (struct fsc_object *o, uint64_t b, uint64_t n, void *buf,
    * buffer only when the fill will not need it afterwards.
    */
   struct fsc_fill *f = fsc_fill_new (o->cache, len);
+  size_t cap = 0;
   unsigned char *dst = f ? f->data
-    : direct ? (unsigned char *) buf + (start - offset) : malloc (len);
+    : direct ? (unsigned char *) buf + (start - offset)
+    : fsc_buf_get (o->cache, len, &cap);
   int r = -1, e = ENOMEM;
 
   if (dst != NULL) {
@@ -414,7 +416,7 @@ fetch_run (struct fsc_object *o, uint64_t b, uint64_t n, void *buf,
     if (f)
       fsc_fill_free (o->cache, f);
     else if (!direct)
-      free (dst);
+      fsc_buf_put (o->cache, dst, cap);
   }
   if (r == -1)
     errno = e;
@@ -731,7 +733,15 @@ fsc_object_prefetch (struct fsc_object *o, uint64_t offset, uint64_t count,
   }
   count = MIN (count, o->size - offset);
   while (count > 0) {
-    uint32_t n = MIN (count, (uint64_t) MAX_FETCH_BYTES);
+    /* With the fill queue (nearly) full, a fetch fills inline from a
+     * buffer of its own: in smaller pieces then, so that every request
+     * thread holding 4 MiB does not add up (docs/design.md, "Memory
+     * and start-up that do not grow").  The cache disk is the
+     * bottleneck then, not the number of upstream reads.
+     */
+    uint32_t max = fsc_fill_room (o->cache) >= MAX_FETCH_BYTES
+      ? MAX_FETCH_BYTES : INLINE_FETCH_BYTES;
+    uint32_t n = MIN (count, (uint64_t) max);
     uint64_t missed = 0;
     if (do_read (o, NULL, n, offset, up, flags & FSC_PREFETCH_EXACT,
                  &missed) == -1)

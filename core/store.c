@@ -432,7 +432,7 @@ write_begin_pinned (struct fsc_object *o, uint64_t offset, uint64_t count,
   }
   pthread_mutex_unlock (&o->lock);
 
-  if (fp_stale)
+  if (fp_stale && fsc_object_mark_in_use (o) == 0)
     fsc_write_sb (o, FSC_SB_FP_STALE, 0, NULL);
 
   if (keep) {

@@ -1360,6 +1360,56 @@ main (void)
     CHECK_EQ (up_bytes, 0);
     fsc_object_close (o);
     fsc_cache_close (c);
+
+    /* After a clean close the not-clean mark is written before the
+     * first change, not at open: an open and its hits write and sync
+     * nothing of the index, and a process that only hit and died
+     * leaves it clean.
+     */
+    pid = fork ();
+    CHECK (pid >= 0);
+    if (pid == 0) {
+      c = open_cache (NULL);
+      if (fsc_object_open (c, &pu, &o, &info) == -1 || info.unclean ||
+          fsc_object_read (o, got, sizeof got, 0, &up, 0) == -1 ||
+          fsc_cache_io_calls (c, FSC_OP_WRITE, FSC_FILE_INDEX) != 0 ||
+          fsc_cache_io_calls (c, FSC_OP_SYNC, FSC_FILE_INDEX) != 0)
+        _exit (1);
+      _exit (0);
+    }
+    CHECK (waitpid (pid, &wst, 0) == pid && WIFEXITED (wst) &&
+           WEXITSTATUS (wst) == 0);
+    /* A process that fills a block (block 8: its data written, never
+     * committed) and dies: the mark went first, so the next open sees
+     * the crash and reclaims the block's space.  (Written after the
+     * data, or not at all, the index would say clean and the space
+     * would never be reclaimed.)
+     */
+    pid = fork ();
+    CHECK (pid >= 0);
+    if (pid == 0) {
+      c = open_cache (NULL);
+      if (fsc_object_open (c, &pu, &o, &info) == -1 || info.unclean ||
+          fsc_object_read (o, got, BS, 8 * BS, &up, 0) == -1 ||
+          fsc_cache_io_calls (c, FSC_OP_SYNC, FSC_FILE_INDEX) != 1)
+        _exit (1);
+      _exit (0);
+    }
+    CHECK (waitpid (pid, &wst, 0) == pid && WIFEXITED (wst) &&
+           WEXITSTATUS (wst) == 0);
+    CHECK (stat (udata, &sb) == 0);
+    CHECK (sb.st_blocks * 512 >= 6 * BS);
+    c = open_cache (NULL);
+    CHECK (fsc_object_open (c, &pu, &o, &info) == 0);
+    CHECK (info.unclean);
+    fsc_object_wait_reclaim (o);
+    fsc_cache_stats (c, &st);
+    CHECK_EQ (st.reclaimed_bytes, BS);
+    CHECK (stat (udata, &sb) == 0);
+    CHECK (sb.st_blocks * 512 <= 5 * BS);
+    CHECK_EQ (fsc_object_present_blocks (o), 5);
+    fsc_object_close (o);
+    fsc_cache_close (c);
   }
 
   test_pieces ();

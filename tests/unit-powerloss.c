@@ -35,6 +35,7 @@
 #include <unistd.h>
 
 #include "fscache.h"
+#include "index.h"
 #include "keyenc.h"
 #include "unit.h"
 #include "utils.h"
@@ -218,7 +219,23 @@ run (unsigned seed)
   struct fsc_upstream up = { .pread = up_pread, .opaque = upstream };
   static unsigned char buf[3 * MAX_BS + 100];
   static unsigned char got[64 * 1024];
+  struct fsc_stats half = { 0 };
+  size_t reopen_at = 0;
   for (int step = 0; step < STEPS; ++step) {
+    if (step == STEPS / 2) {
+      /* Half-way, a clean close and a clean open: that open writes
+       * nothing, and the first change after it must come after a
+       * durable not-clean superblock (checked below, on the record).
+       */
+      fsc_cache_stats (c, &half);
+      fsc_object_close (o);
+      fsc_cache_close (c);
+      c = open_cache (cdir);
+      fsc_cache_set_trace (c, trace, NULL);
+      reopen_at = nev;
+      o = open_obj (c, true, &info);
+      CHECK (info.reason == FSC_OK && !info.unclean);
+    }
     int what = rand () % 20;
     if (what < 10) {                    /* read: fills */
       /* Small reads half the time: pieces, with 64K blocks. */
@@ -256,6 +273,8 @@ run (unsigned seed)
   }
   struct fsc_stats wst;
   fsc_cache_stats (c, &wst);
+  wst.piece_fills += half.piece_fills;
+  wst.zero_blocks += half.zero_blocks;
   /* With 64K blocks, the workload must have held blocks in pieces. */
   CHECK (BS == 4096 || wst.piece_fills > 0);
   fsc_object_close (o);
@@ -266,6 +285,33 @@ run (unsigned seed)
            " zero blocks\n", wst.piece_fills, wst.zero_blocks);
   fprintf (stderr, "unit-powerloss: block size %u, seed %u, %zu events "
            "recorded\n", BS, seed, nev);
+
+  /* After the clean open: no write of the object's files but that of
+   * a superblock without CLEAN until the index is synced after it (a
+   * crash in between would leave an index that says clean over space
+   * nothing names, never reclaimed).
+   */
+  bool marked = false, changed = false;
+  for (size_t j = reopen_at; j < nev; ++j) {
+    const struct event *e = &ev[j];
+    if (e->type == EV_SYNC && e->kind == FSC_FILE_INDEX && marked)
+      break;
+    if (e->type != EV_WRITE)
+      continue;
+    changed = true;
+    struct fsc_sb sb;
+    if (e->kind == FSC_FILE_INDEX && e->off < FSC_GROUPS_OFFSET &&
+        e->n == FSC_SB_SIZE && fsc_sb_decode (e->data, &sb) == FSC_OK &&
+        !(sb.flags & FSC_SB_CLEAN)) {
+      marked = true;
+      continue;
+    }
+    fprintf (stderr, "unit-powerloss: seed %u: event %zu (a write of file "
+             "kind %d at %" PRIu64 ") before the not-clean mark was "
+             "durable\n", seed, j, e->kind, e->off);
+    exit (1);
+  }
+  CHECK (changed);
 
   /* Rebuild crash states and read each whole. */
   unsigned char *up_at = malloc (SIZE);

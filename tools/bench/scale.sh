@@ -27,8 +27,9 @@
 # after the clean restart and the re-read; the commit rounds of the
 # fill (count, mean and longest, from the fscache-stats counters
 # commits, commit_us and commit_max_us); the first read after kill -9
-# and after the clean restart; the clean stop; the index and data on
-# disk.
+# and after the clean restart (from nbdkit's start to the read's reply,
+# and to the end of that client's disconnect, which waits for the
+# filter's close); the clean stop; the index and data on disk.
 #
 #   tools/bench/scale.sh [--size=SIZE] [--cached=SIZE]
 #                        [--pattern=sparse|dense] [--dir=DIR]
@@ -48,7 +49,7 @@ for a in "$@"; do
     --cached=*) CACHED="${a#*=}" ;;
     --pattern=*) PATTERN="${a#*=}" ;;
     --dir=*) DIR="${a#*=}" ;;
-    -h|--help) sed -n '2,38p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,40p' "$0"; exit 0 ;;
     -*) echo "scale.sh: unknown option: $a" >&2; exit 2 ;;
     *) CACHED=$((a * 65536)) ;;
   esac
@@ -68,8 +69,12 @@ if [ -n "$DIR" ]; then
 else
   work="$(mktemp -d /tmp/fscache-scale.XXXXXX)"
 fi
+# (Under set -e a failing kill, of a proxy already stopped, would end
+# the trap before the rm: CACHED bytes left behind on every run.)
 cleanup () {
-  [ -s "$work/px.pid" ] && kill -9 "$(cat "$work/px.pid")" 2>/dev/null
+  if [ -s "$work/px.pid" ]; then
+    kill -9 "$(cat "$work/px.pid")" 2>/dev/null || true
+  fi
   if [ -n "${KEEP:-}" ]; then echo "scale.sh: kept $work"; else rm -rf "$work"; fi
 }
 trap cleanup EXIT
@@ -152,11 +157,16 @@ if bad:
     sys.exit("%d failed requests, first %r" % (len(bad), bad[0]))
 PY
 blocks () { $PY "$work/blocks.py" "$work/px.sock" "$1" "$PATTERN" "$BYTES" "$NBLOCKS"; }
+# first_read T0: a connection, one read, a disconnect; prints the
+# seconds from T0 (the proxy's start) to the read's reply, then to the
+# end of the disconnect (which waits for the filter's close).
 first_read ()
 {
-  $PY -c 'import nbd, sys
-h = nbd.NBD(); h.connect_unix(sys.argv[1]); h.pread(65536, 0); h.shutdown()' \
-    "$work/px.sock"
+  $PY -c 'import nbd, sys, time
+t0 = float(sys.argv[2])
+h = nbd.NBD(); h.connect_unix(sys.argv[1]); h.pread(65536, 0)
+t1 = time.time(); h.shutdown(); t2 = time.time()
+print("%.3f %.3f" % (t1 - t0, t2 - t0))' "$work/px.sock" "$1"
 }
 
 # The fill, and the proxy that did it killed.  Its counters are
@@ -176,8 +186,7 @@ rm -f "$work/px.stats"
 # 1. After kill -9: the first read, then the cache made whole again.
 t0=$(now)
 proxy
-first_read
-ready_kill=$(since "$t0")
+read ready_kill closed_kill < <(first_read "$t0")
 refill_s=$(blocks cache)
 stop_t0=$(now)
 stop_proxy
@@ -188,8 +197,7 @@ mv "$work/px.stats" "$work/refill.stats"
 # 2. After a clean stop: the first read, then 3. everything again.
 t0=$(now)
 proxy
-first_read
-ready_clean=$(since "$t0")
+read ready_clean closed_clean < <(first_read "$t0")
 reread_s=$(blocks read)
 hwm_reread=$(hwm)
 stop_proxy
@@ -205,7 +213,8 @@ printf 'export %s, block 64K, %s cached (%s, %d blocks)\n' \
 printf 'fill time                 %9.2f s (%.0f MiB/s)\n' "$fill_s" \
   "$(awk -v b="$CBYTES" -v t="$fill_s" 'BEGIN { print b / 1048576 / t }')"
 printf 'VmHWM while filling       %9d KiB\n' "$hwm_fill"
-printf 'first read after kill -9  %9.3f s\n' "$ready_kill"
+printf 'first read after kill -9  %9.3f s (its disconnect done at %.3f s)\n' \
+  "$ready_kill" "$closed_kill"
 printf 'refetched after kill -9   %9d bytes (lost by the crash), in %.2f s\n' \
   "$refetched" "$refill_s"
 printf 'commits during the fill    %9d, mean %.1f ms, longest %.1f ms\n' \
@@ -213,7 +222,8 @@ printf 'commits during the fill    %9d, mean %.1f ms, longest %.1f ms\n' \
                  'BEGIN { print n ? u / n / 1000 : 0 }')" \
   "$(awk -v u="$commit_max_us" 'BEGIN { print u / 1000 }')"
 printf 'clean stop                %9.3f s\n' "$stop_s"
-printf 'first read after restart  %9.3f s\n' "$ready_clean"
+printf 'first read after restart  %9.3f s (its disconnect done at %.3f s)\n' \
+  "$ready_clean" "$closed_clean"
 printf 're-read of every block    %9.2f s, %d bytes upstream (0: all hits)\n' \
   "$reread_s" "$hits_upstream"
 printf 'VmHWM after re-read       %9d KiB\n' "$hwm_reread"
