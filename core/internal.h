@@ -26,16 +26,20 @@
  * BLOCK of OBJ (a reference is held), their bytes in DATA.
  */
 #define FSC_FILL_MAX_GROUPS (1024 / 64 + 2)
+#define FSC_FILL_POOL_CLASSES 11        /* 4 KiB << 0..10: up to 4 MiB */
 struct fsc_fill {
   struct fsc_fill *next;
   struct fsc_object *obj;
+  unsigned readers;             /* copying from DATA (fsc_fill_copy) */
+  bool done;                    /* written: the last reader frees it */
   uint64_t block, nblocks;
   uint64_t start;               /* export offset of DATA: the first
                                  * block's start, or one of its pieces */
   size_t len;
   unsigned flags;               /* FSC_FILL_* */
   uint64_t epochs[FSC_FILL_MAX_GROUPS];
-  unsigned char data[];
+  unsigned char *data;          /* LEN bytes, 4 KiB aligned */
+  size_t cap;                   /* the room at DATA (fill.c's pool) */
 };
 
 struct fsc_cache {
@@ -57,11 +61,16 @@ struct fsc_cache {
   bool commit_wanted;
 
   /* Background fills: a FIFO under fill_lock, at most FILL_MAX_BYTES
-   * queued; the thread runs between fsc_cache_start and close.
+   * queued (fill_bytes, also read without the lock: atomic stores);
+   * the thread runs between fsc_cache_start and close.
    */
   pthread_mutex_t fill_lock;
-  pthread_cond_t fill_cond;
+  pthread_cond_t fill_cond;             /* wakes the fill thread */
+  pthread_cond_t fill_idle_cond;        /* the queue ran empty */
   struct fsc_fill *fill_head, **fill_tail;
+  struct fsc_fill *fill_current;        /* the job being written */
+  struct fsc_fill *fill_pool[FSC_FILL_POOL_CLASSES];  /* reused jobs */
+  size_t fill_pooled;                   /* the room they hold */
   size_t fill_bytes;
   pthread_t filler;
   bool filler_running;
@@ -293,14 +302,31 @@ extern bool fsc_object_has_dirty (struct fsc_object *obj);
  */
 extern void *fsc_scratch (struct fsc_cache *cache, size_t size);
 
-/* fill.c: a fill job with room for LEN bytes, or NULL if fills are
- * not done in the background now (no thread, queue full, no memory).
+/* fill.c: a fill job with room for LEN bytes, or NULL with errno if
+ * fills are not done in the background (ENOTSUP: no thread, or it is
+ * stopping; ENOMEM).
  */
 extern struct fsc_fill *fsc_fill_new (struct fsc_cache *cache, size_t len);
 
-/* fill.c: queue F for OBJ (taking a reference on OBJ). */
-extern void fsc_fill_submit (struct fsc_cache *cache, struct fsc_object *obj,
-                             struct fsc_fill *f);
+/* fill.c: queue F for OBJ (taking a reference on OBJ), or -1 with
+ * errno EAGAIN if the queue is full (the cache disk is behind) or the
+ * thread is stopping; F is then still the caller's.
+ */
+extern int fsc_fill_submit (struct fsc_cache *cache, struct fsc_object *obj,
+                            struct fsc_fill *f);
+
+/* fill.c: if a fill job of OBJ, queued or being written, holds the
+ * bytes [LO, HI) of block B with claim epoch EPOCH, copy them to DST
+ * and return true.  Takes cache->fill_lock, never obj->lock.
+ */
+extern bool fsc_fill_copy (struct fsc_cache *cache, struct fsc_object *obj,
+                           uint64_t b, uint64_t epoch, uint64_t lo,
+                           uint64_t hi, void *dst);
+
+/* fill.c: true if the fill queue is more than half full, i.e. the
+ * cache disk is behind the upstream.  No lock.
+ */
+extern bool fsc_fill_congested (struct fsc_cache *cache);
 
 /* fill.c: free a job that was not submitted. */
 extern void fsc_fill_free (struct fsc_cache *cache, struct fsc_fill *f);

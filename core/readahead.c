@@ -53,8 +53,14 @@ worker (void *arg)
     ra->len--;
     pthread_mutex_unlock (&ra->lock);
 
-    /* Errors only mean the client's own read will miss. */
-    fsc_object_prefetch (ra->obj, r.offset, r.count, &ra->up, 0);
+    /* Not while the cache disk is behind: what readahead fetched
+     * would wait in the fill queue, or be written inline by this
+     * thread, competing with the fills of the client's own misses.
+     * The client reads these bytes itself soon enough, at the
+     * upstream's speed.  Errors only mean the client's read misses.
+     */
+    if (!fsc_fill_congested (ra->obj->cache))
+      fsc_object_prefetch (ra->obj, r.offset, r.count, &ra->up, 0);
   }
 }
 

@@ -18,15 +18,21 @@
  *             fetches only the pieces it covers of the blocks at its
  *             ends (a 4 KiB read of a 64 KiB block: 4 KiB upstream);
  *             sequential and near reads, and prefetches, whole blocks;
- *   uncached  the object is withdrawn or fills are paused: read
- *             upstream, store nothing.
+ *   uncached  the object is withdrawn or fills are paused, or the
+ *             cache disk is behind (fill.c: the fill queue over half
+ *             full) and this is a client's read: read upstream, store
+ *             nothing (the last counted as a skipped fill).
  *
  * A miss on a block somebody else is fetching waits for that fetch
- * instead of repeating it (dedup); a prefetch (NBD_CMD_CACHE,
- * readahead) skips it.  A hit that fails its checksum drops the block
- * and reads it again as a miss; a failed read of a cache file
- * withdraws the object and the request goes upstream.  Only upstream
- * errors reach the caller.
+ * instead of repeating it (dedup), unless the fetch is done and its
+ * fill waits for the disk: the bytes are then copied from the fill job
+ * (fill.c); a whole-block prefetch (readahead) skips it.  A miss whose
+ * fill the fill queue refuses (full: the disk is behind) is answered
+ * all the same and its blocks released unstored, counted as skipped;
+ * readahead's likewise, an NBD_CMD_CACHE's is written inline.  A hit
+ * that fails its checksum drops the block and reads it again as a
+ * miss; a failed read of a cache file withdraws the object and the
+ * request goes upstream.  Only upstream errors reach the caller.
  */
 #include <config.h>
 
@@ -371,6 +377,16 @@ fetch_run (struct fsc_object *o, uint64_t b, uint64_t n, void *buf,
     }
   }
 
+  /* Hand the fill over.  The queue refuses a job when it is full: the
+   * cache disk is slower than the upstream.  A client's read, whose
+   * bytes are already in its buffer, then does not wait for the disk:
+   * its blocks are released unstored (absent, or holding the pieces
+   * they held; a later miss may fill them) and the skip is counted.
+   * So does readahead, which is only a guess, and whose claims a
+   * stream's reads would wait for.  An NBD_CMD_CACHE (exact), which
+   * asks for the bytes to be cached, fills inline.
+   */
+  bool skip = false;
   if (f && r == 0) {
     f->block = b;
     f->nblocks = n;
@@ -378,16 +394,24 @@ fetch_run (struct fsc_object *o, uint64_t b, uint64_t n, void *buf,
     f->flags = fflags;
     memcpy (f->epochs, epochs, (GROUP_OF (b + n - 1) - GROUP_OF (b) + 1)
             * sizeof *epochs);
-    fsc_fill_submit (o->cache, o, f);       /* takes a reference on O */
+    if (fsc_fill_submit (o->cache, o, f) == 0)   /* takes a ref on O */
+      return 0;
+    skip = !exact;
   }
-  else {
-    fsc_fill_blocks (o, b, n, r == 0 ? dst : NULL, start, len, epochs,
-                     fflags);
-    if (f)
-      fsc_fill_free (o->cache, f);
-    else if (!direct)
-      free (dst);
+  if (skip) {
+    FSC_STAT_ADD (st, fill_skipped, 1);
+    FSC_STAT_ADD (st, fill_skipped_bytes, len);
+    FSC_OSTAT_ADD (o, fill_skipped_bytes, len);
+    pthread_mutex_lock (&o->lock);
+    o->notices |= FSC_NOTICE_SKIPPED;
+    pthread_mutex_unlock (&o->lock);
   }
+  fsc_fill_blocks (o, b, n, r == 0 && !skip ? dst : NULL, start, len,
+                   epochs, fflags);
+  if (f)
+    fsc_fill_free (o->cache, f);
+  else if (!direct)
+    free (dst);
   if (r == -1)
     errno = e;
   return r;
@@ -457,6 +481,7 @@ read_pinned (struct fsc_object *o, void *buf, uint32_t count,
     MAX (1, MIN ((uint64_t) MAX_RUN_BLOCKS, MAX_FETCH_BYTES >> o->bshift));
   const uint64_t max_hit = MIN (max_run, (uint64_t) FSC_GROUP_BLOCKS);
   uint64_t b = offset >> o->bshift;
+  uint64_t waited = UINT64_MAX;         /* the block last waited for */
 
   while (b <= last) {
     uint64_t csums[FSC_GROUP_BLOCKS];
@@ -466,6 +491,7 @@ read_pinned (struct fsc_object *o, void *buf, uint32_t count,
     unsigned held_first = 0, held_last = 0;   /* a miss's end blocks'
                                                * pieces held */
     enum run_kind kind;
+    bool bypass = false;                /* uncached: the disk is behind */
     uint64_t n = 1;
 
     pthread_mutex_lock (&o->lock);
@@ -523,16 +549,65 @@ read_pinned (struct fsc_object *o, void *buf, uint32_t count,
         b++;
         continue;
       }
+      if (g && (g->fetching & BIT_OF (b)) && buf && !g->writers) {
+        /* Claimed: if by a fill waiting for the disk (fill.c), its
+         * bytes are in memory and served from there, unless a write
+         * changed the block since (the epoch) or is in flight.
+         */
+        const uint64_t epoch = g->epoch;
+        pthread_mutex_unlock (&o->lock);
+        const uint64_t lo = MAX (block_start (o, b), offset);
+        const uint64_t hi = MIN (block_end (o, b), end);
+        if (fsc_fill_copy (o->cache, o, b, epoch, lo, hi,
+                           (unsigned char *) buf + (lo - offset))) {
+          FSC_STAT_ADD (st, hit_bytes, hi - lo);
+          FSC_STAT_ADD (st, pending_hit_bytes, hi - lo);
+          FSC_OSTAT_ADD (o, hit_bytes, hi - lo);
+          b++;
+          continue;
+        }
+        /* Not in the fill queue: a fetch in flight, or done meanwhile.
+         * Look again from the start (the block may be present now).
+         */
+        pthread_mutex_lock (&o->lock);
+        g = grp (o, GROUP_OF (b));
+        if (g == NULL || !(g->fetching & BIT_OF (b))) {
+          pthread_mutex_unlock (&o->lock);
+          continue;
+        }
+      }
       if (g && (g->fetching & BIT_OF (b))) {
-        /* Somebody is fetching it: wait for that, then look again. */
-        FSC_STAT_ADD (st, dedup_waits, 1);
-        while (o->state == FSC_OBJ_AVAILABLE && (g->fetching & BIT_OF (b)))
+        /* Somebody is fetching it: wait for a change, then look again.
+         * Not for the claim to end: its fetch may hand its bytes to the
+         * fill queue (fsc_fill_submit wakes us), from where they are
+         * served above, rather than wait for the disk to write them.
+         */
+        if (waited != b)
+          FSC_STAT_ADD (st, dedup_waits, 1);
+        waited = b;
+        if (o->state == FSC_OBJ_AVAILABLE)
           pthread_cond_wait (&o->cond, &o->lock);
         pthread_mutex_unlock (&o->lock);
         continue;
       }
+      /* Uncached: the object cannot fill now (no memory for a group,
+       * a full disk), or a client's read while the cache disk is
+       * behind (fill.c, congested).  That read bypasses the cache: it
+       * claims nothing (nobody waits for it), fetches just its bytes
+       * and stores nothing, counted as skipped, at the upstream's
+       * speed.  Whole blocks, which only the fill would use, would
+       * be fetched for nothing.
+       */
       if (g == NULL || time (NULL) < o->nofill_until) {
         kind = RUN_UNCACHED;
+        while (b + n <= last && n < max_run &&
+               !holds (o, b + n, offset, end, whole, NULL, NULL, NULL))
+          n++;
+      }
+      else if (buf && fsc_fill_congested (o->cache)) {
+        kind = RUN_UNCACHED;
+        bypass = true;
+        o->notices |= FSC_NOTICE_SKIPPED;
         while (b + n <= last && n < max_run &&
                !holds (o, b + n, offset, end, whole, NULL, NULL, NULL))
           n++;
@@ -608,6 +683,11 @@ read_pinned (struct fsc_object *o, void *buf, uint32_t count,
         FSC_OSTAT_ADD (o, upstream_bytes, hi - lo);
         FSC_OSTAT_ADD (o, miss_bytes, hi - lo);
         *missed += hi - lo;
+        if (bypass) {
+          FSC_STAT_ADD (st, fill_skipped, 1);
+          FSC_STAT_ADD (st, fill_skipped_bytes, hi - lo);
+          FSC_OSTAT_ADD (o, fill_skipped_bytes, hi - lo);
+        }
       }
       b += n;
       break;
