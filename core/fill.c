@@ -16,12 +16,54 @@
  * thread runs from fsc_fill_start to fsc_fill_stop, which finishes
  * every queued job.
  *
- * A full queue means the cache disk is slower than the upstream, and
- * the caller decides what to do (retrieve.c): a client's read or a
- * readahead skips its fill rather than wait for the disk, an
- * NBD_CMD_CACHE fills inline.  Past half full the cache is congested
- * (fsc_fill_congested): client reads then bypass the cache altogether,
- * and readahead pauses.  Without the thread (unit tests) every fill is
+ * When to skip a fill.  A full queue means the disk is behind, not
+ * that it is the bottleneck: a stall (a commit's fsync behind another
+ * program's writeback), a burst from a fast upstream, or a machine
+ * whose CPUs are busy elsewhere and which schedules the one fill
+ * thread less often than the many threads reading upstream, all fill
+ * it for a moment.  Skipping there loses data that the disk would have
+ * taken a moment later, and every skipped byte is read upstream again
+ * by the next reader: the very cost the cache is there to save.  So a
+ * fill is skipped only when the cache disk is the bottleneck, in the
+ * utilisation sense: for the same bytes, the fill path is busy much
+ * longer than the upstream.  Two meters (struct fsc_meter) measure
+ * the rates, each in bytes per second of its own busy time, busy
+ * meaning at least one operation in progress (overlapping ones count
+ * once, idle time not at all), as moving averages over windows of
+ * METER_WINDOW_NS of busy time:
+ *
+ *   up_meter    every upstream read (retrieve.c: misses, bypasses,
+ *               prefetches);
+ *   fill_meter  every fill written: by the fill thread, and inline by
+ *               a reader whose job the full queue refused (one more
+ *               writer, which the rate then includes).
+ *
+ * The rule: a client's read skips its fill only if the queue is full
+ * AND fills are written at less than SLOWER_PCT (a third) of the
+ * upstream's rate (fsc_fill_slower); with the queue over half full and
+ * that same condition, a client's read bypasses the cache (claims
+ * nothing, fetches just its bytes), and readahead pauses while the
+ * queue is over half full or that condition holds.  Otherwise a read
+ * whose job the queue refuses fills inline, as before the queue
+ * existed: it waits for the disk, and nothing is lost.  A prefetch
+ * (readahead, NBD_CMD_CACHE) always fills inline when refused: its
+ * bytes have no other reader, and skipping would fetch them twice.
+ *
+ * So a slow upstream (a link) never has a fill skipped, however loaded
+ * the machine: its rate per busy second is the link's, while the
+ * disk's, with stalls and a starved thread, is many times more (on the
+ * 2-CPU VM of docs/benchmarks.md, under two busy loops, two write
+ * loops and two cold copies of a local file at once, the fill rate
+ * fell to 0.53 of the upstream's, never lower, and the disk alone
+ * writes at about 300 MB/s).  A fast upstream (nbdkit null, a file in
+ * the page cache, at 3 to 28 GB/s per busy second) against the same
+ * disk (130 to 340 MB/s sustained) is 10 to 100 times the disk, and
+ * skips.  Until both meters have a window (the first 20 ms of busy
+ * time of each), nothing is skipped.  The margin keeps the comparison
+ * of two noisy rates of the same order from deciding anything: between
+ * a third and all of the upstream's rate, a cold read may be paced by
+ * the disk (at worst a third of the upstream's speed) rather than
+ * lose what it read.  Without the thread (unit tests) every fill is
  * inline.
  *
  * A read that finds a block claimed waits for the claim, as for a fetch
@@ -43,6 +85,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "internal.h"
 #include "utils.h"
@@ -50,6 +93,91 @@
 #define FILL_MAX_BYTES (16u << 20)      /* queued background fills, and
                                          * the room of the jobs kept */
 #define POOL_MIN ((size_t) 4096)        /* the smallest class */
+
+/* The meters' windows: enough busy time that one window holds many
+ * operations of either kind, few enough that a change of speed shows
+ * within a tenth of a second of busy time (the average moves a quarter
+ * of the way per window).
+ */
+#define METER_WINDOW_NS (20 * 1000 * 1000)
+
+/* The cache disk is the bottleneck when fills are written at less
+ * than this share of the upstream's rate (see the comment at the top).
+ */
+#define SLOWER_PCT 33
+
+static uint64_t
+now_ns (void)
+{
+  struct timespec ts;
+  clock_gettime (CLOCK_MONOTONIC, &ts);
+  return (uint64_t) ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+void
+fsc_meter_init (struct fsc_meter *m, uint64_t *busy_us)
+{
+  memset (m, 0, sizeof *m);
+  pthread_mutex_init (&m->lock, NULL);
+  m->busy_us = busy_us;
+}
+
+void
+fsc_meter_destroy (struct fsc_meter *m)
+{
+  pthread_mutex_destroy (&m->lock);
+}
+
+/* Count the busy time up to NOW.  Caller holds m->lock. */
+static void
+meter_account (struct fsc_meter *m, uint64_t now)
+{
+  if (m->active > 0 && now > m->mark_ns) {
+    const uint64_t d = now - m->mark_ns;
+    m->win_ns += d;
+    __atomic_add_fetch (m->busy_us, (m->total_ns + d) / 1000 -
+                        m->total_ns / 1000, __ATOMIC_RELAXED);
+    m->total_ns += d;
+  }
+  m->mark_ns = now;
+}
+
+void
+fsc_meter_begin (struct fsc_meter *m)
+{
+  const uint64_t now = now_ns ();
+  SCOPED_LOCK (&m->lock);
+  meter_account (m, now);
+  m->active++;
+}
+
+void
+fsc_meter_end (struct fsc_meter *m, uint64_t bytes)
+{
+  const uint64_t now = now_ns ();
+  SCOPED_LOCK (&m->lock);
+  meter_account (m, now);
+  m->active--;
+  m->win_bytes += bytes;
+  if (m->win_ns < METER_WINDOW_NS)
+    return;
+  const int64_t sample =
+    (int64_t) ((double) m->win_bytes * 1e9 / (double) m->win_ns);
+  int64_t rate = __atomic_load_n (&m->rate, __ATOMIC_RELAXED);
+  rate = rate == 0 ? sample : rate + (sample - rate) / 4;
+  __atomic_store_n (&m->rate, (uint64_t) MAX (rate, 1), __ATOMIC_RELAXED);
+  m->win_ns = m->win_bytes = 0;
+}
+
+bool
+fsc_fill_slower (struct fsc_cache *c)
+{
+  const uint64_t up = __atomic_load_n (&c->up_meter.rate, __ATOMIC_RELAXED);
+  const uint64_t fill =
+    __atomic_load_n (&c->fill_meter.rate, __ATOMIC_RELAXED);
+  /* Not known yet (0): not slower. */
+  return fill != 0 && fill < up / 100 * SLOWER_PCT;
+}
 
 /* The pool class of a job with room for LEN bytes, or
  * FSC_FILL_POOL_CLASSES if it is too large to pool.
@@ -240,8 +368,10 @@ filler (void *arg)
       return NULL;
 
     struct fsc_object *o = f->obj;
+    fsc_meter_begin (&c->fill_meter);
     fsc_fill_blocks (o, f->block, f->nblocks, f->data, f->start, f->len,
                      f->epochs, f->flags);
+    fsc_meter_end (&c->fill_meter, f->len);
     pthread_mutex_lock (&o->lock);
     o->pending_fills--;
     pthread_cond_broadcast (&o->cond);

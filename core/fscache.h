@@ -292,7 +292,7 @@ extern void fsc_object_set_fingerprint (struct fsc_object *obj, uint64_t fp);
 #define FSC_NOTICE_WITHDRAWN 1u /* cache I/O failed: now uncached */
 #define FSC_NOTICE_NOFILL    2u /* cache full: fills paused */
 #define FSC_NOTICE_BADQUOTA  4u /* NAME.quota is malformed: ignored */
-#define FSC_NOTICE_SKIPPED   8u /* fills skipped: the disk is behind
+#define FSC_NOTICE_SKIPPED   8u /* fills skipped: the disk is slower
                                  * (fill_skipped_bytes); raised at every
                                  * skip, so the caller rate-limits it */
 

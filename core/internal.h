@@ -42,6 +42,26 @@ struct fsc_fill {
   size_t cap;                   /* the room at DATA (fill.c's pool) */
 };
 
+/* A throughput meter (fill.c): bytes per second of busy time, "busy"
+ * meaning at least one measured operation in progress, so that
+ * overlapping operations (the upstream's concurrent fetches) count
+ * their time once and idle time (no client asking) not at all.  Bytes
+ * and busy time add up in a window; once it holds METER_WINDOW_NS of
+ * busy time, the next end closes it, and its rate moves the average
+ * RATE a quarter of the way (an exponential moving average over the
+ * last few windows).  Begin and end take LOCK; RATE is read without it.
+ */
+struct fsc_meter {
+  pthread_mutex_t lock;
+  unsigned active;              /* operations in progress */
+  uint64_t mark_ns;             /* busy time is counted up to here */
+  uint64_t win_ns, win_bytes;   /* the window being filled */
+  uint64_t total_ns;            /* all busy time, for BUSY_US */
+  uint64_t *busy_us;            /* the stats counter it adds to */
+  uint64_t rate;                /* bytes/s (relaxed atomics); 0 until
+                                 * the first window closes */
+};
+
 struct fsc_cache {
   int dirfd;                    /* the cache directory */
   int objdirfd;                 /* its objects/ subdirectory */
@@ -75,6 +95,10 @@ struct fsc_cache {
   pthread_t filler;
   bool filler_running;
   bool fill_stopping;
+
+  /* Is the cache disk the bottleneck (fill.c, fsc_fill_slower)? */
+  struct fsc_meter up_meter;            /* every upstream read */
+  struct fsc_meter fill_meter;          /* the fill thread's writes */
 
   /* The free space floor (evict.c), checked at most every
    * SPACE_CHECK_MS: atomics, no lock.
@@ -323,10 +347,29 @@ extern bool fsc_fill_copy (struct fsc_cache *cache, struct fsc_object *obj,
                            uint64_t b, uint64_t epoch, uint64_t lo,
                            uint64_t hi, void *dst);
 
+/* fill.c: true if the cache disk is the bottleneck: the fill thread
+ * writes more slowly than the upstream delivers (their meters' rates).
+ * A full fill queue is then skipped rather than waited for.  No lock.
+ */
+extern bool fsc_fill_slower (struct fsc_cache *cache);
+
 /* fill.c: true if the fill queue is more than half full, i.e. the
- * cache disk is behind the upstream.  No lock.
+ * cache disk is behind the upstream (for now: fsc_fill_slower says
+ * whether it is the bottleneck).  No lock.
  */
 extern bool fsc_fill_congested (struct fsc_cache *cache);
+
+/* fill.c: set up meter M, whose busy time adds to the stats counter
+ * *BUSY_US; and free it.
+ */
+extern void fsc_meter_init (struct fsc_meter *m, uint64_t *busy_us);
+extern void fsc_meter_destroy (struct fsc_meter *m);
+
+/* fill.c: an operation of meter M begins; it ends having moved BYTES
+ * (0 if it failed).  Take m->lock.
+ */
+extern void fsc_meter_begin (struct fsc_meter *m);
+extern void fsc_meter_end (struct fsc_meter *m, uint64_t bytes);
 
 /* fill.c: free a job that was not submitted. */
 extern void fsc_fill_free (struct fsc_cache *cache, struct fsc_fill *f);

@@ -53,13 +53,16 @@ worker (void *arg)
     ra->len--;
     pthread_mutex_unlock (&ra->lock);
 
-    /* Not while the cache disk is behind: what readahead fetched
-     * would wait in the fill queue, or be written inline by this
-     * thread, competing with the fills of the client's own misses.
+    /* Not while the cache disk is behind (the fill queue over half
+     * full) or the bottleneck (fill.c, fsc_fill_slower): what
+     * readahead fetched would wait in the fill queue, or be written
+     * inline by this thread while the stream's reads wait for its
+     * claims, competing with the fills of the client's own misses.
      * The client reads these bytes itself soon enough, at the
      * upstream's speed.  Errors only mean the client's read misses.
      */
-    if (!fsc_fill_congested (ra->obj->cache))
+    struct fsc_cache *c = ra->obj->cache;
+    if (!fsc_fill_congested (c) && !fsc_fill_slower (c))
       fsc_object_prefetch (ra->obj, r.offset, r.count, &ra->up, 0);
   }
 }

@@ -19,17 +19,20 @@
  *             ends (a 4 KiB read of a 64 KiB block: 4 KiB upstream);
  *             sequential and near reads, and prefetches, whole blocks;
  *   uncached  the object is withdrawn or fills are paused, or the
- *             cache disk is behind (fill.c: the fill queue over half
- *             full) and this is a client's read: read upstream, store
- *             nothing (the last counted as a skipped fill).
+ *             cache disk is the bottleneck (fill.c: the fill queue
+ *             over half full, and fills written at less than a third
+ *             of the upstream's rate) and this is a client's read:
+ *             read upstream, store nothing (the last counted as a
+ *             skipped fill).
  *
  * A miss on a block somebody else is fetching waits for that fetch
  * instead of repeating it (dedup), unless the fetch is done and its
  * fill waits for the disk: the bytes are then copied from the fill job
  * (fill.c); a whole-block prefetch (readahead) skips it.  A miss whose
  * fill the fill queue refuses (full: the disk is behind) is answered
- * all the same and its blocks released unstored, counted as skipped;
- * readahead's likewise, an NBD_CMD_CACHE's is written inline.  A hit
+ * all the same; if the disk is the bottleneck its blocks are released
+ * unstored, counted as skipped, else it fills inline; a prefetch's
+ * (readahead, NBD_CMD_CACHE) always fills inline.  A hit
  * that fails its checksum drops the block and reads it again as a
  * miss; a failed read of a cache file withdraws the object and the
  * request goes upstream.  Only upstream errors reach the caller.
@@ -271,6 +274,22 @@ hit_run (struct fsc_object *o, uint64_t b, uint64_t n, void *buf,
   return n;
 }
 
+/* Read LEN bytes at OFFSET upstream into DST, timed by the cache's
+ * upstream meter (fill.c: is the cache disk the bottleneck?).
+ */
+static int
+up_pread (struct fsc_object *o, const struct fsc_upstream *up, void *dst,
+          uint64_t len, uint64_t offset)
+{
+  struct fsc_meter *m = &o->cache->up_meter;
+  fsc_meter_begin (m);
+  int r = up->pread (up->opaque, dst, len, offset);
+  int e = errno;
+  fsc_meter_end (m, r == 0 ? len : 0);
+  errno = e;
+  return r;
+}
+
 /* Fetch N claimed blocks from B upstream, give the client its part,
  * and fill the cache: in the background when the cache's fill thread
  * runs and has room, so that the reply does not wait for local writes
@@ -353,7 +372,7 @@ fetch_run (struct fsc_object *o, uint64_t b, uint64_t n, void *buf,
   int r = -1, e = ENOMEM;
 
   if (dst != NULL) {
-    r = up->pread (up->opaque, dst, len, start);
+    r = up_pread (o, up, dst, len, start);
     e = errno;
     FSC_STAT_ADD (st, upstream_reads, 1);
     FSC_OSTAT_ADD (o, upstream_reads, 1);
@@ -378,13 +397,16 @@ fetch_run (struct fsc_object *o, uint64_t b, uint64_t n, void *buf,
   }
 
   /* Hand the fill over.  The queue refuses a job when it is full: the
-   * cache disk is slower than the upstream.  A client's read, whose
-   * bytes are already in its buffer, then does not wait for the disk:
-   * its blocks are released unstored (absent, or holding the pieces
-   * they held; a later miss may fill them) and the skip is counted.
-   * So does readahead, which is only a guess, and whose claims a
-   * stream's reads would wait for.  An NBD_CMD_CACHE (exact), which
-   * asks for the bytes to be cached, fills inline.
+   * cache disk is behind.  If it is also the bottleneck (fill.c,
+   * fsc_fill_slower: fills are written at less than a third of the
+   * upstream's rate), a client's read, whose bytes are already in its
+   * buffer, does not wait for the disk: its blocks are released
+   * unstored (absent, or holding the pieces they held; a later miss
+   * may fill them) and the skip is counted.  Otherwise the backlog is
+   * a passing one (a stall, a burst) and the read fills inline, as one
+   * more writer.  A prefetch always fills inline: nobody has its bytes
+   * but the fill, and skipping would fetch them twice (readahead
+   * pauses while the disk is behind, so that this is rare).
    */
   bool skip = false;
   if (f && r == 0) {
@@ -396,7 +418,7 @@ fetch_run (struct fsc_object *o, uint64_t b, uint64_t n, void *buf,
             * sizeof *epochs);
     if (fsc_fill_submit (o->cache, o, f) == 0)   /* takes a ref on O */
       return 0;
-    skip = !exact;
+    skip = buf && fsc_fill_slower (o->cache);
   }
   if (skip) {
     FSC_STAT_ADD (st, fill_skipped, 1);
@@ -406,8 +428,15 @@ fetch_run (struct fsc_object *o, uint64_t b, uint64_t n, void *buf,
     o->notices |= FSC_NOTICE_SKIPPED;
     pthread_mutex_unlock (&o->lock);
   }
-  fsc_fill_blocks (o, b, n, r == 0 && !skip ? dst : NULL, start, len,
-                   epochs, fflags);
+  /* An inline fill writes, as the fill thread does: the fill meter
+   * counts it (fill.c).
+   */
+  const bool store = r == 0 && !skip;
+  if (store)
+    fsc_meter_begin (&o->cache->fill_meter);
+  fsc_fill_blocks (o, b, n, store ? dst : NULL, start, len, epochs, fflags);
+  if (store)
+    fsc_meter_end (&o->cache->fill_meter, len);
   if (f)
     fsc_fill_free (o->cache, f);
   else if (!direct)
@@ -592,7 +621,8 @@ read_pinned (struct fsc_object *o, void *buf, uint32_t count,
       }
       /* Uncached: the object cannot fill now (no memory for a group,
        * a full disk), or a client's read while the cache disk is
-       * behind (fill.c, congested).  That read bypasses the cache: it
+       * behind and the bottleneck (fill.c: congested, and slower than
+       * the upstream).  That read bypasses the cache: it
        * claims nothing (nobody waits for it), fetches just its bytes
        * and stores nothing, counted as skipped, at the upstream's
        * speed.  Whole blocks, which only the fill would use, would
@@ -604,7 +634,8 @@ read_pinned (struct fsc_object *o, void *buf, uint32_t count,
                !holds (o, b + n, offset, end, whole, NULL, NULL, NULL))
           n++;
       }
-      else if (buf && fsc_fill_congested (o->cache)) {
+      else if (buf && fsc_fill_congested (o->cache) &&
+               fsc_fill_slower (o->cache)) {
         kind = RUN_UNCACHED;
         bypass = true;
         o->notices |= FSC_NOTICE_SKIPPED;
@@ -672,8 +703,8 @@ read_pinned (struct fsc_object *o, void *buf, uint32_t count,
       if (buf) {
         uint64_t lo = MAX (block_start (o, b), offset);
         uint64_t hi = MIN (block_end (o, b + n - 1), end);
-        int r = up->pread (up->opaque, (unsigned char *) buf + (lo - offset),
-                           hi - lo, lo);
+        int r = up_pread (o, up, (unsigned char *) buf + (lo - offset),
+                          hi - lo, lo);
         FSC_STAT_ADD (st, upstream_reads, 1);
         FSC_OSTAT_ADD (o, upstream_reads, 1);
         if (r == -1)

@@ -56,7 +56,7 @@ static const struct {
   { "present_blocks", 'g', "Blocks cached, whole or in pieces." },
   { "cached_bytes", 'g', "Bytes the cached blocks hold." },
   { "fill_skipped_bytes", 'c',
-    "Bytes read upstream and not cached: the cache disk was behind." },
+    "Bytes read upstream and not cached: the cache disk was the bottleneck." },
 };
 
 static int
