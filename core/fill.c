@@ -51,14 +51,18 @@
  *
  * So a slow upstream (a link) never has a fill skipped, however loaded
  * the machine: its rate per busy second is the link's, while the
- * disk's, with stalls and a starved thread, is many times more (on the
- * 2-CPU VM of docs/benchmarks.md, under two busy loops, two write
- * loops and two cold copies of a local file at once, the fill rate
- * fell to 0.53 of the upstream's, never lower, and the disk alone
- * writes at about 300 MB/s).  A fast upstream (nbdkit null, a file in
- * the page cache, at 3 to 28 GB/s per busy second) against the same
- * disk (130 to 340 MB/s sustained) is 10 to 100 times the disk, and
- * skips.  Until both meters have a window (the first 20 ms of busy
+ * disk's, with stalls and a starved thread, is many times more.  Even
+ * a local file as the upstream stays clear of the factor: on the 2-CPU
+ * VM of docs/benchmarks.md, under two busy loops, two write loops and
+ * two cold copies at once, the fill rate fell to 0.53 of the
+ * upstream's whenever the queue was over half full, never lower (the
+ * tests' upstreams are such local files and servers, and they expect
+ * every byte cached).  A fast upstream is another matter: over
+ * whole runs of tools/bench/fastup.sh, nbdkit null ran at 9 to 29 GB/s
+ * per busy second and a page-cached file at 1.2 to 3.7, against fills
+ * at 0.08 to 1.7 GB/s: 5 to 380 times the disk from null, 1.3 to 16
+ * from the file, and those skip whenever the disk is three times
+ * slower.  Until both meters have a window (the first 20 ms of busy
  * time of each), nothing is skipped.  The margin keeps the comparison
  * of two noisy rates of the same order from deciding anything: between
  * a third and all of the upstream's rate, a cold read may be paced by
