@@ -98,7 +98,8 @@ struct fsc_cache {
 
   /* Is the cache disk the bottleneck (fill.c, fsc_fill_slower)? */
   struct fsc_meter up_meter;            /* every upstream read */
-  struct fsc_meter fill_meter;          /* the fill thread's writes */
+  struct fsc_meter fill_meter;          /* fills written (thread and
+                                         * inline) */
 
   /* The free space floor (evict.c), checked at most every
    * SPACE_CHECK_MS: atomics, no lock.
@@ -347,15 +348,16 @@ extern bool fsc_fill_copy (struct fsc_cache *cache, struct fsc_object *obj,
                            uint64_t b, uint64_t epoch, uint64_t lo,
                            uint64_t hi, void *dst);
 
-/* fill.c: true if the cache disk is the bottleneck: the fill thread
- * writes more slowly than the upstream delivers (their meters' rates).
- * A full fill queue is then skipped rather than waited for.  No lock.
+/* fill.c: true if the cache disk is the bottleneck: fills are written
+ * at less than a third of the upstream's rate (their meters' rates).
+ * A client's read whose fill a full queue refuses then skips it rather
+ * than wait for the disk.  No lock.
  */
 extern bool fsc_fill_slower (struct fsc_cache *cache);
 
 /* fill.c: true if the fill queue is more than half full, i.e. the
- * cache disk is behind the upstream (for now: fsc_fill_slower says
- * whether it is the bottleneck).  No lock.
+ * cache disk is behind the upstream (whether it is also the bottleneck
+ * is fsc_fill_slower's question).  No lock.
  */
 extern bool fsc_fill_congested (struct fsc_cache *cache);
 
