@@ -106,6 +106,12 @@ extern void fsc_cache_set_trace (struct fsc_cache *cache,
 /* Commit every object with pending changes now. */
 extern void fsc_cache_commit_all (struct fsc_cache *cache);
 
+/* Wait until every fill queued so far is written (fill.c), e.g. so
+ * that the counters read next count them.  New ones may be queued
+ * meanwhile by other threads; they are waited for too.
+ */
+extern void fsc_cache_drain (struct fsc_cache *cache);
+
 struct fsc_object_params {
   const void *key;              /* any bytes */
   size_t key_len;               /* > 0 */
@@ -304,6 +310,9 @@ extern void fsc_object_set_fingerprint (struct fsc_object *obj, uint64_t fp);
 #define FSC_NOTICE_WITHDRAWN 1u /* cache I/O failed: now uncached */
 #define FSC_NOTICE_NOFILL    2u /* cache full: fills paused */
 #define FSC_NOTICE_BADQUOTA  4u /* NAME.quota is malformed: ignored */
+#define FSC_NOTICE_SKIPPED   8u /* fills skipped: the disk is slower
+                                 * (fill_skipped_bytes); raised at every
+                                 * skip, so the caller rate-limits it */
 
 /* Return the notices raised since the last call (and clear them), and
  * in *ERR the errno behind a withdrawal.

@@ -29,6 +29,8 @@
 struct fsc_fill {
   struct fsc_fill *next;
   struct fsc_object *obj;
+  unsigned readers;             /* copying from DATA (fsc_fill_copy) */
+  bool done;                    /* written: the last reader frees it */
   uint64_t block, nblocks;
   uint64_t start;               /* export offset of DATA: the first
                                  * block's start, or one of its pieces */
@@ -37,6 +39,26 @@ struct fsc_fill {
   unsigned flags;               /* FSC_FILL_* */
   uint64_t epochs[FSC_FILL_MAX_GROUPS];
   unsigned char *data;          /* LEN bytes, from fsc_buf_get */
+};
+
+/* A throughput meter (fill.c): bytes per second of busy time, "busy"
+ * meaning at least one measured operation in progress, so that
+ * overlapping operations (the upstream's concurrent fetches) count
+ * their time once and idle time (no client asking) not at all.  Bytes
+ * and busy time add up in a window; once it holds METER_WINDOW_NS of
+ * busy time, the next end closes it, and its rate moves the average
+ * RATE a quarter of the way (an exponential moving average over the
+ * last few windows).  Begin and end take LOCK; RATE is read without it.
+ */
+struct fsc_meter {
+  pthread_mutex_t lock;
+  unsigned active;              /* operations in progress */
+  uint64_t mark_ns;             /* busy time is counted up to here */
+  uint64_t win_ns, win_bytes;   /* the window being filled */
+  uint64_t total_ns;            /* all busy time, for BUSY_US */
+  uint64_t *busy_us;            /* the stats counter it adds to */
+  uint64_t rate;                /* bytes/s (relaxed atomics); 0 until
+                                 * the first window closes */
 };
 
 struct fsc_cache {
@@ -58,11 +80,14 @@ struct fsc_cache {
   bool commit_wanted;
 
   /* Background fills: a FIFO under fill_lock, at most FILL_MAX_BYTES
-   * queued; the thread runs between fsc_cache_start and close.
+   * queued (fill_bytes, also read without the lock: atomic stores);
+   * the thread runs between fsc_cache_start and close.
    */
   pthread_mutex_t fill_lock;
-  pthread_cond_t fill_cond;
+  pthread_cond_t fill_cond;             /* wakes the fill thread */
+  pthread_cond_t fill_idle_cond;        /* the queue ran empty */
   struct fsc_fill *fill_head, **fill_tail;
+  struct fsc_fill *fill_current;        /* the job being written */
   size_t fill_bytes;
   pthread_t filler;
   bool filler_running;
@@ -71,6 +96,11 @@ struct fsc_cache {
 #define BUF_CLASSES 8
   void *buf_pool[BUF_CLASSES];
   size_t buf_pool_bytes;
+
+  /* Is the cache disk the bottleneck (fill.c, fsc_fill_slower)? */
+  struct fsc_meter up_meter;            /* every upstream read */
+  struct fsc_meter fill_meter;          /* fills written (thread and
+                                         * inline) */
 
   /* The free space floor (evict.c), checked at most every
    * SPACE_CHECK_MS: atomics, no lock.
@@ -309,8 +339,9 @@ extern bool fsc_object_has_dirty (struct fsc_object *obj);
  */
 extern void *fsc_scratch (struct fsc_cache *cache, size_t size);
 
-/* fill.c: a fill job with room for LEN bytes, or NULL if fills are
- * not done in the background now (no thread, queue full, no memory).
+/* fill.c: a fill job with room for LEN bytes, or NULL with errno if
+ * fills are not done in the background (ENOTSUP: no thread, or it is
+ * stopping; ENOMEM).
  */
 extern struct fsc_fill *fsc_fill_new (struct fsc_cache *cache, size_t len);
 
@@ -319,9 +350,45 @@ extern struct fsc_fill *fsc_fill_new (struct fsc_cache *cache, size_t len);
  */
 extern size_t fsc_fill_room (struct fsc_cache *cache);
 
-/* fill.c: queue F for OBJ (taking a reference on OBJ). */
-extern void fsc_fill_submit (struct fsc_cache *cache, struct fsc_object *obj,
-                             struct fsc_fill *f);
+/* fill.c: queue F for OBJ (taking a reference on OBJ), or -1 with
+ * errno EAGAIN if the queue is full (the cache disk is behind) or the
+ * thread is stopping; F is then still the caller's.
+ */
+extern int fsc_fill_submit (struct fsc_cache *cache, struct fsc_object *obj,
+                            struct fsc_fill *f);
+
+/* fill.c: if a fill job of OBJ, queued or being written, holds the
+ * bytes [LO, HI) of block B with claim epoch EPOCH, copy them to DST
+ * and return true.  Takes cache->fill_lock, never obj->lock.
+ */
+extern bool fsc_fill_copy (struct fsc_cache *cache, struct fsc_object *obj,
+                           uint64_t b, uint64_t epoch, uint64_t lo,
+                           uint64_t hi, void *dst);
+
+/* fill.c: true if the cache disk is the bottleneck: fills are written
+ * at less than a third of the upstream's rate (their meters' rates).
+ * A client's read whose fill a full queue refuses then skips it rather
+ * than wait for the disk.  No lock.
+ */
+extern bool fsc_fill_slower (struct fsc_cache *cache);
+
+/* fill.c: true if the fill queue is more than half full, i.e. the
+ * cache disk is behind the upstream (whether it is also the bottleneck
+ * is fsc_fill_slower's question).  No lock.
+ */
+extern bool fsc_fill_congested (struct fsc_cache *cache);
+
+/* fill.c: set up meter M, whose busy time adds to the stats counter
+ * *BUSY_US; and free it.
+ */
+extern void fsc_meter_init (struct fsc_meter *m, uint64_t *busy_us);
+extern void fsc_meter_destroy (struct fsc_meter *m);
+
+/* fill.c: an operation of meter M begins; it ends having moved BYTES
+ * (0 if it failed).  Take m->lock.
+ */
+extern void fsc_meter_begin (struct fsc_meter *m);
+extern void fsc_meter_end (struct fsc_meter *m, uint64_t bytes);
 
 /* fill.c: free a job that was not submitted. */
 extern void fsc_fill_free (struct fsc_cache *cache, struct fsc_fill *f);

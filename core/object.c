@@ -824,7 +824,15 @@ fsc_object_drain (struct fsc_object *o)
 bool
 fsc_object_needs_fingerprint (struct fsc_object *o)
 {
-  /* Queued fills hold references; let them finish first. */
+  /* Queued fills hold references; let them finish first, but only if
+   * the answer can be yes: a closing connection should not wait for
+   * the cache disk (a slow one takes seconds to write the queue).
+   */
+  {
+    SCOPED_LOCK (&o->cache->lock);
+    if (!o->written || o->sb.validate != FSC_VALIDATE_SAMPLE)
+      return false;
+  }
   fsc_object_drain (o);
   SCOPED_LOCK (&o->cache->lock);
   return o->refs == 1 && o->written && o->state == FSC_OBJ_AVAILABLE &&

@@ -42,7 +42,8 @@
   X (last_use)            /* time: unix seconds of the last read */       \
   X (last_invalidation)   /* time: unix seconds of the last invalidation */\
   X (present_blocks)      /* gauge: blocks cached, whole or in pieces */  \
-  X (cached_bytes)        /* gauge: bytes those blocks hold */
+  X (cached_bytes)        /* gauge: bytes those blocks hold */         \
+  X (fill_skipped_bytes)  /* read upstream, not stored: disk slower */
 
 enum fsc_ostat {
 #define FSC_OSTATS_ENUM(name) FSC_OSTAT_##name,

@@ -18,15 +18,24 @@
  *             fetches only the pieces it covers of the blocks at its
  *             ends (a 4 KiB read of a 64 KiB block: 4 KiB upstream);
  *             sequential and near reads, and prefetches, whole blocks;
- *   uncached  the object is withdrawn or fills are paused: read
- *             upstream, store nothing.
+ *   uncached  the object is withdrawn or fills are paused, or the
+ *             cache disk is the bottleneck (fill.c: the fill queue
+ *             over half full, and fills written at less than a third
+ *             of the upstream's rate) and this is a client's read:
+ *             read upstream, store nothing (the last counted as a
+ *             skipped fill).
  *
  * A miss on a block somebody else is fetching waits for that fetch
- * instead of repeating it (dedup); a prefetch (NBD_CMD_CACHE,
- * readahead) skips it.  A hit that fails its checksum drops the block
- * and reads it again as a miss; a failed read of a cache file
- * withdraws the object and the request goes upstream.  Only upstream
- * errors reach the caller.
+ * instead of repeating it (dedup), unless the fetch is done and its
+ * fill waits for the disk: the bytes are then copied from the fill job
+ * (fill.c); a whole-block prefetch (readahead) skips it.  A miss whose
+ * fill the fill queue refuses (full: the disk is behind) is answered
+ * all the same; if the disk is the bottleneck its blocks are released
+ * unstored, counted as skipped, else it fills inline; a prefetch's
+ * (readahead, NBD_CMD_CACHE) always fills inline.  A hit
+ * that fails its checksum drops the block and reads it again as a
+ * miss; a failed read of a cache file withdraws the object and the
+ * request goes upstream.  Only upstream errors reach the caller.
  */
 #include <config.h>
 
@@ -293,6 +302,22 @@ hit_run (struct fsc_object *o, uint64_t b, uint64_t n, void *buf,
   return n;
 }
 
+/* Read LEN bytes at OFFSET upstream into DST, timed by the cache's
+ * upstream meter (fill.c: is the cache disk the bottleneck?).
+ */
+static int
+up_pread (struct fsc_object *o, const struct fsc_upstream *up, void *dst,
+          uint64_t len, uint64_t offset)
+{
+  struct fsc_meter *m = &o->cache->up_meter;
+  fsc_meter_begin (m);
+  int r = up->pread (up->opaque, dst, len, offset);
+  int e = errno;
+  fsc_meter_end (m, r == 0 ? len : 0);
+  errno = e;
+  return r;
+}
+
 /* Fetch N claimed blocks from B upstream, give the client its part,
  * and fill the cache: in the background when the cache's fill thread
  * runs and has room, so that the reply does not wait for local writes
@@ -377,7 +402,7 @@ fetch_run (struct fsc_object *o, uint64_t b, uint64_t n, void *buf,
   int r = -1, e = ENOMEM;
 
   if (dst != NULL) {
-    r = up->pread (up->opaque, dst, len, start);
+    r = up_pread (o, up, dst, len, start);
     e = errno;
     FSC_STAT_ADD (st, upstream_reads, 1);
     FSC_OSTAT_ADD (o, upstream_reads, 1);
@@ -401,6 +426,19 @@ fetch_run (struct fsc_object *o, uint64_t b, uint64_t n, void *buf,
     }
   }
 
+  /* Hand the fill over.  The queue refuses a job when it is full: the
+   * cache disk is behind.  If it is also the bottleneck (fill.c,
+   * fsc_fill_slower: fills are written at less than a third of the
+   * upstream's rate), a client's read, whose bytes are already in its
+   * buffer, does not wait for the disk: its blocks are released
+   * unstored (absent, or holding the pieces they held; a later miss
+   * may fill them) and the skip is counted.  Otherwise the backlog is
+   * a passing one (a stall, a burst) and the read fills inline, as one
+   * more writer.  A prefetch always fills inline: nobody has its bytes
+   * but the fill, and skipping would fetch them twice (readahead
+   * pauses while the disk is behind, so that this is rare).
+   */
+  bool skip = false;
   if (f && r == 0) {
     f->block = b;
     f->nblocks = n;
@@ -408,16 +446,31 @@ fetch_run (struct fsc_object *o, uint64_t b, uint64_t n, void *buf,
     f->flags = fflags;
     memcpy (f->epochs, epochs, (GROUP_OF (b + n - 1) - GROUP_OF (b) + 1)
             * sizeof *epochs);
-    fsc_fill_submit (o->cache, o, f);       /* takes a reference on O */
+    if (fsc_fill_submit (o->cache, o, f) == 0)   /* takes a ref on O */
+      return 0;
+    skip = buf && fsc_fill_slower (o->cache);
   }
-  else {
-    fsc_fill_blocks (o, b, n, r == 0 ? dst : NULL, start, len, epochs,
-                     fflags);
-    if (f)
-      fsc_fill_free (o->cache, f);
-    else if (!direct)
-      fsc_buf_put (o->cache, dst, cap);
+  if (skip) {
+    FSC_STAT_ADD (st, fill_skipped, 1);
+    FSC_STAT_ADD (st, fill_skipped_bytes, len);
+    FSC_OSTAT_ADD (o, fill_skipped_bytes, len);
+    pthread_mutex_lock (&o->lock);
+    o->notices |= FSC_NOTICE_SKIPPED;
+    pthread_mutex_unlock (&o->lock);
   }
+  /* An inline fill writes, as the fill thread does: the fill meter
+   * counts it (fill.c).
+   */
+  const bool store = r == 0 && !skip;
+  if (store)
+    fsc_meter_begin (&o->cache->fill_meter);
+  fsc_fill_blocks (o, b, n, store ? dst : NULL, start, len, epochs, fflags);
+  if (store)
+    fsc_meter_end (&o->cache->fill_meter, len);
+  if (f)
+    fsc_fill_free (o->cache, f);
+  else if (!direct)
+    fsc_buf_put (o->cache, dst, cap);
   if (r == -1)
     errno = e;
   return r;
@@ -487,6 +540,7 @@ read_pinned (struct fsc_object *o, void *buf, uint32_t count,
     MAX (1, MIN ((uint64_t) MAX_RUN_BLOCKS, MAX_FETCH_BYTES >> o->bshift));
   const uint64_t max_hit = MIN (max_run, (uint64_t) FSC_GROUP_BLOCKS);
   uint64_t b = offset >> o->bshift;
+  uint64_t waited = UINT64_MAX;         /* the block last waited for */
 
   while (b <= last) {
     uint64_t csums[FSC_GROUP_BLOCKS];
@@ -497,6 +551,7 @@ read_pinned (struct fsc_object *o, void *buf, uint32_t count,
                                                * pieces held */
     struct end_sums es;
     enum run_kind kind;
+    bool bypass = false;                /* uncached: the disk is behind */
     uint64_t n = 1;
 
     pthread_mutex_lock (&o->lock);
@@ -567,20 +622,70 @@ read_pinned (struct fsc_object *o, void *buf, uint32_t count,
         b++;
         continue;
       }
+      if (g && (g->fetching & BIT_OF (b)) && buf && !g->writers &&
+          !o->test_no_claim) {
+        /* Claimed: if by a fill waiting for the disk (fill.c), its
+         * bytes are in memory and served from there, unless a write
+         * changed the block since (the epoch) or is in flight.
+         */
+        const uint64_t epoch = g->epoch;
+        pthread_mutex_unlock (&o->lock);
+        const uint64_t lo = MAX (block_start (o, b), offset);
+        const uint64_t hi = MIN (block_end (o, b), end);
+        if (fsc_fill_copy (o->cache, o, b, epoch, lo, hi,
+                           (unsigned char *) buf + (lo - offset))) {
+          FSC_STAT_ADD (st, hit_bytes, hi - lo);
+          FSC_STAT_ADD (st, pending_hit_bytes, hi - lo);
+          FSC_OSTAT_ADD (o, hit_bytes, hi - lo);
+          b++;
+          continue;
+        }
+        /* Not in the fill queue: a fetch in flight, or done meanwhile.
+         * Look again from the start (the block may be present now).
+         */
+        pthread_mutex_lock (&o->lock);
+        g = grp (o, GROUP_OF (b));
+        if (g == NULL || !(g->fetching & BIT_OF (b))) {
+          pthread_mutex_unlock (&o->lock);
+          continue;
+        }
+      }
       if (g && (g->fetching & BIT_OF (b)) && !o->test_no_claim) {
-        /* Somebody is fetching it: wait for that, then look again. */
-        FSC_STAT_ADD (st, dedup_waits, 1);
-        while (o->state == FSC_OBJ_AVAILABLE && (g->fetching & BIT_OF (b)))
+        /* Somebody is fetching it: wait for a change, then look again.
+         * Not for the claim to end: its fetch may hand its bytes to the
+         * fill queue (fsc_fill_submit wakes us), from where they are
+         * served above, rather than wait for the disk to write them.
+         */
+        if (waited != b)
+          FSC_STAT_ADD (st, dedup_waits, 1);
+        waited = b;
+        if (o->state == FSC_OBJ_AVAILABLE)
           pthread_cond_wait (&o->cond, &o->lock);
         pthread_mutex_unlock (&o->lock);
         continue;
       }
-      /* (A block being fetched here is one the test knob does not
-       * wait for: it goes upstream again.)
+      /* Uncached: the object cannot fill now (no memory for a group,
+       * a full disk), or a client's read while the cache disk is
+       * behind and the bottleneck (fill.c: congested, and slower than
+       * the upstream).  That read bypasses the cache: it
+       * claims nothing (nobody waits for it), fetches just its bytes
+       * and stores nothing, counted as skipped, at the upstream's
+       * speed.  Whole blocks, which only the fill would use, would
+       * be fetched for nothing.  (So does a block being fetched here,
+       * one the test knob does not wait for: it goes upstream again.)
        */
       if (g == NULL || time (NULL) < o->nofill_until ||
           (g->fetching & BIT_OF (b))) {
         kind = RUN_UNCACHED;
+        while (b + n <= last && n < max_run &&
+               !holds (o, b + n, offset, end, whole, NULL, NULL, NULL))
+          n++;
+      }
+      else if (buf && fsc_fill_congested (o->cache) &&
+               fsc_fill_slower (o->cache)) {
+        kind = RUN_UNCACHED;
+        bypass = true;
+        o->notices |= FSC_NOTICE_SKIPPED;
         while (b + n <= last && n < max_run &&
                !holds (o, b + n, offset, end, whole, NULL, NULL, NULL))
           n++;
@@ -645,8 +750,8 @@ read_pinned (struct fsc_object *o, void *buf, uint32_t count,
       if (buf) {
         uint64_t lo = MAX (block_start (o, b), offset);
         uint64_t hi = MIN (block_end (o, b + n - 1), end);
-        int r = up->pread (up->opaque, (unsigned char *) buf + (lo - offset),
-                           hi - lo, lo);
+        int r = up_pread (o, up, (unsigned char *) buf + (lo - offset),
+                          hi - lo, lo);
         FSC_STAT_ADD (st, upstream_reads, 1);
         FSC_OSTAT_ADD (o, upstream_reads, 1);
         if (r == -1)
@@ -656,6 +761,11 @@ read_pinned (struct fsc_object *o, void *buf, uint32_t count,
         FSC_OSTAT_ADD (o, upstream_bytes, hi - lo);
         FSC_OSTAT_ADD (o, miss_bytes, hi - lo);
         *missed += hi - lo;
+        if (bypass) {
+          FSC_STAT_ADD (st, fill_skipped, 1);
+          FSC_STAT_ADD (st, fill_skipped_bytes, hi - lo);
+          FSC_OSTAT_ADD (o, fill_skipped_bytes, hi - lo);
+        }
       }
       b += n;
       break;

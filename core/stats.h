@@ -47,6 +47,11 @@
   X (piece_fills)         /* blocks filled with only some of their pieces */\
   X (objects_upgraded)    /* reused from an older index format */   \
   X (zero_blocks)         /* of stored_blocks, zero blocks (no data) */ \
+  X (fill_skipped)        /* misses not stored: the disk the bottleneck */\
+  X (fill_skipped_bytes)  /* their bytes, read upstream and not stored */\
+  X (pending_hit_bytes)   /* of hit_bytes, served from fills not written */\
+  X (upstream_busy_us)    /* time with upstream reads in flight */     \
+  X (fill_busy_us)        /* time the fill thread spent writing */     \
   X (commit_us)           /* time spent in commits, microseconds */       \
   X (commit_max_us)       /* the longest commit (a maximum, not a sum) */ \
   X (share_joins)         /* opens that joined another process's object */\

@@ -56,7 +56,14 @@
 static struct filter_state {
   struct fsc_cache *cache;
   struct fsc_trace *trace;      /* fscache-trace, or NULL */
+  time_t skips_said_at;         /* last note of skipped fills (also
+                                 * read without skips_lock), and */
+  uint64_t skips_said;          /* fill_skipped_bytes then (skips_lock) */
 } state;
+static pthread_mutex_t skips_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* Skipped fills are logged at most once in this many seconds. */
+#define SKIP_LOG_SECONDS 60
 
 /* A read starting within this of where the last one ended is near
  * it.  Two near reads in a row (a stream whose requests overtake each
@@ -217,6 +224,8 @@ fscache_cleanup (nbdkit_backend *nxdata)
   /* Writers first: they write back through the cache's objects. */
   wb_shutdown_all ();
   if (state.cache) {
+    /* The fills still queued count in the stats written below. */
+    fsc_cache_drain (state.cache);
     fsc_cache_commit_all (state.cache);
     write_stats ();
     fsc_cache_close (state.cache);
@@ -568,6 +577,33 @@ fscache_finalize (nbdkit_next *next, void *handle)
  * Data.
  */
 
+/* Say that the cache disk could not keep up and fills were skipped
+ * (core/fill.c, FSC_NOTICE_SKIPPED): at once the first time, then at
+ * most once a minute for the process, with the bytes skipped since.
+ */
+static void
+log_skipped_fills (struct handle *h)
+{
+  time_t now = time (NULL);
+  time_t said = __atomic_load_n (&state.skips_said_at, __ATOMIC_RELAXED);
+  if (said != 0 && now - said < SKIP_LOG_SECONDS)
+    return;                     /* the usual case: no lock */
+  pthread_mutex_lock (&skips_lock);
+  if (state.skips_said_at == 0 ||
+      now - state.skips_said_at >= SKIP_LOG_SECONDS) {
+    struct fsc_stats st;
+    fsc_cache_stats (state.cache, &st);
+    nbdkit_error ("fscache: note: export \"%s\": the cache disk is slower "
+                  "than the upstream: reads do not wait for it, and %" PRIu64
+                  " bytes read %s were not cached (fill_skipped_bytes)",
+                  h->exportname, st.fill_skipped_bytes - state.skips_said,
+                  state.skips_said_at ? "since the last note" : "so far");
+    state.skips_said = st.fill_skipped_bytes;
+    __atomic_store_n (&state.skips_said_at, now, __ATOMIC_RELAXED);
+  }
+  pthread_mutex_unlock (&skips_lock);
+}
+
 /* Log what the cache object wants said once: withdrawal, full disk. */
 static void
 log_notices (struct handle *h)
@@ -584,6 +620,8 @@ log_notices (struct handle *h)
   if (n & FSC_NOTICE_NOFILL)
     nbdkit_error ("fscache: warning: export \"%s\": cache directory full; "
                   "not caching new blocks for a while", h->exportname);
+  if (n & FSC_NOTICE_SKIPPED)
+    log_skipped_fills (h);
 }
 
 /* Say that an upstream call failed: at most one line a second per

@@ -55,6 +55,8 @@ static const struct {
   { "last_invalidation", 't', "Time of the last invalidation." },
   { "present_blocks", 'g', "Blocks cached, whole or in pieces." },
   { "cached_bytes", 'g', "Bytes the cached blocks hold." },
+  { "fill_skipped_bytes", 'c',
+    "Bytes read upstream and not cached: the cache disk was the bottleneck." },
 };
 
 static int
