@@ -97,6 +97,11 @@ struct fsc_cache {
   void *buf_pool[BUF_CLASSES];
   size_t buf_pool_bytes;
 
+  /* Bytes of prefetches' big fetches in flight (retrieve.c,
+   * fsc_object_prefetch), atomic.
+   */
+  uint64_t big_fetch_bytes;
+
   /* Is the cache disk the bottleneck (fill.c, fsc_fill_slower)? */
   struct fsc_meter up_meter;            /* every upstream read */
   struct fsc_meter fill_meter;          /* fills written (thread and
@@ -418,7 +423,9 @@ extern void fsc_cache_kick (struct fsc_cache *cache);
  */
 
 #define MAX_FETCH_BYTES (4u << 20)      /* one upstream read at most */
-#define INLINE_FETCH_BYTES (1u << 20)   /* a prefetch's, filling inline */
+#define INLINE_FETCH_BYTES (1u << 20)   /* a prefetch's piece */
+#define BIG_FETCH_MAX (16u << 20)       /* prefetches' 4 MiB fetches in
+                                         * flight (retrieve.c) */
 #define MAX_RUN_BLOCKS 1024             /* 4 MiB of 4K blocks */
 #define MAX_RUN_GROUPS (MAX_RUN_BLOCKS / FSC_GROUP_BLOCKS + 2)
 _Static_assert (MAX_RUN_GROUPS <= FSC_FILL_MAX_GROUPS,

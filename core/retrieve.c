@@ -843,18 +843,35 @@ fsc_object_prefetch (struct fsc_object *o, uint64_t offset, uint64_t count,
   }
   count = MIN (count, o->size - offset);
   while (count > 0) {
-    /* With the fill queue (nearly) full, a fetch fills inline from a
-     * buffer of its own: in smaller pieces then, so that every request
-     * thread holding 4 MiB does not add up (docs/design.md, "Memory
-     * and start-up that do not grow").  The cache disk is the
-     * bottleneck then, not the number of upstream reads.
+    /* A prefetch's fetch holds its bytes until they are queued or
+     * written: 4 MiB per request thread added up (16 threads, 64 MiB,
+     * for a client's 4 MiB NBD_CMD_CACHE requests).  So at most
+     * BIG_FETCH_MAX bytes of such big fetches are in flight, and only
+     * while the fill queue has room for them; the others go in 1 MiB
+     * pieces (docs/design.md, "Memory and start-up that do not
+     * grow"): more upstream reads, the same bytes.
      */
-    uint32_t max = fsc_fill_room (o->cache) >= MAX_FETCH_BYTES
-      ? MAX_FETCH_BYTES : INLINE_FETCH_BYTES;
-    uint32_t n = MIN (count, (uint64_t) max);
+    struct fsc_cache *c = o->cache;
+    bool big = false;
+    if (count > INLINE_FETCH_BYTES &&
+        fsc_fill_room (c) >= MAX_FETCH_BYTES) {
+      uint64_t cur = __atomic_load_n (&c->big_fetch_bytes, __ATOMIC_RELAXED);
+      while (cur + MAX_FETCH_BYTES <= BIG_FETCH_MAX &&
+             !(big = __atomic_compare_exchange_n (&c->big_fetch_bytes, &cur,
+                                                  cur + MAX_FETCH_BYTES,
+                                                  false, __ATOMIC_RELAXED,
+                                                  __ATOMIC_RELAXED)))
+        ;
+    }
+    uint32_t n = MIN (count, (uint64_t) (big ? MAX_FETCH_BYTES
+                                         : INLINE_FETCH_BYTES));
     uint64_t missed = 0;
-    if (do_read (o, NULL, n, offset, up, flags & FSC_PREFETCH_EXACT,
-                 &missed) == -1)
+    int r = do_read (o, NULL, n, offset, up, flags & FSC_PREFETCH_EXACT,
+                     &missed);
+    if (big)
+      __atomic_sub_fetch (&c->big_fetch_bytes, MAX_FETCH_BYTES,
+                          __ATOMIC_RELAXED);
+    if (r == -1)
       return -1;
     offset += n;
     count -= n;

@@ -10,7 +10,7 @@
 #   --pattern=dense   the first CACHED bytes, in order
 #
 # The fill uses NBD_CMD_CACHE requests (64 KiB each when sparse, 4 MiB
-# when dense, 32 in flight), which fill inline when the fill queue is
+# (--request) when dense, 32 in flight), which fill inline when the fill queue is
 # full instead of skipping like reads do, so that everything asked is
 # cached however slow the disk.  Then:
 #
@@ -32,7 +32,13 @@
 # filter's close); the clean stop; the index and data on disk.
 #
 #   tools/bench/scale.sh [--size=SIZE] [--cached=SIZE]
-#                        [--pattern=sparse|dense] [--dir=DIR]
+#                        [--pattern=sparse|dense] [--request=SIZE]
+#                        [--dir=DIR]
+#
+# --request sets the dense pattern's request size (default 4M): nbdkit
+# holds each read request's data while it is in flight, 32 of them, so
+# that the re-read's peak holds up to 32 times that on top of the
+# filter's own memory.
 #
 # --dir puts the cache (and the work files) in DIR instead of a new
 # directory under /tmp: the data written is CACHED bytes, so DIR needs
@@ -42,14 +48,15 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 FILTER="${FILTER:-$PWD/plugin/.libs/nbdkit-fscache-filter.so}"
 TOOL="$PWD/tools/nbd-fscache/nbd-fscache"
-SIZE=1T CACHED=1G PATTERN=sparse DIR=""
+SIZE=1T CACHED=1G PATTERN=sparse DIR="" REQUEST=4M
 for a in "$@"; do
   case "$a" in
     --size=*) SIZE="${a#*=}" ;;
     --cached=*) CACHED="${a#*=}" ;;
     --pattern=*) PATTERN="${a#*=}" ;;
     --dir=*) DIR="${a#*=}" ;;
-    -h|--help) sed -n '2,40p' "$0"; exit 0 ;;
+    --request=*) REQUEST="${a#*=}" ;;
+    -h|--help) sed -n '2,46p' "$0"; exit 0 ;;
     -*) echo "scale.sh: unknown option: $a" >&2; exit 2 ;;
     *) CACHED=$((a * 65536)) ;;
   esac
@@ -60,6 +67,7 @@ case "$PATTERN" in
 esac
 BYTES=$(numfmt --from=iec "$SIZE")
 CBYTES=$(numfmt --from=iec "$CACHED")
+REQUEST=$(numfmt --from=iec "$REQUEST")
 NBLOCKS=$((CBYTES / 65536))
 [ "$CBYTES" -le "$BYTES" ] || { echo "scale.sh: --cached over --size" >&2; exit 2; }
 PY=/usr/bin/python3
@@ -123,7 +131,7 @@ if pattern == "sparse":
     reqs = [(b * 65536, 65536)
             for b in random.sample(range(size // 65536), nblocks)]
 else:
-    total, step = nblocks * 65536, 4 << 20
+    total, step = nblocks * 65536, int(sys.argv[6])
     reqs = [(o, min(step, total - o)) for o in range(0, total, step)]
 bad = []
 # 32 buffers, reused: one per request would keep every buffer alive
@@ -156,7 +164,7 @@ h.shutdown()
 if bad:
     sys.exit("%d failed requests, first %r" % (len(bad), bad[0]))
 PY
-blocks () { $PY "$work/blocks.py" "$work/px.sock" "$1" "$PATTERN" "$BYTES" "$NBLOCKS"; }
+blocks () { $PY "$work/blocks.py" "$work/px.sock" "$1" "$PATTERN" "$BYTES" "$NBLOCKS" "$REQUEST"; }
 # first_read T0: a connection, one read, a disconnect; prints the
 # seconds from T0 (the proxy's start) to the read's reply, then to the
 # end of the disconnect (which waits for the filter's close).
