@@ -263,6 +263,7 @@ fsc_cache_open (const struct fsc_cache_config *config,
   pthread_mutex_init (&c->fill_lock, NULL);
   pthread_cond_init (&c->fill_cond, NULL);
   pthread_cond_init (&c->fill_idle_cond, NULL);
+  pthread_mutex_init (&c->budget_lock, NULL);
   fsc_meter_init (&c->up_meter, &c->stats.upstream_busy_us);
   fsc_meter_init (&c->fill_meter, &c->stats.fill_busy_us);
   c->fill_tail = &c->fill_head;
@@ -511,6 +512,7 @@ fsc_cache_close (struct fsc_cache *cache)
   pthread_mutex_destroy (&cache->fill_lock);
   pthread_cond_destroy (&cache->fill_cond);
   pthread_cond_destroy (&cache->fill_idle_cond);
+  pthread_mutex_destroy (&cache->budget_lock);
   fsc_meter_destroy (&cache->up_meter);
   fsc_meter_destroy (&cache->fill_meter);
   free (cache);

@@ -49,6 +49,25 @@
  * (readahead, NBD_CMD_CACHE) always fills inline when refused: its
  * bytes have no other reader, and skipping would fetch them twice.
  *
+ * When the upstream is far faster than the disk, a queue with room is
+ * no reason to fill either: the reads keep it from ever emptying, and
+ * the fill thread then takes a whole CPU (writing into the page cache,
+ * and the kernel's writeback after it) from the reads on the same
+ * CPUs.  On 2 CPUs that halved cold reads from nbdkit null while
+ * caching half of them.  So when fills run at under BUDGET_SLOWER_PCT
+ * (a tenth) of the upstream's rate, a client's read is admitted to
+ * fill only within a budget (fsc_fill_budget, a token bucket of
+ * DUTY_PCT of the fills' own rate: the fills may keep their writer
+ * busy a fifth of the time); past it the read bypasses the cache,
+ * counted as skipped.  The share cached falls to what the budget
+ * allows (6 to 20% in docs/benchmarks.md), and cold reads rose from
+ * 0.43-0.61 to 0.63-0.94 of no cache there.  The factor of ten, not
+ * three: two cold readers of one block that both bypass fetch it
+ * twice, and a local web server behind a loaded disk (the tests'
+ * nginx, two readers at once, under two busy loops and a writer) was
+ * within ten times of the fills and fetched 1.5 times the image with a
+ * factor of three.
+ *
  * So a slow upstream (a link) never has a fill skipped, however loaded
  * the machine: its rate per busy second is the link's, while the
  * disk's, with stalls and a starved thread, is many times more.  Even
@@ -119,6 +138,15 @@
  * than this share of the upstream's rate (see the comment at the top).
  */
 #define SLOWER_PCT 33
+
+/* When fills run at under BUDGET_SLOWER_PCT of the upstream's rate,
+ * client reads are admitted to fill at most DUTY_PCT of the fills' own
+ * rate (fsc_fill_budget), with a burst of BUDGET_BURST bytes.
+ */
+#define DUTY_PCT 20
+#define BUDGET_SLOWER_PCT 10    /* ... when fills run at under a tenth
+                                 * of the upstream's rate */
+#define BUDGET_BURST ((uint64_t) 4 << 20)
 
 static uint64_t
 now_ns (void)
@@ -191,6 +219,30 @@ fsc_fill_slower (struct fsc_cache *c)
     __atomic_load_n (&c->fill_meter.rate, __ATOMIC_RELAXED);
   /* Not known yet (0): not slower. */
   return fill != 0 && fill < up / 100 * SLOWER_PCT;
+}
+
+bool
+fsc_fill_budget (struct fsc_cache *c, uint64_t len)
+{
+  const uint64_t up = __atomic_load_n (&c->up_meter.rate, __ATOMIC_RELAXED);
+  const uint64_t fill =
+    __atomic_load_n (&c->fill_meter.rate, __ATOMIC_RELAXED);
+  if (fill == 0 || fill >= up / 100 * BUDGET_SLOWER_PCT)
+    return true;
+  const uint64_t rate =
+    __atomic_load_n (&c->fill_meter.rate, __ATOMIC_RELAXED) / 100 * DUTY_PCT;
+  const uint64_t now = now_ns ();
+  SCOPED_LOCK (&c->budget_lock);
+  if (now > c->budget_ns) {
+    const double add = (double) (now - c->budget_ns) * (double) rate / 1e9;
+    c->budget_bytes = add >= (double) BUDGET_BURST ? BUDGET_BURST
+      : MIN (BUDGET_BURST, c->budget_bytes + (uint64_t) add);
+    c->budget_ns = now;
+  }
+  if (c->budget_bytes < len)
+    return false;
+  c->budget_bytes -= len;
+  return true;
 }
 
 /* The size class of SIZE bytes (BUF_CLASSES: none, too big), and its

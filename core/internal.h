@@ -102,6 +102,13 @@ struct fsc_cache {
    */
   uint64_t big_fetch_bytes;
 
+  /* Fills admitted while the upstream is far faster than the disk
+   * (fill.c, fsc_fill_budget): a token bucket, bytes and when last
+   * refilled.
+   */
+  pthread_mutex_t budget_lock;
+  uint64_t budget_bytes, budget_ns;
+
   /* Is the cache disk the bottleneck (fill.c, fsc_fill_slower)? */
   struct fsc_meter up_meter;            /* every upstream read */
   struct fsc_meter fill_meter;          /* fills written (thread and
@@ -376,6 +383,14 @@ extern bool fsc_fill_copy (struct fsc_cache *cache, struct fsc_object *obj,
  * than wait for the disk.  No lock.
  */
 extern bool fsc_fill_slower (struct fsc_cache *cache);
+
+/* fill.c: may a client's read fill LEN more bytes?  Always, unless
+ * fills run at under a tenth of the upstream's rate; then they are
+ * admitted at a fifth of the fills' own rate, so that they take a
+ * bounded share of the CPUs a fast upstream's reads need too.  Takes
+ * cache->budget_lock.
+ */
+extern bool fsc_fill_budget (struct fsc_cache *cache, uint64_t len);
 
 /* fill.c: true if the fill queue is more than half full, i.e. the
  * cache disk is behind the upstream (whether it is also the bottleneck
