@@ -357,10 +357,19 @@ lookup (struct fsc_object *o, const struct fsc_object_params *p,
      * gauges: exact in the superblock of a clean close; otherwise
      * counted by the census, in the background.
      */
+    /* Only plausible ones: a superblock whose checksum holds can
+     * still carry gauges no object of this size can have (a bug, a
+     * tool, a crafted file), and the cap's and the tools' arithmetic
+     * trust them; those are counted again instead.
+     */
+    const uint64_t pb = sb.ostats.v[FSC_OSTAT_present_blocks];
+    const uint64_t cb = sb.ostats.v[FSC_OSTAT_cached_bytes];
     if (!info->unclean &&
-        sb.ncounters > (uint32_t) FSC_OSTAT_cached_bytes) {
-      o->nonres_blocks = sb.ostats.v[FSC_OSTAT_present_blocks];
-      o->nonres_bytes = sb.ostats.v[FSC_OSTAT_cached_bytes];
+        sb.ncounters > (uint32_t) FSC_OSTAT_cached_bytes &&
+        pb <= o->nblocks && cb <= o->size &&
+        cb <= pb * (uint64_t) o->block_size) {
+      o->nonres_blocks = pb;
+      o->nonres_bytes = cb;
       o->census_next = o->ngroups;
     }
   }

@@ -29,13 +29,13 @@ if [ -d /dev/shm ] && [ -w /dev/shm ] &&
 fi
 export TMPDIR="$cachedir"
 
-# run_fuzzer NAME MUTATIONS CORPUS
+# run_fuzzer NAME MUTATIONS CORPUS [SEED]
 run_fuzzer ()
 {
-  local name="$1" mutations="$2" dir="$3"
+  local name="$1" mutations="$2" dir="$3" seed="${4:-${FUZZ_SEED:-1}}"
   local fuzz="$top_builddir/tests/$name" crash="$TMP/$name-crash.bin"
   local status=0
-  "$fuzz" --mutations "$mutations" --seed "${FUZZ_SEED:-1}" \
+  "$fuzz" --mutations "$mutations" --seed "$seed" \
           --crash-file "$crash" "$dir" >"$TMP/$name.out" \
           2>"$TMP/$name.err" || status=$?
   cat "$TMP/$name.out"
@@ -57,4 +57,8 @@ run_fuzzer ()
 }
 
 run_fuzzer fuzz-index "${FUZZ_MUTATIONS:-3000}" "$corpus"
+# Seed 3 made a superblock whose checksum holds carry more present
+# blocks than the object has (within its first 1000 mutations), which
+# a clean open trusted as its gauge.
+[ -n "${FUZZ_SEED:-}" ] || run_fuzzer fuzz-index 1000 "$corpus" 3
 run_fuzzer fuzz-wlog "${FUZZ_WLOG_MUTATIONS:-3000}" "$corpus/wlog"
