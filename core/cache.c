@@ -482,15 +482,27 @@ fsc_cache_close (struct fsc_cache *cache)
   nobj = 0;
   for (struct fsc_object *o = cache->objects; objs && o && nobj < cap;
        o = o->next)
-    if (!o->join && o->share)
-      objs[nobj++] = o;
+    if (!o->join && o->share && !o->lingering && !o->closing)
+      objs[nobj++] = o;         /* (the others' reclaimer does it) */
   pthread_mutex_unlock (&cache->lock);
   for (size_t i = 0; i < nobj; ++i)
     fsc_share_stop (objs[i]);
   free (objs);
   for (;;) {
     pthread_mutex_lock (&cache->lock);
-    struct fsc_object *o = cache->objects;
+    /* Objects lingering for their walk after a crash, and those their
+     * reclaimer is closing, close themselves once it ends (evict.c):
+     * waited for, so that a clean stop leaves their index clean.
+     */
+    struct fsc_object *o;
+    for (;;) {
+      for (o = cache->objects; o && (o->lingering || o->closing);
+           o = o->next)
+        ;
+      if (o || cache->objects == NULL)
+        break;
+      pthread_cond_wait (&cache->ready_cond, &cache->lock);
+    }
     if (o)
       o->refs = 1;
     pthread_mutex_unlock (&cache->lock);

@@ -78,8 +78,12 @@
  * the requests, instead of before the first one: it claims each
  * group's blocks (fetching) while it punches them, like a fetch, so
  * that no fill writes there meanwhile, and looks again at the blocks
- * somebody else held once they are free.  A close waits for it (a
- * kill -9 cuts it short, and the next open walks again).
+ * somebody else held once they are free.  Nor does the last user's
+ * close wait for it: the object lingers until it ends (see the
+ * reclaimer below); only a clean stop of the process does.  A kill -9
+ * cuts it short, and so does an open of the lingering object that
+ * cannot take it back as it is (object.c, lingering_fits), and the
+ * next open walks again.
  *
  * The floor.  Below fscache-min-free (blocks) or its inode twin, or
  * while DIR/fscache.stop exists, no new blocks are stored: misses are
@@ -90,6 +94,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -746,7 +751,8 @@ struct reclaim_later {
 static bool
 stopping (struct fsc_object *o)
 {
-  return fsc_object_state (o) != FSC_OBJ_AVAILABLE;
+  SCOPED_LOCK (&o->lock);
+  return o->state != FSC_OBJ_AVAILABLE || o->reclaim_stop;
 }
 
 /* Punch what no present block with data covers in FD: a data segment
@@ -780,6 +786,8 @@ reclaim_file (struct fsc_object *o, int fd, uint64_t base, bool sums,
       uint64_t skipped;
       if (reclaim_group (o, fd, base, sums, s, e, gi, range, &skipped) == -1)
         return -1;
+      if (o->test_walk_delay_ms)
+        poll (NULL, 0, o->test_walk_delay_ms);
       if (skipped) {
         if (later->n == later->cap) {
           size_t ncap = later->cap ? 2 * later->cap : 16;
@@ -815,7 +823,7 @@ reclaim_later (struct fsc_object *o, struct reclaim_later *later)
     pthread_mutex_lock (&o->lock);
     struct group *g = grp (o, gi);
     while (g && (g->fetching & mask) && o->state == FSC_OBJ_AVAILABLE &&
-           !o->reclaim_closing)
+           !o->reclaim_closing && !o->reclaim_stop)
       pthread_cond_wait (&o->cond, &o->lock);
     /* The object is closing and a claim is still held (a fetch from a
      * stalled upstream, say): not waited for; the walk did not finish,
@@ -896,7 +904,18 @@ leaked (struct fsc_object *o)
 
 /* The reclaimer thread: the walk runs after the object is open, beside
  * the requests (reclaim_group), so that the first read after a crash
- * does not wait for it.
+ * does not wait for it.  Nor does the close of its last user: the
+ * object lingers (fsc_reclaim_may_linger), unreferenced, until the walk
+ * ends, and this thread closes it then (marking it clean).  An open of
+ * it meanwhile takes it back as it is if a lookup would accept it
+ * (object.c, lingering_fits: the walk goes on); else it stops the walk,
+ * waits for the close and looks it up anew (fsc_reclaim_unlinger): the
+ * walk starts over, as after any unclean open.  So a short connection
+ * after a crash is not kept
+ * waiting at its disconnect for a walk that grows with the cached
+ * amount (seconds per GiB of scattered blocks); a clean stop of the
+ * process still waits for it (fsc_cache_close), so that the index is
+ * left clean.
  */
 static void *
 reclaimer (void *arg)
@@ -906,19 +925,47 @@ reclaimer (void *arg)
   /* The gauges first: leaked () needs them. */
   if (o->census_next < o->ngroups)
     r = fsc_groups_census (o);
-  if (r == 0 && (o->reclaim_unclean || leaked (o)))
+  if (r == 0 && !stopping (o) && (o->reclaim_unclean || leaked (o)))
     r = fsc_reclaim_unnamed (o);    /* 1: not finished */
   pthread_mutex_lock (&o->lock);
-  o->reclaim_done = r == 0 && o->state == FSC_OBJ_AVAILABLE;
+  o->reclaim_done = r == 0 && o->state == FSC_OBJ_AVAILABLE &&
+    !o->reclaim_stop && o->census_next >= o->ngroups;
   o->reclaim_running = false;
   pthread_cond_broadcast (&o->cond);
   pthread_mutex_unlock (&o->lock);
+  fsc_object_linger_done (o);       /* may free O */
   return NULL;
+}
+
+bool
+fsc_reclaim_may_linger (struct fsc_object *o)
+{
+  /* Not a shell, nor an object that never listens for other
+   * processes (writeback's, whose write log is the caller's state, or
+   * an offline one).
+   */
+  if (!o->reclaim_joinable || o->cache->stopping || o->join ||
+      o->share == NULL)
+    return false;
+  SCOPED_LOCK (&o->lock);
+  return o->reclaim_running && !o->reclaim_stop &&
+    o->state == FSC_OBJ_AVAILABLE;
+}
+
+void
+fsc_reclaim_unlinger (struct fsc_object *o)
+{
+  o->closing = true;
+  SCOPED_LOCK (&o->lock);
+  o->reclaim_stop = true;
+  pthread_cond_broadcast (&o->cond);
 }
 
 int
 fsc_reclaim_start (struct fsc_object *o, bool unclean)
 {
+  const char *d = getenv ("NBD_FSCACHE_TEST_WALK_DELAY_MS");
+  o->test_walk_delay_ms = d ? (unsigned) atoi (d) : 0;
   o->reclaim_unclean = unclean;
   o->reclaim_done = false;
   o->reclaim_running = true;

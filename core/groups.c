@@ -540,7 +540,13 @@ fsc_groups_census (struct fsc_object *o)
 
   if (buf == NULL)
     return -1;
-  while (gi < o->ngroups && fsc_object_state (o) == FSC_OBJ_AVAILABLE) {
+  for (;;) {
+    pthread_mutex_lock (&o->lock);
+    bool go = gi < o->ngroups && o->state == FSC_OBJ_AVAILABLE &&
+      !o->reclaim_stop;
+    pthread_mutex_unlock (&o->lock);
+    if (!go)
+      break;
     /* Skip holes: groups never written have no record. */
     off_t d = lseek (o->ifd, fsc_grec_offset (gi, 0), SEEK_DATA);
     if (d == -1 && errno == ENXIO) {

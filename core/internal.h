@@ -296,8 +296,16 @@ struct fsc_object {
   bool reclaim_running;         /* under lock */
   bool reclaim_done;            /* under lock: the walk finished */
   bool reclaim_closing;         /* under lock: the close waits for it */
+  bool reclaim_stop;            /* under lock: stop at the next group
+                                 * (an open wants the object anew) */
   bool reclaim_unclean;         /* the previous user crashed */
   bool reclaim_wanted;          /* lookup asks for the thread */
+  unsigned test_walk_delay_ms;  /* NBD_FSCACHE_TEST_WALK_DELAY_MS: a
+                                 * pause after each group the walk
+                                 * looks at (tests only) */
+  bool lingering;               /* under cache->lock: no reference left,
+                                 * kept open for the walk, whose thread
+                                 * closes it when done (evict.c) */
 };
 
 #define FSC_OSTAT_ADD(o, field, n)                                       \
@@ -838,6 +846,26 @@ extern int fsc_reclaim_unnamed (struct fsc_object *o);
  */
 extern int fsc_reclaim_start (struct fsc_object *o, bool unclean);
 extern bool fsc_reclaim_finish (struct fsc_object *o);
+
+/* evict.c: may O linger when its last reference goes (stay open,
+ * unreferenced, o->lingering, while its walk runs on; the reclaimer
+ * thread closes it when done)?  Only while the walk runs, not if the
+ * cache is closing, nor for a shell or a withdrawn object.  Caller
+ * holds cache->lock.
+ */
+extern bool fsc_reclaim_may_linger (struct fsc_object *o);
+
+/* evict.c: somebody wants lingering O: mark it closing and stop its
+ * walk at the next group, so that its thread closes it soon (the
+ * waiter then opens it anew: a lookup, with its checks).  Caller holds
+ * cache->lock.
+ */
+extern void fsc_reclaim_unlinger (struct fsc_object *o);
+
+/* object.c: called by the reclaimer thread when its walk ends: close
+ * O if it lingered and nobody took it back meanwhile.  Without locks.
+ */
+extern void fsc_object_linger_done (struct fsc_object *o);
 
 /* evict.c: the committer's look at O: take up a changed quota record
  * and shrink O to its budget.

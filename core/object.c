@@ -496,7 +496,8 @@ fsc_object_peek_size (struct fsc_cache *c, const void *key, size_t key_len,
 }
 
 static struct fsc_object *find_locked (struct fsc_cache *c,
-                                       const struct fsc_object_params *p);
+                                       const struct fsc_object_params *p,
+                                       bool full);
 
 /* A new object for P, looking up, not listed.  NULL with errno. */
 static struct fsc_object *
@@ -625,7 +626,7 @@ fsc_object_open (struct fsc_cache *c, const struct fsc_object_params *p,
    * of one key wait for one lookup instead of racing for the lock.
    */
   pthread_mutex_lock (&c->lock);
-  struct fsc_object *shared = find_locked (c, p);
+  struct fsc_object *shared = find_locked (c, p, true);
   if (shared == NULL) {
     o->next = c->objects;
     c->objects = o;
@@ -715,12 +716,53 @@ fsc_object_open (struct fsc_cache *c, const struct fsc_object_params *p,
 /* Find a listed object for P and take a reference, waiting for its
  * lookup to finish.  Caller holds c->lock.
  */
+/* Would a lookup with P accept lingering O as it is?  Its superblock
+ * in memory is what its last close left on disk (the fingerprint the
+ * last user set, the stale mark).  Caller holds cache->lock.
+ */
+static bool
+lingering_fits (struct fsc_object *o, const struct fsc_object_params *p)
+{
+  const char *gen = p->generation ? p->generation : "";
+  SCOPED_LOCK (&o->lock);
+  const struct fsc_sb *sb = &o->sb;
+  if (o->state != FSC_OBJ_AVAILABLE || o->refusal.refused ||
+      o->block_size != p->block_size || o->size != p->size ||
+      sb->gen_len != strlen (gen) ||
+      memcmp (sb->generation, gen, sb->gen_len) != 0 ||
+      (int) sb->validate != p->validate)
+    return false;
+  if (p->validate == FSC_VALIDATE_SAMPLE && !p->offline &&
+      ((sb->flags & FSC_SB_FP_STALE) || sb->fingerprint != p->fingerprint))
+    return false;
+  return true;
+}
+
+/* The object of P's key open in this process, with a reference, or
+ * NULL.  FULL: P holds everything a lookup checks (fsc_object_open);
+ * else (fsc_object_get, before the caller has sampled the upstream) a
+ * lingering object is not returned: the caller opens it in full.
+ */
 static struct fsc_object *
-find_locked (struct fsc_cache *c, const struct fsc_object_params *p)
+find_locked (struct fsc_cache *c, const struct fsc_object_params *p,
+             bool full)
 {
  again:
   for (struct fsc_object *o = c->objects; o; o = o->next) {
     if (o->key_len == p->key_len && memcmp (o->key, p->key, p->key_len) == 0) {
+      if (o->lingering && !o->closing && !full)
+        return NULL;
+      if (o->lingering && !o->closing) {
+        /* Left by its last user while its walk runs (evict.c).  Taken
+         * back as it is (the walk goes on) if the opener's identity and
+         * coherency data are what a lookup would accept; else the walk
+         * stops, it closes, and it is looked up anew.
+         */
+        if (lingering_fits (o, p))
+          o->lingering = false;
+        else
+          fsc_reclaim_unlinger (o);
+      }
       if (o->closing) {
         /* Its last user is committing and closing it, and still holds
          * the index lock: wait until it is gone, then look it up anew
@@ -744,7 +786,7 @@ struct fsc_object *
 fsc_object_get (struct fsc_cache *c, const struct fsc_object_params *p)
 {
   SCOPED_LOCK (&c->lock);
-  return find_locked (c, p);
+  return find_locked (c, p, false);
 }
 
 struct fsc_object *
@@ -755,13 +797,30 @@ fsc_object_ref (struct fsc_object *o)
   return o;
 }
 
+static void close_object (struct fsc_object *o);
+
 void
 fsc_object_close (struct fsc_object *o)
 {
   struct fsc_cache *c = o->cache;
 
   pthread_mutex_lock (&c->lock);
+  if (o->refs == 1 && fsc_reclaim_may_linger (o)) {
+    /* The last user, while the walk after a crash runs: the object
+     * will linger until the walk ends (evict.c), without keeping this
+     * user waiting; its changes are made durable now, as a close
+     * would (our reference still held).
+     */
+    pthread_mutex_unlock (&c->lock);
+    (void) fsc_object_commit (o);
+    pthread_mutex_lock (&c->lock);
+  }
   if (--o->refs > 0) {
+    pthread_mutex_unlock (&c->lock);
+    return;
+  }
+  if (!o->closing && fsc_reclaim_may_linger (o)) {
+    o->lingering = true;
     pthread_mutex_unlock (&c->lock);
     return;
   }
@@ -771,6 +830,33 @@ fsc_object_close (struct fsc_object *o)
    */
   o->closing = true;
   pthread_mutex_unlock (&c->lock);
+  close_object (o);
+}
+
+void
+fsc_object_linger_done (struct fsc_object *o)
+{
+  struct fsc_cache *c = o->cache;
+
+  pthread_mutex_lock (&c->lock);
+  bool mine = o->lingering && o->refs == 0;
+  o->lingering = false;
+  if (mine)
+    o->closing = true;
+  pthread_mutex_unlock (&c->lock);
+  if (!mine)
+    return;
+  /* This is the reclaimer thread: nobody joins it now. */
+  o->reclaim_joinable = false;
+  pthread_detach (pthread_self ());
+  close_object (o);
+}
+
+/* The last reference is gone and O is marked closing. */
+static void
+close_object (struct fsc_object *o)
+{
+  struct fsc_cache *c = o->cache;
 
   if (o->join) {
     /* A shell (share.c): nothing of its own on disk. */
@@ -784,11 +870,13 @@ fsc_object_close (struct fsc_object *o)
    */
   fsc_share_stop (o);
 
-  /* The census and the walk for unnamed space end first: a close
-   * waits for them (they take a few hundred milliseconds per GiB of
-   * index and of scattered data), so that the gauges saved and the
-   * clean mark are right, and that short connections after a crash
-   * cannot start them over and over.  Requests never wait for them.
+  /* The census and the walk for unnamed space end first, so that the
+   * gauges saved and the clean mark are right: here they have ended
+   * (the object lingered for them, evict.c), or an open of it stopped
+   * them (the index stays unclean, and that open walks again), or the
+   * process is stopping and this waits for them (they take seconds per
+   * GiB of index and of scattered data).  Requests never wait for
+   * them, nor does a disconnect.
    */
   bool reclaimed = fsc_reclaim_finish (o);
   if (!fsc_object_check_stale (o) &&
@@ -816,6 +904,8 @@ bool
 fsc_object_tryref (struct fsc_object *o)
 {
   SCOPED_LOCK (&o->cache->lock);
+  if (o->lingering && !o->closing)
+    fsc_reclaim_unlinger (o);           /* opened anew: see evict.c */
   if (o->closing || o->refs == 0)
     return false;
   o->refs++;
