@@ -330,6 +330,21 @@ wait_until ()
   return 1
 }
 
+# write_junk FILE: 4 KiB of junk every 64 KiB of FILE from 16 MiB to 64
+# MiB (768 extents): space in a data file that no index names, for the
+# tests of the walk that reclaims it.
+write_junk ()
+{
+  "$PYTHON" - "$1" <<'EOF'
+import os, sys
+fd = os.open(sys.argv[1], os.O_WRONLY)
+for off in range(16 << 20, 64 << 20, 64 << 10):
+    os.pwrite(fd, b'\xa5' * 4096, off)
+os.fsync(fd)
+os.close(fd)
+EOF
+}
+
 # The allocated bytes (du) of the objects' .idx, .data and .sums files
 # in $TMP/cache (what fscache-max-size caps).
 object_du ()

@@ -105,14 +105,7 @@ open(sys.argv[2], "w").close(); time.sleep(60)' "$uri" "$TMP/filled" "$1" &
   kill9_nbdkit "$TMP/px.pid"
   kill "$c" 2>/dev/null || true
   wait "$c" 2>/dev/null || true
-  "$PYTHON" - "$(data_file)" <<'EOF'
-import os, sys
-fd = os.open(sys.argv[1], os.O_WRONLY)
-for off in range(16 << 20, 64 << 20, 64 << 10):
-    os.pwrite(fd, b'\xa5' * 4096, off)
-os.fsync(fd)
-os.close(fd)
-EOF
+  write_junk "$(data_file)"
   clean && fail "the index is clean after a crash that filled a block"
   return 0
 }

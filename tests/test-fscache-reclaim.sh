@@ -84,17 +84,7 @@ stop_nbdkit "$TMP/px.pid"
 held=$(data_du)
 [ "$held" -ge "$CACHED" ] || fail "only $held bytes cached after the fill"
 
-junk ()
-{
-  "$PYTHON" - "$(data_file)" <<'EOF'
-import os, sys
-fd = os.open(sys.argv[1], os.O_WRONLY)
-for off in range(16 << 20, 64 << 20, 64 << 10):
-    os.pwrite(fd, b'\xa5' * 4096, off)
-os.fsync(fd)
-os.close(fd)
-EOF
-}
+junk () { write_junk "$(data_file)"; }
 
 total=0
 interrupted=0
