@@ -59,6 +59,9 @@ set -euo pipefail
 BENCH_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 : "${top_srcdir:=$(cd "$BENCH_DIR/../.." && pwd)}"
 : "${top_builddir:=$top_srcdir}"
+# The tests' helpers: log_read_bytes, cleanup_fn (and a $TMP, unused).
+# shellcheck source=/dev/null
+source "$top_srcdir/tests/functions.sh"
 FILTER="${FSCACHE_FILTER:-$top_builddir/plugin/.libs/nbdkit-fscache-filter.so}"
 SIZE="${SIZE:-256M}" RATE="${RATE:-400M}" DELAY_MS="${DELAY_MS:-2}"
 BURSTINESS="${BURSTINESS:-0.1}" ROUNDS="${ROUNDS:-3}"
@@ -111,7 +114,7 @@ cleanup ()
   local p
   for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
 }
-trap cleanup EXIT
+cleanup_fn cleanup
 
 # start NAME ARGS...: nbdkit on $OUT/work/NAME.sock, once it serves.
 start ()
@@ -151,19 +154,7 @@ start_upstream ()               # LOG
     logfile="$1" rate="$RATE" burstiness="$BURSTINESS" \
     delay-read="${DELAY_MS}ms"
 }
-upstream_bytes ()               # LOG
-{
-  awk 'function hex(s,   i, c, v) {
-         v = 0; s = tolower (substr (s, 3))
-         for (i = 1; i <= length (s); i++)
-           v = v * 16 + index ("0123456789abcdef", substr (s, i, 1)) - 1
-         return v
-       }
-       / Read id=/ && !/\.\.\.Read/ {
-         for (i = 1; i <= NF; i++)
-           if ($i ~ /^count=/) { sub ("count=", "", $i); s += hex($i) }
-       } END { printf "%d\n", s }' "$1"
-}
+upstream_bytes () { log_read_bytes "$1"; }     # LOG
 proxy ()                        # NAME CACHE [FILTER]
 {
   start "$1" --filter="${3:-$FILTER}" nbd socket="$OUT/work/up.sock" \
