@@ -211,26 +211,31 @@ fsc_meter_end (struct fsc_meter *m, uint64_t bytes)
   m->win_ns = m->win_bytes = 0;
 }
 
+/* Are fills written at less than PCT percent of the upstream's rate?
+ * Not known yet (a meter at 0): no.  *FILL gets the fills' rate.
+ */
+static bool
+fill_under (struct fsc_cache *c, unsigned pct, uint64_t *fill)
+{
+  const uint64_t up = __atomic_load_n (&c->up_meter.rate, __ATOMIC_RELAXED);
+  *fill = __atomic_load_n (&c->fill_meter.rate, __ATOMIC_RELAXED);
+  return *fill != 0 && *fill < up / 100 * pct;
+}
+
 bool
 fsc_fill_slower (struct fsc_cache *c)
 {
-  const uint64_t up = __atomic_load_n (&c->up_meter.rate, __ATOMIC_RELAXED);
-  const uint64_t fill =
-    __atomic_load_n (&c->fill_meter.rate, __ATOMIC_RELAXED);
-  /* Not known yet (0): not slower. */
-  return fill != 0 && fill < up / 100 * SLOWER_PCT;
+  uint64_t fill;
+  return fill_under (c, SLOWER_PCT, &fill);
 }
 
 bool
 fsc_fill_budget (struct fsc_cache *c, uint64_t len)
 {
-  const uint64_t up = __atomic_load_n (&c->up_meter.rate, __ATOMIC_RELAXED);
-  const uint64_t fill =
-    __atomic_load_n (&c->fill_meter.rate, __ATOMIC_RELAXED);
-  if (fill == 0 || fill >= up / 100 * BUDGET_SLOWER_PCT)
+  uint64_t fill;
+  if (!fill_under (c, BUDGET_SLOWER_PCT, &fill))
     return true;
-  const uint64_t rate =
-    __atomic_load_n (&c->fill_meter.rate, __ATOMIC_RELAXED) / 100 * DUTY_PCT;
+  const uint64_t rate = fill / 100 * DUTY_PCT;
   const uint64_t now = now_ns ();
   SCOPED_LOCK (&c->budget_lock);
   if (now > c->budget_ns) {
