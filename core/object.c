@@ -713,34 +713,23 @@ fsc_object_open (struct fsc_cache *c, const struct fsc_object_params *p,
   return 0;
 }
 
-/* Find a listed object for P and take a reference, waiting for its
- * lookup to finish.  Caller holds c->lock.
- */
-/* Would a lookup with P accept lingering O as it is?  Its superblock
- * in memory is what its last close left on disk (the fingerprint the
- * last user set, the stale mark).  Caller holds cache->lock.
+/* Would a lookup with P accept lingering O as it is (check_sb)?  Its
+ * superblock in memory is what its last close left on disk (the
+ * fingerprint the last user set, the stale mark), and its files are
+ * the size they were opened at.  Caller holds cache->lock.
  */
 static bool
 lingering_fits (struct fsc_object *o, const struct fsc_object_params *p)
 {
-  const char *gen = p->generation ? p->generation : "";
   SCOPED_LOCK (&o->lock);
-  const struct fsc_sb *sb = &o->sb;
-  if (o->state != FSC_OBJ_AVAILABLE || o->refusal.refused ||
-      o->block_size != p->block_size || o->size != p->size ||
-      sb->gen_len != strlen (gen) ||
-      memcmp (sb->generation, gen, sb->gen_len) != 0 ||
-      (int) sb->validate != p->validate)
-    return false;
-  if (p->validate == FSC_VALIDATE_SAMPLE && !p->offline &&
-      ((sb->flags & FSC_SB_FP_STALE) || sb->fingerprint != p->fingerprint))
-    return false;
-  return true;
+  return o->state == FSC_OBJ_AVAILABLE && !o->refusal.refused &&
+    check_sb (o, &o->sb, p, true, sums_offset (o, o->nblocks)) == FSC_OK;
 }
 
-/* The object of P's key open in this process, with a reference, or
- * NULL.  FULL: P holds everything a lookup checks (fsc_object_open);
- * else (fsc_object_get, before the caller has sampled the upstream) a
+/* The object of P's key open in this process, with a reference (once
+ * its lookup has finished), or NULL.  Caller holds c->lock.  FULL: P
+ * holds everything a lookup checks (fsc_object_open); else
+ * (fsc_object_get, before the caller has sampled the upstream) a
  * lingering object is not returned: the caller opens it in full.
  */
 static struct fsc_object *
