@@ -21,7 +21,8 @@
  *   uncached  the object is withdrawn or fills are paused, or the
  *             cache disk is the bottleneck (fill.c: the fill queue
  *             over half full, and fills written at less than a third
- *             of the upstream's rate) and this is a client's read:
+ *             of the upstream's rate; or fills at less than a tenth
+ *             and past their budget) and this is a client's read:
  *             read upstream, store nothing (the last counted as a
  *             skipped fill).
  *
