@@ -238,8 +238,14 @@ fsc_commit_upto (struct fsc_object *o, uint64_t target)
 
   /* Rule 1: data before the records that name it. */
   int r = 0;
-  if (dsync)
+  if (dsync) {
+    /* The kernel's writeback of the fills, done here: the disk's time
+     * for them, which the fill meter counts (fill.c).
+     */
+    fsc_meter_begin (&o->cache->fill_meter);
     r = fsc_data_sync (o);
+    fsc_meter_end (&o->cache->fill_meter, 0);
+  }
   if (dsync && r == 0)
     r = fsc_io_sync (&o->cache->io, FSC_FILE_SUMS, o->sfd);
   for (size_t i = 0; r == 0 && i < n; ++i)

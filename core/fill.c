@@ -36,7 +36,12 @@
  *               prefetches);
  *   fill_meter  every fill written: by the fill thread, and inline by
  *               a reader whose job the full queue refused (one more
- *               writer, which the rate then includes).
+ *               writer, which the rate then includes); and the
+ *               commit's sync of the data files (commit.c), where the
+ *               kernel writes back what the fills left in the page
+ *               cache, with no bytes of its own: a fill's cost is both
+ *               halves, and a meter of the first alone saw the page
+ *               cache's speed, not the disk's.
  *
  * The rule: a client's read skips its fill only if the queue is full
  * AND fills are written at less than SLOWER_PCT (a third) of the
@@ -49,24 +54,29 @@
  * (readahead, NBD_CMD_CACHE) always fills inline when refused: its
  * bytes have no other reader, and skipping would fetch them twice.
  *
- * When the upstream is far faster than the disk, a queue with room is
- * no reason to fill either: the reads keep it from ever emptying, and
- * the fill thread then takes a whole CPU (writing into the page cache,
- * and the kernel's writeback after it) from the reads on the same
- * CPUs.  On 2 CPUs that halved cold reads from nbdkit null while
- * caching half of them.  So when fills run at under BUDGET_SLOWER_PCT
- * (a tenth) of the upstream's rate, a client's read is admitted to
- * fill only within a budget (fsc_fill_budget, a token bucket of
- * DUTY_PCT of the fills' own rate: the fills may keep their writer
- * busy a fifth of the time); past it the read bypasses the cache,
- * counted as skipped.  The share cached falls to what the budget
- * allows (6 to 20% in docs/benchmarks.md), and cold reads rose from
- * 0.43-0.61 to 0.63-0.94 of no cache there.  The factor of ten, not
- * three: two cold readers of one block that both bypass fetch it
- * twice, and a local web server behind a loaded disk (the tests'
- * nginx, two readers at once, under two busy loops and a writer) was
- * within ten times of the fills and fetched 1.5 times the image with a
- * factor of three.
+ * When the upstream is faster than the disk, a queue with room is no
+ * reason to fill either: the reads keep it from ever emptying, and
+ * the fills then take a whole CPU (writing into the page cache, and
+ * the kernel's writeback after it) from the reads on the same CPUs.
+ * On 2 CPUs that halved cold reads from nbdkit null or a page-cached
+ * file while caching most of them.  So when fills (both halves) run
+ * at under BUDGET_SLOWER_PCT (all) of the upstream's rate, a client's
+ * read is admitted to fill only within a budget (fsc_fill_budget, a
+ * token bucket of DUTY_PCT of the fills' own rate: the fills may keep
+ * the disk busy a twentieth of the time); past it the read bypasses
+ * the cache, counted as skipped, and readahead pauses (its bytes
+ * would come from the upstream faster than from the cache).  The
+ * bucket holds BUDGET_BURST (64 MiB) at most and starts full, so that
+ * a small working set (what a boot reads, a test's image) is cached
+ * whole even from a fast upstream, and only a long stream is thinned
+ * out.  The share cached falls to what the budget allows (4 to 11% in
+ * docs/benchmarks.md), and cold reads from nbdkit null and a
+ * page-cached file rose to 0.89-0.95 of no cache there.  A slower
+ * rule did less: a budget of a fifth of the fills' rate left them at
+ * 0.58-0.78 of no cache, and engaging only below a tenth of the
+ * upstream's rate, with a meter that saw the page cache's speed,
+ * missed the runs whose first windows showed fills at a third of the
+ * upstream's rate (0.43-0.62 of no cache, 85% cached).
  *
  * So a slow upstream (a link) never has a fill skipped, however loaded
  * the machine: its rate per busy second is the link's, while the
@@ -76,7 +86,8 @@
  * two cold copies at once, the fill rate fell to 0.53 of the
  * upstream's whenever the queue was over half full, never lower (the
  * tests' upstreams are such local files and servers, and they expect
- * every byte cached).  A fast upstream is another matter: over
+ * every byte cached: the budget may engage for them, but their images
+ * fit in its burst).  A fast upstream is another matter: over
  * whole runs of tools/bench/fastup.sh, nbdkit null ran at 9 to 29 GB/s
  * per busy second and a page-cached file at 1.2 to 3.7, against fills
  * at 0.08 to 1.7 GB/s: 5 to 380 times the disk from null, 1.3 to 16
@@ -143,10 +154,10 @@
  * client reads are admitted to fill at most DUTY_PCT of the fills' own
  * rate (fsc_fill_budget), with a burst of BUDGET_BURST bytes.
  */
-#define DUTY_PCT 20
-#define BUDGET_SLOWER_PCT 10    /* ... when fills run at under a tenth
-                                 * of the upstream's rate */
-#define BUDGET_BURST ((uint64_t) 4 << 20)
+#define DUTY_PCT 5
+#define BUDGET_SLOWER_PCT 100   /* ... when fills are slower than the
+                                 * upstream */
+#define BUDGET_BURST ((uint64_t) 64 << 20)
 
 static uint64_t
 now_ns (void)
@@ -227,6 +238,13 @@ fsc_fill_slower (struct fsc_cache *c)
 {
   uint64_t fill;
   return fill_under (c, SLOWER_PCT, &fill);
+}
+
+bool
+fsc_fill_budgeted (struct fsc_cache *c)
+{
+  uint64_t fill;
+  return fill_under (c, BUDGET_SLOWER_PCT, &fill);
 }
 
 bool

@@ -393,12 +393,17 @@ extern bool fsc_fill_copy (struct fsc_cache *cache, struct fsc_object *obj,
 extern bool fsc_fill_slower (struct fsc_cache *cache);
 
 /* fill.c: may a client's read fill LEN more bytes?  Always, unless
- * fills run at under a tenth of the upstream's rate; then they are
- * admitted at a fifth of the fills' own rate, so that they take a
- * bounded share of the CPUs a fast upstream's reads need too.  Takes
- * cache->budget_lock.
+ * fills are slower than the upstream; then they are admitted at a
+ * twentieth of the fills' own rate, after a burst of 64 MiB, so that
+ * they take a bounded share of the CPUs a fast upstream's reads need
+ * too.  Takes cache->budget_lock.
  */
 extern bool fsc_fill_budget (struct fsc_cache *cache, uint64_t len);
+
+/* fill.c: true if fills are slower than the upstream, so that client
+ * reads fill only within the budget above.  No lock.
+ */
+extern bool fsc_fill_budgeted (struct fsc_cache *cache);
 
 /* fill.c: true if the fill queue is more than half full, i.e. the
  * cache disk is behind the upstream (whether it is also the bottleneck

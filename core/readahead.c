@@ -54,15 +54,15 @@ worker (void *arg)
     pthread_mutex_unlock (&ra->lock);
 
     /* Not while the cache disk is behind (the fill queue over half
-     * full) or the bottleneck (fill.c, fsc_fill_slower): what
-     * readahead fetched would wait in the fill queue, or be written
-     * inline by this thread while the stream's reads wait for its
-     * claims, competing with the fills of the client's own misses.
+     * full) or slower than the upstream (fill.c, fsc_fill_budgeted):
+     * what readahead fetched would wait in the fill queue, or be
+     * written inline by this thread while the stream's reads wait for
+     * its claims, competing with the fills of the client's own misses.
      * The client reads these bytes itself soon enough, at the
      * upstream's speed.  Errors only mean the client's read misses.
      */
     struct fsc_cache *c = ra->obj->cache;
-    if (!fsc_fill_congested (c) && !fsc_fill_slower (c))
+    if (!fsc_fill_congested (c) && !fsc_fill_budgeted (c))
       fsc_object_prefetch (ra->obj, r.offset, r.count, &ra->up, 0);
   }
 }

@@ -21,10 +21,10 @@
  *   uncached  the object is withdrawn or fills are paused, or the
  *             cache disk is the bottleneck (fill.c: the fill queue
  *             over half full, and fills written at less than a third
- *             of the upstream's rate; or fills at less than a tenth
- *             and past their budget) and this is a client's read:
- *             read upstream, store nothing (the last counted as a
- *             skipped fill).
+ *             of the upstream's rate; or fills slower than the
+ *             upstream and past their budget) and this is a client's
+ *             read: read upstream, store nothing (the last counted as
+ *             a skipped fill).
  *
  * A miss on a block somebody else is fetching waits for that fetch
  * instead of repeating it (dedup), unless the fetch is done and its
