@@ -102,7 +102,7 @@ struct fsc_cache {
    */
   uint64_t big_fetch_bytes;
 
-  /* Fills admitted while the upstream is far faster than the disk
+  /* Fills admitted while the upstream is faster than the disk
    * (fill.c, fsc_fill_budget): a token bucket, bytes and when last
    * refilled.
    */
@@ -112,7 +112,7 @@ struct fsc_cache {
   /* Is the cache disk the bottleneck (fill.c, fsc_fill_slower)? */
   struct fsc_meter up_meter;            /* every upstream read */
   struct fsc_meter fill_meter;          /* fills written (thread and
-                                         * inline) */
+                                         * inline) and synced */
 
   /* The free space floor (evict.c), checked at most every
    * SPACE_CHECK_MS: atomics, no lock.

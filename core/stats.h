@@ -51,7 +51,7 @@
   X (fill_skipped_bytes)  /* their bytes, read upstream and not stored */\
   X (pending_hit_bytes)   /* of hit_bytes, served from fills not written */\
   X (upstream_busy_us)    /* time with upstream reads in flight */     \
-  X (fill_busy_us)        /* time the fill thread spent writing */     \
+  X (fill_busy_us)        /* time with fills written or synced */      \
   X (commit_us)           /* time spent in commits, microseconds */       \
   X (commit_max_us)       /* the longest commit (a maximum, not a sum) */ \
   X (share_joins)         /* opens that joined another process's object */\
