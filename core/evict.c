@@ -80,10 +80,11 @@
  * that no fill writes there meanwhile, and looks again at the blocks
  * somebody else held once they are free.  Nor does the last user's
  * close wait for it: the object lingers until it ends (see the
- * reclaimer below); only a clean stop of the process does.  A kill -9
- * cuts it short, and so does an open of the lingering object that
- * cannot take it back as it is (object.c, lingering_fits), and the
- * next open walks again.
+ * reclaimer below); a clean stop of the process waits for it a second
+ * at most (cache.c, stop_walks).  A kill -9 cuts it short, and so do
+ * that stop and an open of the lingering object that cannot take it
+ * back as it is (object.c, lingering_fits), and the next open walks
+ * again.
  *
  * The floor.  Below fscache-min-free (blocks) or its inode twin, or
  * while DIR/fscache.stop exists, no new blocks are stored: misses are
@@ -913,9 +914,9 @@ leaked (struct fsc_object *o)
  * walk starts over, as after any unclean open.  So a short connection
  * after a crash is not kept
  * waiting at its disconnect for a walk that grows with the cached
- * amount (seconds per GiB of scattered blocks); a clean stop of the
- * process still waits for it (fsc_cache_close), so that the index is
- * left clean.
+ * amount (seconds per GiB of scattered blocks); nor is a clean stop of
+ * the process, for more than a second (cache.c, stop_walks: the walk
+ * is stopped, the index left unclean, and the next open walks again).
  */
 static void *
 reclaimer (void *arg)

@@ -863,8 +863,9 @@ close_object (struct fsc_object *o)
    * gauges saved and the clean mark are right: here they have ended
    * (the object lingered for them, evict.c), or an open of it stopped
    * them (the index stays unclean, and that open walks again), or the
-   * process is stopping and this waits for them (they take seconds per
-   * GiB of index and of scattered data).  Requests never wait for
+   * process is stopping, which gave them a second and stopped them
+   * (cache.c, stop_walks: they take seconds per GiB of index and of
+   * scattered data; the index stays unclean).  Requests never wait for
    * them, nor does a disconnect.
    */
   bool reclaimed = fsc_reclaim_finish (o);
