@@ -16,8 +16,10 @@
 #
 #   1. kill -9 of the proxy that filled, a restart, and the time from
 #      starting nbdkit to the first read served (an unclean open: the
-#      index is checked and unnamed space reclaimed); the cache is then
-#      made whole again (what the crash lost is fetched again: counted);
+#      index is checked and unnamed space reclaimed); a clean stop right
+#      after it (its time: the walk after the crash is running), a
+#      restart, and the cache made whole again (what the crash lost is
+#      fetched again: counted);
 #   2. a clean stop (its time: the queued fills and the last commit), a
 #      restart and the time to the first read served;
 #   3. every cached block read again (all hits: checked), and the
@@ -195,6 +197,13 @@ rm -f "$work/px.stats"
 t0=$(now)
 proxy
 read ready_kill closed_kill < <(first_read "$t0")
+# A clean stop soon after the crash, while the walk that reclaims
+# unnamed space runs (it stops it; the next open walks again).
+crash_stop_t0=$(now)
+stop_proxy
+crash_stop_s=$(since "$crash_stop_t0")
+rm -f "$work/px.stats"
+proxy
 refill_s=$(blocks cache)
 stop_t0=$(now)
 stop_proxy
@@ -223,6 +232,8 @@ printf 'fill time                 %9.2f s (%.0f MiB/s)\n' "$fill_s" \
 printf 'VmHWM while filling       %9d KiB\n' "$hwm_fill"
 printf 'first read after kill -9  %9.3f s (its disconnect done at %.3f s)\n' \
   "$ready_kill" "$closed_kill"
+printf 'clean stop after kill -9  %9.3f s (the walk after the crash running)\n' \
+  "$crash_stop_s"
 printf 'refetched after kill -9   %9d bytes (lost by the crash), in %.2f s\n' \
   "$refetched" "$refill_s"
 printf 'commits during the fill    %9d, mean %.1f ms, longest %.1f ms\n' \
