@@ -240,23 +240,37 @@ fsc_fill_slower (struct fsc_cache *c)
   return fill_under (c, SLOWER_PCT, &fill);
 }
 
+/* Is the budget engaged?  *FILL gets the fills' rate.  The test knob
+ * engages it whatever the rates, so that a test shows what it does on
+ * any machine (the rates decide only when it engages).
+ */
+static bool
+budget_engaged (struct fsc_cache *c, uint64_t *fill)
+{
+  return fill_under (c, BUDGET_SLOWER_PCT, fill) || c->test_budget;
+}
+
 bool
 fsc_fill_budgeted (struct fsc_cache *c)
 {
   uint64_t fill;
-  return fill_under (c, BUDGET_SLOWER_PCT, &fill);
+  return budget_engaged (c, &fill);
 }
 
 bool
 fsc_fill_budget (struct fsc_cache *c, uint64_t len)
 {
   uint64_t fill;
-  if (!fill_under (c, BUDGET_SLOWER_PCT, &fill))
+  if (!budget_engaged (c, &fill))
     return true;
   const uint64_t rate = fill / 100 * DUTY_PCT;
   const uint64_t now = now_ns ();
   SCOPED_LOCK (&c->budget_lock);
-  if (now > c->budget_ns) {
+  if (c->budget_ns == 0) {              /* the first time: full */
+    c->budget_bytes = BUDGET_BURST;
+    c->budget_ns = now;
+  }
+  else if (now > c->budget_ns) {
     const double add = (double) (now - c->budget_ns) * (double) rate / 1e9;
     c->budget_bytes = add >= (double) BUDGET_BURST ? BUDGET_BURST
       : MIN (BUDGET_BURST, c->budget_bytes + (uint64_t) add);

@@ -108,6 +108,8 @@ struct fsc_cache {
    */
   pthread_mutex_t budget_lock;
   uint64_t budget_bytes, budget_ns;
+  bool test_budget;                     /* engaged whatever the rates
+                                         * (NBD_FSCACHE_TEST_BUDGET) */
 
   /* Is the cache disk the bottleneck (fill.c, fsc_fill_slower)? */
   struct fsc_meter up_meter;            /* every upstream read */
