@@ -457,13 +457,7 @@ static void
 stop_walks (struct fsc_cache *cache)
 {
   struct timespec dl;
-  clock_gettime (CLOCK_REALTIME, &dl);  /* ready_cond's clock */
-  dl.tv_sec += STOP_WALK_MS / 1000;
-  dl.tv_nsec += (long) (STOP_WALK_MS % 1000) * 1000000;
-  if (dl.tv_nsec >= 1000000000) {
-    dl.tv_sec++;
-    dl.tv_nsec -= 1000000000;
-  }
+  deadline_ms (&dl, STOP_WALK_MS);
   SCOPED_LOCK (&cache->lock);
   for (;;) {
     bool walking = false;

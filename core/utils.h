@@ -13,6 +13,7 @@
 #include <string.h>
 #include <endian.h>
 #include <pthread.h>
+#include <time.h>
 
 /* Round X up/down to a multiple of N; N must be a power of 2. */
 #define ROUND_UP(x, n) (((x) + (n) - 1) & ~((__typeof__ (x)) (n) - 1))
@@ -92,6 +93,21 @@ get_le64 (const unsigned char *p)
   uint64_t v;
   memcpy (&v, p, 8);
   return le64toh (v);
+}
+
+/* *TS = MS milliseconds from now on CLOCK_REALTIME, the clock of a
+ * condition variable's timed wait.
+ */
+static inline void
+deadline_ms (struct timespec *ts, uint64_t ms)
+{
+  clock_gettime (CLOCK_REALTIME, ts);
+  ts->tv_sec += (time_t) (ms / 1000);
+  ts->tv_nsec += (long) (ms % 1000) * 1000000;
+  if (ts->tv_nsec >= 1000000000) {
+    ts->tv_sec++;
+    ts->tv_nsec -= 1000000000;
+  }
 }
 
 #endif /* FSC_UTILS_H */

@@ -307,13 +307,7 @@ static void
 sleep_ms (struct fsc_wlog *wl, unsigned ms)
 {
   struct timespec ts;
-  clock_gettime (CLOCK_REALTIME, &ts);
-  ts.tv_sec += ms / 1000;
-  ts.tv_nsec += (long) (ms % 1000) * 1000000;
-  if (ts.tv_nsec >= 1000000000) {
-    ts.tv_sec++;
-    ts.tv_nsec -= 1000000000;
-  }
+  deadline_ms (&ts, ms);
   pthread_mutex_lock (&wl->lock);
   if (!wl->stopping)
     pthread_cond_timedwait (&wl->cond, &wl->lock, &ts);
@@ -588,13 +582,7 @@ uint64_t
 fsc_wlog_drain (struct fsc_wlog *wl, uint64_t timeout_ms)
 {
   struct timespec end;
-  clock_gettime (CLOCK_REALTIME, &end);
-  end.tv_sec += timeout_ms / 1000;
-  end.tv_nsec += (long) (timeout_ms % 1000) * 1000000;
-  if (end.tv_nsec >= 1000000000) {
-    end.tv_sec++;
-    end.tv_nsec -= 1000000000;
-  }
+  deadline_ms (&end, timeout_ms);
   SCOPED_LOCK (&wl->lock);
   while (wl->rlen && timeout_ms && wl->writer_running && !wl->stopping &&
          !wl->halted &&

@@ -57,38 +57,11 @@ proxy ()
 }
 uri="nbd+unix:///?socket=$TMP/px.sock"
 
-# check_all URI: the whole export, 16 reads of 256 KiB in flight, each
-# compared with the image as it arrives.
-cat > "$TMP/check.py" <<'PY'
-import mmap, nbd, sys
-f = open(sys.argv[2], "rb")
-img = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)
-h = nbd.NBD()
-h.connect_uri(sys.argv[1])
-size = h.get_size()
-bufs = {}
-bad = []
-def done(off, err):
-    b = bufs.pop(off)
-    if err.value:
-        bad.append("read at %d failed: %d" % (off, err.value))
-    elif b.to_bytearray() != img[off:off + b.size()]:
-        bad.append("read at %d differs from the image" % off)
-    return 1
-off = 0
-while off < size or h.aio_in_flight() > 0:
-    while off < size and h.aio_in_flight() < 16:
-        n = min(256 * 1024, size - off)
-        bufs[off] = nbd.Buffer(n)
-        h.aio_pread(bufs[off], off,
-                    completion=lambda err, o=off: done(o, err))
-        off += n
-    h.poll(-1)
-h.shutdown()
-if bad:
-    sys.exit("%d bad reads, first: %s" % (len(bad), bad[0]))
-PY
-check_all () { "$PYTHON" "$TMP/check.py" "$uri" "$img"; }
+# check_all: the whole export, checked (tests/stream-reader.py).
+check_all ()
+{
+  "$PYTHON" "$top_srcdir/tests/stream-reader.py" "$uri" "$img" > /dev/null
+}
 
 # cold WHAT [budget]: two clients at once on an empty cache, checked;
 # then a restart and a third read, checked.
