@@ -64,16 +64,18 @@
  * at under BUDGET_SLOWER_PCT (all) of the upstream's rate, a client's
  * read is admitted to fill only within a budget (fsc_fill_budget, a
  * token bucket of DUTY_PCT of the fills' own rate: the fills may keep
- * the disk busy a twentieth of the time); past it the read bypasses
+ * the disk busy a fiftieth of the time); past it the read bypasses
  * the cache, counted as skipped, and readahead pauses (its bytes
  * would come from the upstream faster than from the cache).  The
  * bucket holds BUDGET_BURST (64 MiB) at most and starts full, so that
  * a small working set (what a boot reads, a test's image) is cached
  * whole even from a fast upstream, and only a long stream is thinned
- * out.  The share cached falls to what the budget allows (4 to 11% in
- * docs/benchmarks.md), and cold reads from nbdkit null and a
- * page-cached file rose to 0.89-0.95 of no cache there.  A slower
- * rule did less: a budget of a fifth of the fills' rate left them at
+ * out.  The share cached falls to what the budget allows (3 to 6% of
+ * 4 GiB in docs/benchmarks.md, the burst and the meters' first windows
+ * included), and cold reads from nbdkit null and a page-cached file
+ * rose to 0.93-0.98 of no cache there (a twentieth: 0.79-1.02, the
+ * fills' CPU a third higher in the sequential runs).  A slower rule
+ * did less: a budget of a fifth of the fills' rate left them at
  * 0.58-0.78 of no cache, and engaging only below a tenth of the
  * upstream's rate, with a meter that saw the page cache's speed,
  * missed the runs whose first windows showed fills at a third of the
@@ -158,7 +160,7 @@
  * client reads are admitted to fill at most DUTY_PCT of the fills' own
  * rate (fsc_fill_budget), with a burst of BUDGET_BURST bytes.
  */
-#define DUTY_PCT 5
+#define DUTY_PCT 2
 #define BUDGET_SLOWER_PCT 100   /* ... when fills are slower than the
                                  * upstream */
 #define BUDGET_BURST ((uint64_t) 64 << 20)

@@ -396,7 +396,7 @@ extern bool fsc_fill_slower (struct fsc_cache *cache);
 
 /* fill.c: may a client's read fill LEN more bytes?  Always, unless
  * fills are slower than the upstream; then they are admitted at a
- * twentieth of the fills' own rate, after a burst of 64 MiB, so that
+ * fiftieth of the fills' own rate, after a burst of 64 MiB, so that
  * they take a bounded share of the CPUs a fast upstream's reads need
  * too.  Takes cache->budget_lock.
  */
