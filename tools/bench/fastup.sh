@@ -18,6 +18,11 @@
 #   null      nbdkit null SIZE: zeroes, no I/O, no copy
 #   file      nbdkit file IMG: SIZE bytes of random data, written by
 #             this script just before, so in the page cache
+#   nbd       nbdkit nbd socket=UP: a separate NBD server (nbdkit file
+#             IMG, started once) as a fast remote; here nocache is the
+#             client connected to that server directly (its CPU not
+#             counted), and the configuration proxy (nbdkit nbd, no
+#             filter) shows what the extra hop alone costs
 #
 # Phases, each on a freshly started server (cold), with the same fio
 # jobs as compare.sh:
@@ -69,9 +74,10 @@ Usage: $0 [OPTIONS]
   --size=SIZE          export size and bytes read per run (default 4G)
   --rounds=N           repetitions, configurations rotated (default 3)
   --runtime=SECS       cap per run (default 120)
-  --upstreams="A B"    subset of: null file (default both)
+  --upstreams="A B"    subset of: null file nbd (default: null file)
   --phases="A B"       subset of: seq-1m rand-64k (default both)
-  --configs="A B"      subset of: nocache fscache nbdcache, plus variants
+  --configs="A B"      subset of: nocache fscache nbdcache proxy, plus
+                       variants
                        (default: all three and every variant)
   --fscache-args="K=V" more fscache-* parameters for every fscache run
   --variant=NAME:SO[:ENV]
@@ -175,18 +181,28 @@ for v in $VNAMES; do
   VSO[$v]="$WORK/$v.so"
 done
 
-srv_pid=""
+srv_pid="" up_pid=""
 cleanup ()
 {
   if [ -n "$srv_pid" ]; then kill -9 "$srv_pid" 2>/dev/null || true; fi
+  if [ -n "$up_pid" ]; then kill -9 "$up_pid" 2>/dev/null || true; fi
   rm -rf "$WORK"
 }
 trap cleanup EXIT
 
 BYTES=$(numfmt --from=iec "$SIZE")
-if [[ " $UPSTREAMS " == *" file "* ]]; then
+if [[ " $UPSTREAMS " == *" file "* || " $UPSTREAMS " == *" nbd "* ]]; then
   echo "fastup.sh: writing a $SIZE image of random data"
   head -c "$BYTES" /dev/urandom > "$WORK/image"
+fi
+UPSOCK="$WORK/up.sock"
+if [[ " $UPSTREAMS " == *" nbd "* ]]; then
+  nbdkit -U "$UPSOCK" -P "$WORK/up.pid" file "$WORK/image"
+  for (( i=0; i<500; i++ )); do
+    [ -s "$WORK/up.pid" ] && break
+    sleep 0.02
+  done
+  up_pid=$(cat "$WORK/up.pid")
 fi
 
 {
@@ -213,6 +229,7 @@ srv_start ()
   case "$up" in
     null) plugin=(null "$BYTES") ;;
     file) plugin=(file "$WORK/image") ;;
+    nbd) plugin=(nbd socket="$UPSOCK") ;;
   esac
   rm -rf "$WORK/cache" "$WORK/tmp" "$WORK/stats"
   mkdir -p "$WORK/tmp"
@@ -221,7 +238,7 @@ srv_start ()
   local cmd=()
   local envs=()
   case "$config" in
-    nocache) cmd=(nbdkit -U "$SOCK" -P "$PIDF" "${plugin[@]}") ;;
+    nocache|proxy) cmd=(nbdkit -U "$SOCK" -P "$PIDF" "${plugin[@]}") ;;
     nbdcache)
       cmd=(nbdkit -U "$SOCK" -P "$PIDF" --filter=cache "${plugin[@]}"
            cache-on-read=true)
@@ -286,17 +303,26 @@ for (( round=1; round<=ROUNDS; round++ )); do
       esac
       for config in $(rotated $((round - 1))); do
         tag="$up.$phase.$config.r$round"
-        srv_start "$config" "$up" "$tag"
+        [ "$config" = proxy ] && [ "$up" != nbd ] && continue
+        sock="$SOCK"
+        if [ "$up" = nbd ] && [ "$config" = nocache ]; then
+          sock="$UPSOCK"        # the client on the server itself
+        else
+          srv_start "$config" "$up" "$tag"
+        fi
         printf '  round %d %-5s %-9s %-10s ' "$round" "$up" "$phase" "$config"
-        URI="nbd+unix:///?socket=$SOCK" SIZE="$BYTES" IODEPTH="$depth" \
+        URI="nbd+unix:///?socket=$sock" SIZE="$BYTES" IODEPTH="$depth" \
           RUNTIME="$RUNTIME" LOOPS=1 \
           fio --output-format=json --output="$RAW/$tag.json" \
               "$BENCH_DIR/$job" > "$RAW/$tag.fio.log" 2>&1
-        cpu=$(cpu_seconds "$srv_pid")
-        stop=$(srv_stop)
+        cpu=0 stop=0
+        if [ "$sock" = "$SOCK" ]; then
+          cpu=$(cpu_seconds "$srv_pid")
+          stop=$(srv_stop)
+        fi
         cached=- skipped=-
         case "$config" in
-          nocache) ;;
+          nocache|proxy) ;;
           nbdcache) cached=inline ;;
           *)
             cp "$WORK/stats" "$RAW/$tag.stats"
