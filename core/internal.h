@@ -59,6 +59,8 @@ struct fsc_meter {
   uint64_t *busy_us;            /* the stats counter it adds to */
   uint64_t rate;                /* bytes/s (relaxed atomics); 0 until
                                  * the first window closes */
+  uint64_t peak;                /* the best window's rate, decaying
+                                 * (relaxed atomics) */
 };
 
 struct fsc_cache {
