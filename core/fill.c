@@ -244,13 +244,21 @@ fsc_meter_end (struct fsc_meter *m, uint64_t bytes)
   m->win_ns = m->win_bytes = 0;
 }
 
-/* Are fills written at less than PCT percent of the upstream's rate?
- * Not known yet (a meter at 0): no.  *FILL gets the fills' rate.
+/* Are fills written at less than PCT percent of the upstream's rate,
+ * its moving average, or if PEAK its peak?  Not known yet (a meter at
+ * 0): no.  *FILL gets the fills' rate.  The skip of a full queue's
+ * fills compares with the average: a skip or a bypass claims nothing,
+ * so that readahead and other readers may fetch the same blocks again,
+ * and the peak made that happen on local upstreams (a half-filled
+ * object read by nbdcopy fetched 1.4 times its missing half).  The
+ * budget compares with the peak (see the top of this file).
  */
 static bool
-fill_under (struct fsc_cache *c, unsigned pct, uint64_t *fill)
+fill_under (struct fsc_cache *c, unsigned pct, bool peak, uint64_t *fill)
 {
-  const uint64_t up = __atomic_load_n (&c->up_meter.peak, __ATOMIC_RELAXED);
+  const uint64_t up = peak
+    ? __atomic_load_n (&c->up_meter.peak, __ATOMIC_RELAXED)
+    : __atomic_load_n (&c->up_meter.rate, __ATOMIC_RELAXED);
   *fill = __atomic_load_n (&c->fill_meter.rate, __ATOMIC_RELAXED);
   return *fill != 0 && *fill < up / 100 * pct;
 }
@@ -259,7 +267,7 @@ bool
 fsc_fill_slower (struct fsc_cache *c)
 {
   uint64_t fill;
-  return fill_under (c, SLOWER_PCT, &fill);
+  return fill_under (c, SLOWER_PCT, false, &fill);
 }
 
 /* Is the budget engaged?  *FILL gets the fills' rate.  The test knob
@@ -269,7 +277,7 @@ fsc_fill_slower (struct fsc_cache *c)
 static bool
 budget_engaged (struct fsc_cache *c, uint64_t *fill)
 {
-  return fill_under (c, BUDGET_SLOWER_PCT, fill) || c->test_budget;
+  return fill_under (c, BUDGET_SLOWER_PCT, true, fill) || c->test_budget;
 }
 
 bool
