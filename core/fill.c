@@ -65,8 +65,9 @@
  * read is admitted to fill only within a budget (fsc_fill_budget, a
  * token bucket of DUTY_PCT of the fills' own rate: the fills may keep
  * the disk busy a fiftieth of the time); past it the read bypasses
- * the cache, counted as skipped, and readahead pauses (its bytes
- * would come from the upstream faster than from the cache).  The
+ * the cache, counted as skipped, whether the queue is full or not,
+ * and readahead pauses (its bytes would come from the upstream faster
+ * than from the cache).  The
  * bucket holds BUDGET_BURST (64 MiB) at most and starts full, so that
  * a small working set (what a boot reads, a test's image) is cached
  * whole even from a fast upstream, and only a long stream is thinned

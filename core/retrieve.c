@@ -668,8 +668,11 @@ read_pinned (struct fsc_object *o, void *buf, uint32_t count,
       /* Uncached: the object cannot fill now (no memory for a group,
        * a full disk), or a client's read while the cache disk is
        * behind and the bottleneck (fill.c: congested, and slower than
-       * the upstream), or the upstream far faster than the disk and
-       * the fills past their budget (fsc_fill_budget).  That read bypasses the cache: it
+       * the upstream), or the upstream faster than the disk and the
+       * fills past their budget (fsc_fill_budget), congested or not: a
+       * full queue must not open the way around the budget (a fast NBD
+       * server then had everything filled inline, at 0.2 of no cache).
+       * That read bypasses the cache: it
        * claims nothing (nobody waits for it), fetches just its bytes
        * and stores nothing, counted as skipped, at the upstream's
        * speed.  Whole blocks, which only the fill would use, would
@@ -683,11 +686,11 @@ read_pinned (struct fsc_object *o, void *buf, uint32_t count,
                !holds (o, b + n, offset, end, whole, NULL, NULL, NULL))
           n++;
       }
-      else if (buf && (fsc_fill_congested (o->cache)
-                       ? fsc_fill_slower (o->cache)
-                       : !fsc_fill_budget (o->cache,
-                                           MIN (end - block_start (o, b),
-                                                (uint64_t) MAX_FETCH_BYTES)))) {
+      else if (buf && ((fsc_fill_congested (o->cache) &&
+                        fsc_fill_slower (o->cache)) ||
+                       !fsc_fill_budget (o->cache,
+                                         MIN (end - block_start (o, b),
+                                              (uint64_t) MAX_FETCH_BYTES)))) {
         kind = RUN_UNCACHED;
         bypass = true;
         o->notices |= FSC_NOTICE_SKIPPED;
