@@ -472,13 +472,8 @@ stop_walks (struct fsc_cache *cache)
       break;
   }
   for (struct fsc_object *o = cache->objects; o; o = o->next)
-    if (!o->join) {
-      SCOPED_LOCK (&o->lock);
-      if (o->reclaim_running) {
-        o->reclaim_stop = true;
-        pthread_cond_broadcast (&o->cond);
-      }
-    }
+    if (!o->join)
+      fsc_reclaim_stop (o);
 }
 
 void

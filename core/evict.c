@@ -954,12 +954,20 @@ fsc_reclaim_may_linger (struct fsc_object *o)
 }
 
 void
+fsc_reclaim_stop (struct fsc_object *o)
+{
+  SCOPED_LOCK (&o->lock);
+  if (o->reclaim_running) {
+    o->reclaim_stop = true;
+    pthread_cond_broadcast (&o->cond);
+  }
+}
+
+void
 fsc_reclaim_unlinger (struct fsc_object *o)
 {
   o->closing = true;
-  SCOPED_LOCK (&o->lock);
-  o->reclaim_stop = true;
-  pthread_cond_broadcast (&o->cond);
+  fsc_reclaim_stop (o);         /* a lingering object's walk runs */
 }
 
 int

@@ -864,6 +864,11 @@ extern bool fsc_reclaim_finish (struct fsc_object *o);
  */
 extern bool fsc_reclaim_may_linger (struct fsc_object *o);
 
+/* evict.c: stop O's walk (and census) at the next group, if it runs:
+ * it ends unfinished, and the index stays unclean.  Takes o->lock.
+ */
+extern void fsc_reclaim_stop (struct fsc_object *o);
+
 /* evict.c: somebody wants lingering O: mark it closing and stop its
  * walk at the next group, so that its thread closes it soon (the
  * waiter then opens it anew: a lookup, with its checks).  Caller holds
