@@ -912,11 +912,11 @@ leaked (struct fsc_object *o)
  * (object.c, lingering_fits: the walk goes on); else it stops the walk,
  * waits for the close and looks it up anew (fsc_reclaim_unlinger): the
  * walk starts over, as after any unclean open.  So a short connection
- * after a crash is not kept
- * waiting at its disconnect for a walk that grows with the cached
- * amount (seconds per GiB of scattered blocks); nor is a clean stop of
- * the process, for more than a second (cache.c, stop_walks: the walk
- * is stopped, the index left unclean, and the next open walks again).
+ * after a crash is not kept waiting at its disconnect for a walk that
+ * grows with the cached amount (seconds per GiB of scattered blocks);
+ * nor is a clean stop of the process, for more than a second (cache.c,
+ * stop_walks: the walk is stopped, the index left unclean, and the
+ * next open walks again).
  */
 static void *
 reclaimer (void *arg)

@@ -672,12 +672,12 @@ read_pinned (struct fsc_object *o, void *buf, uint32_t count,
        * fills past their budget (fsc_fill_budget), congested or not: a
        * full queue must not open the way around the budget (a fast NBD
        * server then had everything filled inline, at 0.2 of no cache).
-       * That read bypasses the cache: it
-       * claims nothing (nobody waits for it), fetches just its bytes
-       * and stores nothing, counted as skipped, at the upstream's
-       * speed.  Whole blocks, which only the fill would use, would
-       * be fetched for nothing.  (So does a block being fetched here,
-       * one the test knob does not wait for: it goes upstream again.)
+       * That read bypasses the cache: it claims nothing (nobody waits
+       * for it), fetches just its bytes and stores nothing, counted as
+       * skipped, at the upstream's speed.  Whole blocks, which only the
+       * fill would use, would be fetched for nothing.  (So does a
+       * block being fetched here, one the test knob does not wait for:
+       * it goes upstream again.)
        */
       if (g == NULL || time (NULL) < o->nofill_until ||
           (g->fetching & BIT_OF (b))) {
