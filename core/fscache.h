@@ -235,6 +235,10 @@ extern int fsc_object_read (struct fsc_object *obj, void *buf,
                                  * covers in its end blocks, as a
                                  * random read would (NBD_CMD_CACHE of a
                                  * recorded trace); else whole blocks */
+#define FSC_PREFETCH_SPECULATIVE 8u /* nobody asked for it (readahead):
+                                 * before the fill and upstream rates
+                                 * are known, only within the fills'
+                                 * first budget, as a client's miss */
 
 /* Make [OFFSET, OFFSET+COUNT) present without copying it anywhere
  * (NBD_CMD_CACHE, readahead).  Blocks already present or being

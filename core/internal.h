@@ -400,9 +400,12 @@ extern bool fsc_fill_slower (struct fsc_cache *cache);
  * fills are slower than the upstream; then they are admitted at a
  * fiftieth of the fills' own rate, after a burst of 64 MiB, so that
  * they take a bounded share of the CPUs a fast upstream's reads need
- * too.  Takes cache->budget_lock.
+ * too.  Before the rates are known, only within that burst; that
+ * alone applies to a SPECULATIVE prefetch (readahead).  Takes
+ * cache->budget_lock.
  */
-extern bool fsc_fill_budget (struct fsc_cache *cache, uint64_t len);
+extern bool fsc_fill_budget (struct fsc_cache *cache, uint64_t len,
+                             bool speculative);
 
 /* fill.c: true if fills are slower than the upstream, so that client
  * reads fill only within the budget above.  No lock.

@@ -59,11 +59,15 @@ worker (void *arg)
      * written inline by this thread while the stream's reads wait for
      * its claims, competing with the fills of the client's own misses.
      * The client reads these bytes itself soon enough, at the
-     * upstream's speed.  Errors only mean the client's read misses.
+     * upstream's speed.  Before the rates are known, it spends from
+     * the budget's first bucket as the client's misses do (retrieve.c,
+     * FSC_PREFETCH_SPECULATIVE).  Errors only mean the client's read
+     * misses.
      */
     struct fsc_cache *c = ra->obj->cache;
     if (!fsc_fill_congested (c) && !fsc_fill_budgeted (c))
-      fsc_object_prefetch (ra->obj, r.offset, r.count, &ra->up, 0);
+      fsc_object_prefetch (ra->obj, r.offset, r.count, &ra->up,
+                           FSC_PREFETCH_SPECULATIVE);
   }
 }
 

@@ -686,14 +686,18 @@ read_pinned (struct fsc_object *o, void *buf, uint32_t count,
                !holds (o, b + n, offset, end, whole, NULL, NULL, NULL))
           n++;
       }
-      else if (buf && ((fsc_fill_congested (o->cache) &&
-                        fsc_fill_slower (o->cache)) ||
-                       !fsc_fill_budget (o->cache,
-                                         MIN (end - block_start (o, b),
-                                              (uint64_t) MAX_FETCH_BYTES)))) {
+      else if ((buf && fsc_fill_congested (o->cache) &&
+                fsc_fill_slower (o->cache)) ||
+               ((buf || (flags & FSC_PREFETCH_SPECULATIVE)) &&
+                !fsc_fill_budget (o->cache,
+                                  MIN (end - block_start (o, b),
+                                       (uint64_t) MAX_FETCH_BYTES),
+                                  buf == NULL))) {
+        /* (A prefetch here fetches nothing: readahead went too far.) */
         kind = RUN_UNCACHED;
-        bypass = true;
-        o->notices |= FSC_NOTICE_SKIPPED;
+        bypass = buf != NULL;
+        if (buf)
+          o->notices |= FSC_NOTICE_SKIPPED;
         while (b + n <= last && n < max_run &&
                !holds (o, b + n, offset, end, whole, NULL, NULL, NULL))
           n++;

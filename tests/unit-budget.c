@@ -1,0 +1,90 @@
+/* Unit test: when a client's miss, or a readahead's prefetch, may fill
+ * the cache (core/fill.c, fsc_fill_budget and fsc_fill_budgeted).
+ *
+ * The rule depends on two rates, the fills' and the upstream's peak,
+ * which the meters measure as data moves.  Here they are set by hand,
+ * so that each case of the rule is checked whatever this machine's
+ * disk and CPUs do:
+ *
+ *   rates not known yet      the first bucket (64 MiB) admits client
+ *                            misses and speculative prefetches alike,
+ *                            with no refill, then neither;
+ *   fills faster than the    everything is admitted, the bucket is
+ *   upstream                 not touched;
+ *   fills slower             client misses spend from the bucket,
+ *                            refilled at a fiftieth of the fills'
+ *                            rate; a speculative prefetch is not
+ *                            charged (readahead asks fsc_fill_budgeted
+ *                            and pauses instead).
+ */
+#include <config.h>
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "fscache.h"
+#include "internal.h"
+#include "unit.h"
+
+#define MiB ((uint64_t) 1 << 20)
+
+static void
+set_rates (struct fsc_cache *c, uint64_t fill, uint64_t up_peak)
+{
+  __atomic_store_n (&c->fill_meter.rate, fill, __ATOMIC_RELAXED);
+  __atomic_store_n (&c->up_meter.peak, up_peak, __ATOMIC_RELAXED);
+}
+
+int
+main (void)
+{
+  char dir[64];
+  snprintf (dir, sizeof dir, "/tmp/unit-budget-XXXXXX");
+  CHECK (mkdtemp (dir) != NULL);
+  strcat (dir, "/cache");
+  struct fsc_cache_config cfg = { .dir = dir, .create = true };
+  struct fsc_cache *c;
+  CHECK (fsc_cache_open (&cfg, &c) == 0);
+  CHECK (!c->test_budget);      /* NBD_FSCACHE_TEST_BUDGET must be unset */
+
+  /* Nothing measured yet: 64 MiB in all, then nothing, whoever asks. */
+  CHECK (!fsc_fill_budgeted (c));
+  for (unsigned i = 0; i < 48; ++i)
+    CHECK (fsc_fill_budget (c, MiB, false));
+  for (unsigned i = 0; i < 16; ++i)
+    CHECK (fsc_fill_budget (c, MiB, true));
+  CHECK (!fsc_fill_budget (c, MiB, false));
+  CHECK (!fsc_fill_budget (c, MiB, true));
+  /* Only one of the rates known is as good as none. */
+  set_rates (c, 0, 1000 * MiB);
+  CHECK (!fsc_fill_budget (c, MiB, false));
+  set_rates (c, 1000 * MiB, 0);
+  CHECK (!fsc_fill_budget (c, MiB, true));
+
+  /* Fills faster than the upstream: no budget at all. */
+  set_rates (c, 2000 * MiB, 1000 * MiB);
+  CHECK (!fsc_fill_budgeted (c));
+  for (unsigned i = 0; i < 256; ++i) {
+    CHECK (fsc_fill_budget (c, MiB, false));
+    CHECK (fsc_fill_budget (c, MiB, true));
+  }
+
+  /* Fills slower: the bucket, still empty, refills at a fiftieth of
+   * 100 MiB/s, 2 MiB/s: 64 MiB would take 32 s, which this test does
+   * not last.  Readahead is not charged: it pauses (budgeted).
+   */
+  set_rates (c, 100 * MiB, 4000 * MiB);
+  CHECK (fsc_fill_budgeted (c));
+  CHECK (!fsc_fill_budget (c, 64 * MiB, false));
+  CHECK (fsc_fill_budget (c, 64 * MiB, true));
+
+  fsc_cache_close (c);
+  char cmd[128];
+  snprintf (cmd, sizeof cmd, "rm -rf '%.*s'", (int) (strlen (dir) - 6), dir);
+  CHECK (system (cmd) == 0);
+  printf ("unit-budget: ok\n");
+  return 0;
+}
