@@ -121,6 +121,14 @@ fsc_readahead_observe (struct fsc_readahead *ra, uint64_t offset,
   ra->last_end = offset + count;
   if (ra->sequential < 2)
     return;
+  /* Paused (see worker): queue nothing and wake nobody.  A stream from
+   * a fast upstream is read past the budget for its whole length, and
+   * waking the workers for each request only for them to drop what
+   * they found cost it three context switches a request.
+   */
+  struct fsc_cache *c = ra->obj->cache;
+  if (fsc_fill_congested (c) || fsc_fill_budgeted (c))
+    return;
 
   /* Never further ahead than an eighth of a capped object's budget:
    * more would evict what was prefetched before it is read.
@@ -136,7 +144,7 @@ fsc_readahead_observe (struct fsc_readahead *ra, uint64_t offset,
   if (ra->queued_end - ra->last_end >= window / 2 &&
       ra->queued_end < size)
     return;
-  bool added = false;
+  unsigned added = 0;
   while (ra->queued_end < target && ra->len < QUEUE_MAX) {
     /* Chunks aligned to the chunk size, so that concurrent streams
      * and the workers split the export the same way.
@@ -148,11 +156,17 @@ fsc_readahead_observe (struct fsc_readahead *ra, uint64_t offset,
     r->count = end - ra->queued_end;
     ra->len++;
     ra->queued_end = end;
-    added = true;
+    added++;
   }
+  /* A worker per chunk added, not all of them for each (a broadcast
+   * woke every idle worker for the one chunk a 1 MiB read adds).
+   */
   if (added) {
     maybe_start_worker (ra);
-    pthread_cond_broadcast (&ra->cond);
+    if (added == 1)
+      pthread_cond_signal (&ra->cond);
+    else
+      pthread_cond_broadcast (&ra->cond);
   }
 }
 
