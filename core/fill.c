@@ -106,13 +106,12 @@
  * from the file, and those skip whenever the disk is three times
  * slower.  Until both meters have a window (the first 20 ms of busy
  * time or 32 MiB of each), the full queue's rule skips nothing, and
- * the budget's first bucket alone admits fills (fsc_fill_budget).  The
- * margin keeps the comparison
- * of two noisy rates of the same order from deciding anything: between
- * a third and all of the upstream's rate, a cold read may be paced by
- * the disk (at worst a third of the upstream's speed) rather than
- * lose what it read.  Without the thread (unit tests) every fill is
- * inline.
+ * the budget's first bucket alone admits fills (fsc_fill_budget).
+ * The margin keeps the comparison of two noisy rates of the same
+ * order from deciding anything: between a third and all of the
+ * upstream's rate, a cold read may be paced by the disk (at worst a
+ * third of the upstream's speed) rather than lose what it read.
+ * Without the thread (unit tests) every fill is inline.
  *
  * A read that finds a block claimed waits for the claim, as for a fetch
  * (dedup), unless the claim is a fill waiting here or being written:
