@@ -669,15 +669,16 @@ read_pinned (struct fsc_object *o, void *buf, uint32_t count,
        * a full disk), or a client's read while the cache disk is
        * behind and the bottleneck (fill.c: congested, and slower than
        * the upstream), or the upstream faster than the disk and the
-       * fills past their budget (fsc_fill_budget), congested or not: a
-       * full queue must not open the way around the budget (a fast NBD
-       * server then had everything filled inline, at 0.2 of no cache).
-       * That read bypasses the cache: it claims nothing (nobody waits
-       * for it), fetches just its bytes and stores nothing, counted as
-       * skipped, at the upstream's speed.  Whole blocks, which only the
-       * fill would use, would be fetched for nothing.  (So does a
-       * block being fetched here, one the test knob does not wait for:
-       * it goes upstream again.)
+       * fills past their budget (fsc_fill_budget, asked below once
+       * the run is claimed, so that it is charged the run), congested
+       * or not: a full queue must not open the way around the budget
+       * (a fast NBD server then had everything filled inline, at 0.2
+       * of no cache).  That read bypasses the cache: it claims nothing
+       * (nobody waits for it), fetches just its bytes and stores
+       * nothing, counted as skipped, at the upstream's speed.  Whole
+       * blocks, which only the fill would use, would be fetched for
+       * nothing.  (So does a block being fetched here, one the test
+       * knob does not wait for: it goes upstream again.)
        */
       if (g == NULL || time (NULL) < o->nofill_until ||
           (g->fetching & BIT_OF (b))) {
@@ -686,18 +687,11 @@ read_pinned (struct fsc_object *o, void *buf, uint32_t count,
                !holds (o, b + n, offset, end, whole, NULL, NULL, NULL))
           n++;
       }
-      else if ((buf && fsc_fill_congested (o->cache) &&
-                fsc_fill_slower (o->cache)) ||
-               ((buf || (flags & FSC_PREFETCH_SPECULATIVE)) &&
-                !fsc_fill_budget (o->cache,
-                                  MIN (end - block_start (o, b),
-                                       (uint64_t) MAX_FETCH_BYTES),
-                                  buf == NULL))) {
-        /* (A prefetch here fetches nothing: readahead went too far.) */
+      else if (buf && fsc_fill_congested (o->cache) &&
+               fsc_fill_slower (o->cache)) {
         kind = RUN_UNCACHED;
-        bypass = buf != NULL;
-        if (buf)
-          o->notices |= FSC_NOTICE_SKIPPED;
+        bypass = true;
+        o->notices |= FSC_NOTICE_SKIPPED;
         while (b + n <= last && n < max_run &&
                !holds (o, b + n, offset, end, whole, NULL, NULL, NULL))
           n++;
@@ -721,6 +715,29 @@ read_pinned (struct fsc_object *o, void *buf, uint32_t count,
         const uint64_t bl = b + n - 1;
         held_last = n == 1 ? held_first
           : present (o, bl) ? grp (o, GROUP_OF (bl))->pieces[IDX_OF (bl)] : 0;
+        /* The budget is charged what this run will fill (a random
+         * read's window, else whole blocks), decided before the lock
+         * is let go: refused, the claims are taken back, and nobody
+         * can have seen them.  Charged the rest of the request per
+         * run, a long read over a partly cached export spent 4 MiB per
+         * hole and bypassed the rest, fetching blocks held in pieces
+         * for nothing.  A prefetch refused fetches nothing: readahead
+         * went too far.
+         */
+        uint64_t rs = block_start (o, b), re = block_end (o, bl);
+        if (buf && !(flags & (FSC_READ_SEQUENTIAL | FSC_READ_NEAR))) {
+          rs = MAX (rs, offset);
+          re = MIN (re, end);
+        }
+        if ((buf || (flags & FSC_PREFETCH_SPECULATIVE)) &&
+            !fsc_fill_budget (o->cache, re - rs, buf == NULL)) {
+          for (uint64_t i = b; i <= bl; ++i)
+            grp (o, GROUP_OF (i))->fetching &= ~BIT_OF (i);
+          kind = RUN_UNCACHED;
+          bypass = buf != NULL;
+          if (buf)
+            o->notices |= FSC_NOTICE_SKIPPED;
+        }
       }
     }
     pthread_mutex_unlock (&o->lock);
