@@ -409,10 +409,7 @@ committer (void *arg)
     pthread_mutex_lock (&c->lock);
     if (!c->stopping && !c->commit_wanted) {
       struct timespec ts;
-      clock_gettime (CLOCK_REALTIME, &ts);
-      uint64_t ns = ts.tv_nsec + (uint64_t) c->commit_interval_ms * 1000000;
-      ts.tv_sec += ns / 1000000000;
-      ts.tv_nsec = ns % 1000000000;
+      deadline_ms (&ts, c->commit_interval_ms);
       pthread_cond_timedwait (&c->cond, &c->lock, &ts);
     }
     bool stop = c->stopping;

@@ -495,8 +495,7 @@ writer (void *arg)
       pthread_mutex_lock (&wl->lock);
       if (!wl->stopping && wl->applied_seq == wl->tail_seq) {
         struct timespec ts;
-        clock_gettime (CLOCK_REALTIME, &ts);
-        ts.tv_sec += IDLE_MS / 1000;
+        deadline_ms (&ts, IDLE_MS);
         wl->writer_idle = true;       /* apply_done wakes us */
         pthread_cond_timedwait (&wl->cond, &wl->lock, &ts);
         wl->writer_idle = false;
