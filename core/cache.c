@@ -42,6 +42,7 @@
 #include "xxh.h"
 
 #include "internal.h"
+#include "safeopen.h"
 #include "utils.h"
 
 #define HDR_NAME "fscache.hdr"
@@ -55,27 +56,6 @@ static const unsigned char hdr_magic[8] = "NBDFSCHD";
 /* Header field offsets, saved on disk. */
 enum { H_MAGIC = 0, H_VERSION = 8, H_SIZE = 12, H_UUID = 16,
        H_CREATED = 32, H_CHECKSUM = HDR_SIZE - 8 };
-
-/* Create DIR and missing parents, like mkdir -p -m 0700. */
-static int
-mkdir_p (const char *dir)
-{
-  CLEANUP_FREE char *path = strdup (dir);
-  if (path == NULL)
-    return -1;
-  for (char *p = path + 1; ; ++p) {
-    if (*p == '/' || *p == '\0') {
-      char c = *p;
-      *p = '\0';
-      if (mkdir (path, 0700) == -1 && errno != EEXIST)
-        return -1;
-      *p = c;
-      if (c == '\0')
-        break;
-    }
-  }
-  return 0;
-}
 
 /* Write a new header.  With REPLACE false, a header another process
  * created meanwhile wins (EEXIST): two nbdkit processes may create the
@@ -156,24 +136,6 @@ read_header (struct fsc_cache *c)
   return 0;
 }
 
-/* A directory we may trust: ours, and nobody else may write it. */
-static int
-check_dir (int fd)
-{
-  struct stat st;
-  if (fstat (fd, &st) == -1)
-    return -1;
-  if (!S_ISDIR (st.st_mode)) {
-    errno = ENOTDIR;
-    return -1;
-  }
-  if (st.st_uid != geteuid () || (st.st_mode & S_IWOTH)) {
-    errno = EPERM;
-    return -1;
-  }
-  return 0;
-}
-
 static void
 free_scratch (void *p)
 {
@@ -220,6 +182,7 @@ fsc_cache_open (const struct fsc_cache_config *config,
                 struct fsc_cache **cachep)
 {
   struct fsc_cache *c = calloc (1, sizeof *c);
+  char objname[4096];
   int e;
 
   if (c == NULL)
@@ -231,10 +194,14 @@ fsc_cache_open (const struct fsc_cache_config *config,
   if (fsc_io_init (&c->io, config->faults) == -1)
     goto err_free;
 
-  if (config->create && mkdir_p (config->dir) == -1)
-    goto err_free;
-  c->dirfd = open (config->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (c->dirfd == -1 || check_dir (c->dirfd) == -1)
+  /* Rules 1 and 2 of safeopen.c: nobody else may redirect the path or
+   * write the directory.
+   */
+  if (config->why && config->why_len)
+    config->why[0] = '\0';
+  c->dirfd = fsc_safe_open_dir (config->dir, config->create,
+                                config->why, config->why_len);
+  if (c->dirfd == -1)
     goto err_close;
 
   if (read_header (c) == -1) {
@@ -248,12 +215,10 @@ fsc_cache_open (const struct fsc_cache_config *config,
     }
   }
 
-  if (!config->existing &&
-      mkdirat (c->dirfd, "objects", 0700) == -1 && errno != EEXIST)
-    goto err_close;
-  c->objdirfd = openat (c->dirfd, "objects",
-                        O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-  if (c->objdirfd == -1 || check_dir (c->objdirfd) == -1)
+  snprintf (objname, sizeof objname, "%s/objects", config->dir);
+  c->objdirfd = fsc_own_subdir (c->dirfd, "objects", !config->existing,
+                                objname, config->why, config->why_len);
+  if (c->objdirfd == -1)
     goto err_close;
 
   if ((e = pthread_key_create (&c->scratch_key, free_scratch)) != 0) {

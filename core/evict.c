@@ -104,6 +104,7 @@
 #include <unistd.h>
 
 #include "internal.h"
+#include "safeopen.h"
 #include "quota.h"
 #include "utils.h"
 
@@ -1030,7 +1031,7 @@ read_quota (struct fsc_object *o)
     if (same)
       return;
     unsigned char buf[FSC_QUOTA_SIZE + 1];
-    int fd = openat (o->fandirfd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    int fd = fsc_open_regular (o->fandirfd, name, O_RDONLY, 0);
     bool gone = fd == -1 && errno == ENOENT;    /* just lifted */
     ssize_t n = fd >= 0 ? pread (fd, buf, sizeof buf, 0) : -1;
     if (fd >= 0)

@@ -56,6 +56,9 @@ struct fsc_cache_config {
                                  * or damaged header is an error (ENOENT,
                                  * EBADMSG), nothing is created or
                                  * rewritten (tools, the daemon) */
+  char *why;                    /* if not NULL: why the directory was
+                                 * refused, one line (WHY_LEN bytes) */
+  size_t why_len;
 };
 
 /* The default cache directory, as nbdkit-fscache-filter(1) documents
@@ -69,12 +72,14 @@ extern char *fsc_default_dir (void);
 
 /* Open (and with CONFIG->create, create) a cache directory.  With
  * CONFIG->existing, only a directory that already is a valid cache.  The
- * directory itself may be reached through a symlink (the
- * administrator's choice); everything inside is opened without
- * following any.  Refuses a directory that is not a directory
- * (ENOTDIR), not owned by the effective user or writable by others
- * (EPERM), or whose header was written by a newer version
- * (EPROTONOSUPPORT).
+ * path is walked one component at a time (safeopen.h): a symlink on it
+ * is followed only if root or we own it and nobody else can replace it;
+ * everything inside is opened without following any.  Refuses a
+ * directory that is not a directory (ENOTDIR), a path through a
+ * directory another user owns or may write, a directory or objects/
+ * not owned by the effective user or writable by its group or others
+ * (EPERM, with the reason in CONFIG->why), or whose header was written
+ * by a newer version (EPROTONOSUPPORT).
  */
 extern int fsc_cache_open (const struct fsc_cache_config *config,
                            struct fsc_cache **cachep);

@@ -32,6 +32,7 @@
 #include <unistd.h>
 
 #include "internal.h"
+#include "safeopen.h"
 
 void
 fsc_ostats_snapshot (struct fsc_object *o, struct fsc_ostats *out)
@@ -124,9 +125,7 @@ fsc_live_write (int dirfd, const char *name, const struct fsc_live_head *h,
   char tmp[FSC_NAME_MAX + 32], dst[FSC_NAME_MAX + 8];
   snprintf (tmp, sizeof tmp, "%s.stats.tmp.%ld", name, (long) getpid ());
   snprintf (dst, sizeof dst, "%s.stats", name);
-  int fd = openat (dirfd, tmp,
-                   O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC,
-                   0600);
+  int fd = fsc_open_regular (dirfd, tmp, O_WRONLY | O_CREAT | O_TRUNC, 0600);
   if (fd == -1)
     goto out;
   /* No fsync: statistics may be a round behind after a power cut (the
@@ -241,7 +240,7 @@ fsc_live_read (int dirfd, const char *name, struct fsc_live_head *h,
 {
   char file[FSC_NAME_MAX + 8];
   snprintf (file, sizeof file, "%s.stats", name);
-  int fd = openat (dirfd, file, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+  int fd = fsc_open_regular (dirfd, file, O_RDONLY, 0);
   if (fd == -1)
     return -1;
   FILE *fp = fdopen (fd, "r");

@@ -51,6 +51,7 @@
 #include "xxh.h"
 
 #include "internal.h"
+#include "safeopen.h"
 #include "utils.h"
 
 /* The name of the object's file with SUFFIX (".idx", ".data", ".sums",
@@ -121,8 +122,8 @@ void
 fsc_mark_stale (struct fsc_object *o)
 {
   char buf[FILE_NAME_MAX];
-  int fd = openat (o->fandirfd, fsc_file_name (o, ".stale", buf),
-                   O_WRONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+  int fd = fsc_open_regular (o->fandirfd, fsc_file_name (o, ".stale", buf),
+                             O_WRONLY | O_CREAT, 0600);
   if (fd >= 0) {
     fsync (fd);
     close (fd);
@@ -153,15 +154,19 @@ fsc_openat_own (int dirfd, const char *name, int flags)
 {
   struct stat st;
 
-  int fd = openat (dirfd, name, flags | O_NOFOLLOW | O_CLOEXEC, 0600);
+  /* Never a symlink, never waiting on a FIFO (safeopen.c rule 3). */
+  int fd = fsc_open_regular (dirfd, name, flags, 0600);
   if (fd == -1)
     return -1;
-  if (fstat (fd, &st) == -1 || !S_ISREG (st.st_mode) ||
+  if (fstat (fd, &st) == -1 ||
       st.st_uid != geteuid () || st.st_nlink != 1) {
     close (fd);
     errno = EPERM;
     return -1;
   }
+  /* Rule 4 of safeopen.c: 0600 whatever the umask was. */
+  if ((flags & O_CREAT) && (st.st_mode & 07777) != 0600)
+    (void) fchmod (fd, 0600);
   return fd;
 }
 
@@ -287,10 +292,10 @@ lookup (struct fsc_object *o, const struct fsc_object_params *p,
   struct fsc_stats *st = &c->stats;
 
   fsc_key_encode (p->key, p->key_len, o->name, o->fan);
-  if (mkdirat (c->objdirfd, o->fan, 0700) == -1 && errno != EEXIST)
-    return -1;
-  o->fandirfd = openat (c->objdirfd, o->fan,
-                        O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  /* Ours alone, or someone else could plant files, the share socket
+   * or the epochs beside ours (safeopen.c rule 1).
+   */
+  o->fandirfd = fsc_own_subdir (c->objdirfd, o->fan, true, o->fan, NULL, 0);
   if (o->fandirfd == -1)
     return -1;
   o->ifd = fsc_open_file (o, ".idx");
@@ -476,7 +481,7 @@ fsc_object_peek_size (struct fsc_cache *c, const void *key, size_t key_len,
                       O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
   if (dirfd == -1)
     return -1;
-  int fd = openat (dirfd, file, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+  int fd = fsc_open_regular (dirfd, file, O_RDONLY, 0);
   int e = errno;
   close (dirfd);
   if (fd == -1) {

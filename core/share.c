@@ -330,7 +330,7 @@ map_epochs (struct fsc_object *o, bool writable)
   const size_t len = EPOCH_SLOTS * sizeof (uint32_t);
   int fd = openat (o->fandirfd, name,
                    (writable ? O_RDWR | O_CREAT : O_RDONLY) | O_NOFOLLOW |
-                   O_CLOEXEC, 0600);
+                   O_NONBLOCK | O_CLOEXEC, 0600);
   if (fd == -1)
     return NULL;
   struct stat st;

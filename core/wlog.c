@@ -45,6 +45,7 @@
 #include "xxh.h"
 
 #include "wlog-int.h"
+#include "safeopen.h"
 
 static uint64_t
 now_ms (void)
@@ -1006,10 +1007,8 @@ open_log_file (struct fsc_cache *c, const void *key, size_t key_len,
   char name[FSC_NAME_MAX + 1], fan[FSC_FAN_MAX + 1];
   char file[FSC_NAME_MAX + 8];
   fsc_key_encode (key, key_len, name, fan);
-  if (create && mkdirat (c->objdirfd, fan, 0700) == -1 && errno != EEXIST)
-    return -1;
-  int dfd = openat (c->objdirfd, fan,
-                    O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  /* Only an @xx nobody else may write (safeopen.c rule 1). */
+  int dfd = fsc_own_subdir (c->objdirfd, fan, create, fan, NULL, 0);
   if (dfd == -1)
     return -1;
   snprintf (file, sizeof file, "%s.wlog", name);
@@ -1421,7 +1420,7 @@ fsc_wlog_inspect (int dirfd, const char *name, struct fsc_wlog_info *info)
     errno = ENAMETOOLONG;
     return -1;
   }
-  int fd = openat (dirfd, file, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+  int fd = fsc_open_regular (dirfd, file, O_RDONLY, 0);
   if (fd == -1)
     return -1;
   struct fsc_cache c;

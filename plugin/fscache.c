@@ -133,16 +133,23 @@ fscache_config_complete (nbdkit_next_config_complete *next,
     return -1;
   }
 
+  char why[512] = "";
   struct fsc_cache_config cfg = {
     .dir = params.dir,
     .create = true,
     .min_free_pct = params.min_free,
     .min_free_files_pct = params.min_free_inodes,
     .faults = getenv ("NBD_FSCACHE_FAULTS"),
+    .why = why,
+    .why_len = sizeof why,
   };
   if (fsc_cache_open (&cfg, &state.cache) == -1) {
     switch (errno) {
     case EPERM:
+      if (why[0]) {
+        nbdkit_error ("fscache-dir: %s", why);
+        break;
+      }
       nbdkit_error ("fscache-dir=%s: refusing to use a cache directory "
                     "owned by another user or writable by others "
                     "(it should be mode 0700 and owned by uid %d)",
@@ -520,6 +527,13 @@ fscache_prepare (nbdkit_next *next, void *handle, int readonly)
     nbdkit_debug ("fscache: export \"%s\": joined the copy of process %d "
                   "(%" PRIu64 " blocks cached)", h->exportname,
                   info.owner_pid, info.present_blocks);
+  else if (info.err == EPERM || info.err == ENOTDIR)
+    nbdkit_error ("fscache: warning: export \"%s\": cache unusable: its "
+                  "fan-out directory in %s/objects (or a file in it) is not "
+                  "this user's alone (owned by another user, writable by "
+                  "others, or not a directory: it must be uid %d's, mode "
+                  "0700); refusing it and serving the export uncached",
+                  h->exportname, params.dir, (int) geteuid ());
   else if (info.err)
     nbdkit_error ("fscache: warning: export \"%s\": cache unusable (%s); "
                   "serving it uncached", h->exportname,

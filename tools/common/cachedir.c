@@ -19,7 +19,9 @@ fscd_check_dir (const char *dir, char *why, size_t whylen)
 {
   struct stat st;
   struct fsc_cache *cache;
-  struct fsc_cache_config cc = { .dir = dir, .existing = true };
+  char refused[512] = "";
+  struct fsc_cache_config cc = { .dir = dir, .existing = true,
+                                 .why = refused, .why_len = sizeof refused };
 
   if (stat (dir, &st) == -1) {
     snprintf (why, whylen, "%s: %s", dir, strerror (errno));
@@ -41,6 +43,10 @@ fscd_check_dir (const char *dir, char *why, size_t whylen)
                 "(fscache.hdr is damaged or not a cache header)", dir);
       break;
     case EPERM:
+      if (refused[0]) {
+        snprintf (why, whylen, "%s", refused);
+        break;
+      }
       snprintf (why, whylen, "%s: refused: the directory or its objects/ "
                 "is owned by another user or writable by others", dir);
       break;

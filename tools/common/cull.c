@@ -234,7 +234,11 @@ lock_wlog (int fanfd, const char *fanname, const char *name, unsigned flags,
   if (flags & FSCD_CULL_KEEP_WLOG)
     return FSCD_CULLED;
   snprintf (file, sizeof file, "%s.wlog", name);
-  int fd = openat (fanfd, file, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY);
+  /* O_NONBLOCK: a FIFO planted as the log is never waited on (its type
+   * is checked below).
+   */
+  int fd = openat (fanfd, file,
+                   O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
   if (fd == -1) {
     if (errno == ENOENT)
       return FSCD_CULLED;       /* none: none will be taken */
@@ -301,7 +305,8 @@ fscd_cull (int objdirfd, struct fscd_grave *g, const struct fscd_object *o,
 
   /* Rule 1: lock, then check it is still the object we scanned. */
   if (with_idx) {
-    ifd = openat (fanfd, idx, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY);
+    ifd = openat (fanfd, idx, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC |
+                  O_NOCTTY);
     if (ifd == -1) {
       ret = errno == ENOENT || errno == ELOOP ? FSCD_CULL_CHANGED
                                               : FSCD_CULL_ERROR;

@@ -24,6 +24,7 @@
 
 #include "fscached.h"
 #include "quota.h"
+#include "safeopen.h"
 
 static int
 open_fan (int objdirfd, const struct fscd_object *o)
@@ -42,7 +43,7 @@ fscd_quota_read (int objdirfd, const struct fscd_object *o, uint64_t *budget)
   if (fanfd == -1)
     return -1;
   snprintf (file, sizeof file, "%s.quota", o->name);
-  int fd = openat (fanfd, file, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+  int fd = fsc_open_regular (fanfd, file, O_RDONLY, 0);   /* no FIFO */
   close (fanfd);
   if (fd == -1)
     return -1;
