@@ -26,6 +26,7 @@
 #include <config.h>
 
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <limits.h>
 #include <pthread.h>
@@ -33,6 +34,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -115,12 +117,28 @@ fscache_config (nbdkit_next_config *next, nbdkit_backend *nxdata,
   return next (nxdata, k, value);
 }
 
+/* Is the stats file a symlink (or other non-regular file)?  Then it is
+ * refused: a link planted there must not redirect our writes, and a
+ * rename over it would silently replace someone's link.
+ */
+static bool
+stats_file_refused (void)
+{
+  struct stat st;
+  return lstat (params.stats_file, &st) == 0 && !S_ISREG (st.st_mode);
+}
+
 static int
 fscache_config_complete (nbdkit_next_config_complete *next,
                          nbdkit_backend *nxdata)
 {
   if (params_config_complete () == -1)
     return -1;
+  if (params.stats_file && stats_file_refused ()) {
+    nbdkit_error ("fscache-stats=%s: not a regular file (a symlink?): "
+                  "refusing to write through it", params.stats_file);
+    return -1;
+  }
 
   /* Created now (before the cache, so that a refused start creates no
    * cache directory), so that a trace that cannot be written is an
@@ -198,6 +216,11 @@ fscache_after_fork (nbdkit_backend *nxdata)
   return 0;
 }
 
+/* Write the counters to a fresh file with an unpredictable name in
+ * FILE's directory (mkostemp: O_CREAT | O_EXCL, so never through a
+ * planted link or FIFO), mode 0644 whatever the umask, and rename it
+ * over FILE.
+ */
 static void
 write_stats (void)
 {
@@ -207,22 +230,30 @@ write_stats (void)
   char buf[4096];
   CLEANUP_FREE char *tmp = NULL;
 
+  if (stats_file_refused ()) {
+    nbdkit_error ("fscache-stats=%s: not a regular file (a symlink?): "
+                  "not written", params.stats_file);
+    return;
+  }
   fsc_cache_stats (state.cache, &st);
   size_t len = fsc_stats_format (&st, buf, sizeof buf);
-  if (len >= sizeof buf || asprintf (&tmp, "%s.%d.tmp",
-                                     params.stats_file,
-                                     (int) getpid ()) == -1)
+  if (len >= sizeof buf ||
+      asprintf (&tmp, "%s.XXXXXX", params.stats_file) == -1) {
+    tmp = NULL;
     return;
-  FILE *fp = fopen (tmp, "w");
-  if (fp == NULL) {
+  }
+  int fd = mkostemp (tmp, O_CLOEXEC);
+  if (fd == -1) {
     nbdkit_debug ("fscache-stats=%s: %m", params.stats_file);
     return;
   }
-  fwrite (buf, 1, len, fp);
-  if (fclose (fp) == 0)
-    rename (tmp, params.stats_file);
-  else
+  bool ok = write (fd, buf, len) == (ssize_t) len && fchmod (fd, 0644) == 0;
+  if (close (fd) == -1)
+    ok = false;
+  if (!ok || rename (tmp, params.stats_file) == -1) {
+    nbdkit_debug ("fscache-stats=%s: %m", params.stats_file);
     unlink (tmp);
+  }
 }
 
 static void
