@@ -11,11 +11,17 @@
  */
 #include <config.h>
 
+#include <dlfcn.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <link.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "xxh.h"
 
@@ -23,6 +29,130 @@
 
 #include "identity.h"
 #include "params.h"
+
+/*----------------------------------------------------------------------
+ * The stack below us, for the derived key.
+ *
+ * nbdkit's filter API names neither the plugin nor the other filters,
+ * and two plugins may take the same parameters (pattern 16M and memory
+ * 16M): their derived keys would be one.  So the names are found
+ * outside the API: the plugin is the one nbdkit-NAME-plugin.so loaded
+ * in this process (dl_iterate_phdr: nbdkit loads exactly one), the
+ * filters below us are the --filter arguments after ours on nbdkit's
+ * command line (/proc/self/cmdline), in order.  Both are reduced to
+ * NAME, so that "memory" and ".../nbdkit-memory-plugin.so" are one.
+ */
+
+/* NAME from "nbdkit-NAME-KIND.so[.N]" or a path to it; else the base
+ * name as it is.  Returns a malloc'd string or NULL.
+ */
+static char *
+short_name (const char *path, const char *kind)
+{
+  const char *b = strrchr (path, '/');
+  b = b ? b + 1 : path;
+  char suffix[32];
+  snprintf (suffix, sizeof suffix, "-%s.so", kind);
+  const char *end = strstr (b, suffix);
+  if (strncmp (b, "nbdkit-", 7) == 0 && end && end > b + 7)
+    return strndup (b + 7, end - (b + 7));
+  return strdup (b);
+}
+
+static int
+find_plugin (struct dl_phdr_info *info, size_t size, void *opaque)
+{
+  char **name = opaque;
+  const char *p = info->dlpi_name;
+  const char *b = p ? strrchr (p, '/') : NULL;
+  b = b ? b + 1 : p;
+  (void) size;
+  if (b && *name == NULL && strncmp (b, "nbdkit-", 7) == 0 &&
+      strstr (b, "-plugin.so") != NULL)
+    *name = short_name (b, "plugin");
+  return *name != NULL;
+}
+
+/* Is the --filter argument ARG this filter (MYSELF: our .so's path)? */
+static bool
+is_us (const char *arg, const char *myself)
+{
+  if (strchr (arg, '/') == NULL && strchr (arg, '.') == NULL)
+    return strcmp (arg, "fscache") == 0;
+  char a[PATH_MAX], m[PATH_MAX];
+  return realpath (arg, a) && realpath (myself, m) && strcmp (a, m) == 0;
+}
+
+char *
+identity_stack (void)
+{
+  char *plugin = NULL, *out = NULL;
+  char *cmd = NULL;
+  size_t len = 0, cap = 0;
+  Dl_info me;
+
+  dl_iterate_phdr (find_plugin, &plugin);
+  if (dladdr ((void *) identity_stack, &me) == 0 || me.dli_fname == NULL)
+    me.dli_fname = "";
+
+  /* The command line: NUL-separated arguments. */
+  int fd = open ("/proc/self/cmdline", O_RDONLY | O_CLOEXEC);
+  if (fd >= 0) {
+    for (;;) {
+      if (len == cap) {
+        char *p = realloc (cmd, cap ? cap * 2 : 4096);
+        if (p == NULL)
+          break;
+        cmd = p;
+        cap = cap ? cap * 2 : 4096;
+      }
+      ssize_t r = read (fd, cmd + len, cap - len);
+      if (r <= 0)
+        break;
+      len += r;
+    }
+    close (fd);
+  }
+
+  size_t olen = 0;
+  FILE *fp = open_memstream (&out, &olen);
+  if (fp == NULL)
+    goto done;
+  fprintf (fp, "nbdkit-plugin=%s\n", plugin ? plugin : "?");
+  fputs ("nbdkit-filters-below=", fp);
+  bool below = false, first = true;
+  for (size_t i = 0; cmd && i < len; ) {
+    const char *a = cmd + i;
+    size_t alen = strnlen (a, len - i);
+    i += alen + 1;
+    const char *f = NULL;
+    if (strncmp (a, "--filter=", 9) == 0)
+      f = a + 9;
+    else if (strcmp (a, "--filter") == 0 && i < len) {
+      f = cmd + i;
+      i += strnlen (f, len - i) + 1;
+    }
+    if (f == NULL)
+      continue;
+    if (!below) {
+      below = is_us (f, me.dli_fname);
+      continue;
+    }
+    char *n = short_name (f, "filter");
+    fprintf (fp, "%s%s", first ? "" : ",", n ? n : f);
+    free (n);
+    first = false;
+  }
+  fputc ('\n', fp);
+  if (fclose (fp) != 0) {
+    free (out);
+    out = NULL;
+  }
+ done:
+  free (cmd);
+  free (plugin);
+  return out;
+}
 
 char *
 object_key (const char *exportname, size_t *len)

@@ -39,6 +39,14 @@ struct fscache_sample_set {
   uint64_t hash[SAMPLE_COUNT];  /* XXH3_64bits of the region's bytes */
 };
 
+/* What lies below this filter, for the derived key: two lines,
+ * "nbdkit-plugin=NAME" and "nbdkit-filters-below=A,B" (the filters
+ * after this one on nbdkit's command line, in order; empty if none),
+ * NAME being the short name (memory, not nbdkit-memory-plugin.so; "?"
+ * if no plugin is found).  Returns a malloc'd string or NULL (ENOMEM).
+ */
+extern char *identity_stack (void);
+
 /* The object key of EXPORTNAME: fscache-key (or the derived key, see
  * params.h), NUL, "export=", the export name; not NUL-terminated, its
  * length in *LEN.  Needs params_config_complete to have run.  Returns

@@ -32,6 +32,7 @@
 #include "wlog.h"
 #include "utils.h"
 
+#include "identity.h"
 #include "params.h"
 
 struct fscache_params params = {
@@ -357,7 +358,39 @@ params_config_complete (void)
                   "derive it from; set fscache-key=STRING");
     return -1;
   }
+  /* A key given by hand is the identity the user says it is, whatever
+   * serves it; only a sample of the data would tell two upstreams of one
+   * size apart.
+   */
+  if (params.key && params.validate != FSC_VALIDATE_SAMPLE)
+    nbdkit_error ("fscache: warning: fscache-key=%s with fscache-validate=%s: "
+                  "any upstream of the same size served with this key "
+                  "(another plugin, other filters, another image) shares "
+                  "this cache object and is served its data; give each "
+                  "upstream its own fscache-key, or change "
+                  "fscache-generation when the upstream changes",
+                  params.key,
+                  params.validate == FSC_VALIDATE_SIZE ? "size" : "none");
   if (params.key == NULL) {
+    /* Two plugins (or filter stacks) may take the same parameters: the
+     * plugin's name and the filters below us are part of the identity
+     * (identity.c).
+     */
+    CLEANUP_FREE char *stack = identity_stack ();
+    if (stack == NULL) {
+      nbdkit_error ("fscache: the plugin's name: %m");
+      return -1;
+    }
+    nbdkit_debug ("fscache: derived key from: %s", stack);
+    char *p = realloc (params.derived_key,
+                       params.derived_len + strlen (stack) + 1);
+    if (p == NULL) {
+      nbdkit_error ("realloc: %m");
+      return -1;
+    }
+    params.derived_key = p;
+    memcpy (p + params.derived_len, stack, strlen (stack) + 1);
+    params.derived_len += strlen (stack);
     /* The parameters may hold passwords: keep only their hash, which
      * is all the identity needs, out of file names and indexes.
      */
