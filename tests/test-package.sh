@@ -17,6 +17,12 @@
 #    --help and --version; the installed proxy serves an image by
 #    name from a configuration; systemd-analyze verify accepts the
 #    installed units as they are;
+#  - the install creates the system user nbd-fscache and
+#    /var/cache/nbd-fscache, its own, mode 0700 (sysusers.d,
+#    tmpfiles.d); the installed proxy, run as its unit runs it (as
+#    nbd-fscache, umask 0077, NBD_FSCACHE_DIR), serves the image and
+#    caches it there, and nbd-fscache ls run as that user lists it;
+#    the user and directory are removed afterwards if they are new;
 #  - dpkg --purge removes it: not installed any more, none of its files
 #    left.  Files of the package that were already on the machine
 #    (from a "make install" with prefix /usr, say) are saved first and
@@ -76,7 +82,9 @@ for f in "$filterdir/nbdkit-fscache-filter.so" \
          /lib/systemd/system/nbd-fscached.service \
          /lib/systemd/system/nbd-fscache-proxy@.service \
          /lib/systemd/system/nbd-fscache-proxy@.socket \
-         /etc/nbd-fscached.conf /etc/nbd-fscache/; do
+         /etc/nbd-fscached.conf /etc/nbd-fscache/ \
+         /usr/lib/sysusers.d/nbd-fscache.conf \
+         /usr/lib/tmpfiles.d/nbd-fscache.conf; do
   grep -qxF "$f" "$TMP/contents" || fail "the package does not hold $f"
 done
 grep -q '\.la$' "$TMP/contents" && fail "the package holds a libtool .la"
@@ -168,6 +176,21 @@ purge ()
   dpkg_locked --purge nbd-fscache
   installed=false
 }
+# The user and the cache directory the package makes are removed
+# after the purge (which keeps them, as Debian does) if they are new.
+user_before=false
+getent passwd nbd-fscache >/dev/null && user_before=true
+cachedir_before=false
+[ -e /var/cache/nbd-fscache ] && cachedir_before=true
+unmake ()
+{
+  $cachedir_before || rm -rf /var/cache/nbd-fscache
+  $user_before || ! getent passwd nbd-fscache >/dev/null ||
+    userdel nbd-fscache
+  $user_before || ! getent group nbd-fscache >/dev/null ||
+    groupdel nbd-fscache
+}
+cleanup_fn unmake
 cleanup_fn restore
 cleanup_fn purge
 
@@ -223,6 +246,51 @@ cmp "$TMP/img" "$TMP/out2" || fail "read through the installed proxy differs"
 kill -TERM "$pid2"
 st=0; wait "$pid2" || st=$?
 [ "$st" -eq 0 ] || fail "installed proxy: exit status $st after SIGTERM"
+
+# The units' user and cache directory, made at install.
+getent passwd nbd-fscache > "$TMP/passwd" ||
+  fail "dpkg -i did not create the user nbd-fscache"
+IFS=: read -r _ _ uid gid _ home shell < "$TMP/passwd"
+[ "$uid" -lt 1000 ] && [ "$uid" -ne 0 ] ||
+  fail "nbd-fscache is not a system user (uid $uid)"
+[ "$shell" = /usr/sbin/nologin ] || fail "nbd-fscache has the shell $shell"
+[ "$(stat -c '%U %G %a' /var/cache/nbd-fscache)" = "nbd-fscache nbd-fscache 700" ] ||
+  fail "/var/cache/nbd-fscache: $(stat -c '%U %G %a' /var/cache/nbd-fscache), expected nbd-fscache nbd-fscache 700"
+echo "the user nbd-fscache (uid $uid) and its /var/cache/nbd-fscache exist"
+
+# The proxy as its unit runs it: as nbd-fscache, umask 0077, the cache
+# directory from NBD_FSCACHE_DIR (no fscache-dir= in the configuration).
+chmod 0755 "$TMP"
+chmod 0644 "$TMP/img"
+mkdir -m 0700 "$TMP/run"
+chown nbd-fscache: "$TMP/run"
+sed -e 's/pkg2/pkg3/' -e '/^fscache-dir=/d' \
+  -e "s|^socket=.*|socket=$TMP/run/px3.sock|" "$TMP/conf/pkg2.conf" \
+  > "$TMP/conf/pkg3.conf"
+chmod 0755 "$TMP/conf"
+chmod 0644 "$TMP/conf/pkg3.conf"
+( umask 0077
+  exec env NBD_FSCACHE_DIR=/var/cache/nbd-fscache \
+    setpriv --reuid nbd-fscache --regid nbd-fscache --clear-groups \
+    /usr/sbin/nbd-fscache-proxy --confdir "$TMP/conf" pkg3 ) 2> "$TMP/px3.err" &
+pid3=$!
+cleanup_fn "kill -9 $pid3 2>/dev/null"
+wait_until timeout 10 nbdinfo --size "nbd+unix:///?socket=$TMP/run/px3.sock" >/dev/null 2>&1 ||
+  { cat "$TMP/px3.err" >&2; fail "the proxy does not serve as nbd-fscache"; }
+timeout 60 nbdcopy "nbd+unix:///?socket=$TMP/run/px3.sock" "$TMP/out3" ||
+  fail "nbdcopy through the proxy run as nbd-fscache failed"
+cmp "$TMP/img" "$TMP/out3" || fail "read through the proxy run as nbd-fscache differs"
+kill -TERM "$pid3"
+st=0; wait "$pid3" || st=$?
+[ "$st" -eq 0 ] || { cat "$TMP/px3.err" >&2; fail "proxy as nbd-fscache: exit status $st"; }
+setpriv --reuid nbd-fscache --regid nbd-fscache --clear-groups \
+  /usr/bin/nbd-fscache --dir /var/cache/nbd-fscache ls > "$TMP/ls3" ||
+  fail "nbd-fscache ls as nbd-fscache failed"
+awk '$1 == "pkg3" && $4 == "100.0" { f = 1 } END { exit !f }' "$TMP/ls3" ||
+  { cat "$TMP/ls3" >&2; fail "/var/cache/nbd-fscache does not hold all of pkg3"; }
+bad="$(find /var/cache/nbd-fscache ! -user nbd-fscache)"
+[ -z "$bad" ] || fail "not nbd-fscache's in its cache: $bad"
+echo "the installed proxy serves and caches as nbd-fscache"
 
 # The installed units, as they are: their programs and man pages exist.
 if command -v systemd-analyze >/dev/null; then

@@ -9,6 +9,11 @@
 #    an instance of the proxy's pair, their man pages (Documentation=)
 #    being the installed ones; the same check rejects a unit whose
 #    program is missing;
+#  - both services are confined: "systemd-analyze security
+#    --offline=true" rates each at most 4.0 (and the same check rejects
+#    the proxy's unit stripped of its confinement), and they run as the
+#    user nbd-fscache with the cache directory theirs (CacheDirectory=,
+#    mode 0700);
 #  - the socket unit listens where the wrapper puts the socket when it
 #    is not socket activated (/run/nbd-fscache/NAME.sock);
 #  - socket activation: the service's ExecStart run by
@@ -132,6 +137,38 @@ sed 's|^ExecStart=[^ ]*|ExecStart=/nonexistent/nbd-fscache-proxy|' \
   "$units/nbd-fscache-proxy@img1.service" > "$TMP/bad/nbd-fscache-proxy@img1.service"
 ! verify "$TMP/bad/nbd-fscache-proxy@img1.service" ||
   fail "systemd-analyze verify accepts a unit whose program is missing"
+
+# ---- Confinement: systemd-analyze security, at most 4.0. ----
+# exposure UNIT: its overall exposure level (0.0 to 10.0).
+exposure ()
+{
+  systemd-analyze security --offline=true "$1" 2>&1 |
+    sed -n 's/.*Overall exposure level for [^:]*: \([0-9.]*\) .*/\1/p'
+}
+# confined UNIT: 4.0 or less, by our reading and by systemd-analyze's
+# own --threshold (on its 0-100 scale).
+confined ()
+{
+  local e
+  e="$(exposure "$1")"
+  [ -n "$e" ] && awk -v e="$e" 'BEGIN { exit !(e <= 4.0) }' &&
+    systemd-analyze security --offline=true --threshold=40 "$1" >/dev/null 2>&1
+}
+for u in nbd-fscached.service nbd-fscache-proxy@img1.service; do
+  confined "$units/$u" ||
+    { systemd-analyze security --offline=true "$units/$u" >&2
+      fail "$u: exposure '$(exposure "$units/$u")', more than 4.0"; }
+  grep -qx 'User=nbd-fscache' "$units/$u" || fail "$u: not run as nbd-fscache"
+  grep -qx 'CacheDirectory=nbd-fscache' "$units/$u" &&
+    grep -qx 'CacheDirectoryMode=0700' "$units/$u" ||
+    fail "$u: no CacheDirectory=nbd-fscache of mode 0700"
+  echo "$u: exposure $(exposure "$units/$u") (at most 4.0), user nbd-fscache"
+done
+# The check can fail: the proxy's unit without its confinement.
+sed '/^User=/,/^SystemCallArchitectures=/d' \
+  "$units/nbd-fscache-proxy@img1.service" > "$TMP/bad/nbd-fscache-proxy@img1.service"
+! confined "$TMP/bad/nbd-fscache-proxy@img1.service" ||
+  fail "the exposure check passes a unit without confinement ($(exposure "$TMP/bad/nbd-fscache-proxy@img1.service"))"
 
 # The wrapper, as the proxy's ExecStart runs it, for instance NAME.
 read -r -a exec_line <<< "$(sed -n 's/^ExecStart=//p' "$units/nbd-fscache-proxy@.service")"
