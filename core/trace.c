@@ -28,6 +28,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -77,7 +78,19 @@ fsc_trace_open (const char *path, uint64_t limit, struct fsc_trace **tp)
   if (t == NULL)
     return -1;
   t->chunk = malloc (HEAD + ENTRY_SIZE * TRACE_CHUNK_MAX + 8);
-  t->fd = open (path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  /* Never through a symlink planted at PATH (ELOOP), never waiting on
+   * a FIFO (refused below, as anything but a regular file).
+   */
+  t->fd = open (path, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW |
+                O_NONBLOCK | O_NOCTTY | O_CLOEXEC, 0600);
+  struct stat st;
+  if (t->fd >= 0 && (fstat (t->fd, &st) == -1 || !S_ISREG (st.st_mode))) {
+    close (t->fd);
+    t->fd = -1;
+    errno = EPERM;
+  }
+  if (t->fd >= 0)
+    (void) fcntl (t->fd, F_SETFL, fcntl (t->fd, F_GETFL) & ~O_NONBLOCK);
   if (t->chunk == NULL || t->fd == -1) {
     int e = errno;
     if (t->fd >= 0)

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# nbd-fscache: fscache-stats=FILE never writes through a link planted by
-# someone else (issue 26, item 8).
+# nbd-fscache: the files a user names, fscache-stats=FILE,
+# fscache-trace=FILE and nbd-fscache stat --output FILE, are never
+# written through a link planted by someone else (issue 26, item 8).
 #
 #  1. FILE is a symlink to a victim file: nbdkit refuses to start, says
 #     why, and the victim is untouched.
@@ -10,6 +11,14 @@
 #     (the stats are written), the victim is untouched and FILE is a
 #     regular file holding the counters, readable as documented.
 #
+#  3. fscache-trace=FILE where FILE is a symlink to the victim, or a
+#     FIFO: nbdkit refuses to start (within a timeout), the victim
+#     untouched.
+#  4. nbd-fscache stat --prometheus --output FILE: FILE a symlink is
+#     refused; a link at the old temporary name FILE.tmp.PID is not
+#     followed (the pid is the tool's: taken from a wrapper that plants
+#     the link and then execs the tool).
+#
 # Truth: the victims' checksums, the counters' presence in FILE, and
 # no temporary file left beside it.
 
@@ -18,6 +27,9 @@ source "${top_srcdir:-$(dirname "$0")/..}/tests/functions.sh"
 requires nbdkit --version
 requires nbdinfo --version
 requires nbdkit --filter="$FILTER" null --dump-plugin
+requires test -x "$TOOL"
+requires mkfifo --version
+requires timeout --version
 
 make_random "$TMP/up.img" $((1024 * 1024))
 printf 'precious\n' > "$TMP/victim"
@@ -62,3 +74,47 @@ grep -q '^read_requests ' "$TMP/st/stats" || fail "2: no counters in FILE"
 left="$(cd "$TMP/st" && ls -A | grep -v -x -e stats -e "stats.$pid.tmp" || true)"
 [ -z "$left" ] || fail "2: temporary files left: $left"
 echo "2: a link at the old temporary name not followed"
+
+# ---- 3. fscache-trace=FILE -------------------------------------------
+for shape in link fifo; do
+  rm -f "$TMP/st/trace"
+  case $shape in
+    link) ln -s "$TMP/victim" "$TMP/st/trace" ;;
+    fifo) mkfifo "$TMP/st/trace" ;;
+  esac
+  rc=0
+  timeout -k 5 20 nbdkit -P "$TMP/t.pid" -U "$TMP/t.sock" --filter="$FILTER" \
+    file "$TMP/up.img" fscache-dir="$TMP/cache" fscache-key=k \
+    fscache-trace="$TMP/st/trace" 2>"$TMP/t.err" || rc=$?
+  if [ $rc -eq 0 ]; then
+    wait_until test -s "$TMP/t.pid" || true
+    kill "$(cat "$TMP/t.pid")" 2>/dev/null || true
+    fail "3: nbdkit started with a $shape as fscache-trace"
+  fi
+  [ $rc -ne 124 ] || fail "3: nbdkit hung on a $shape as fscache-trace"
+  grep -q "fscache-trace=$TMP/st/trace: " "$TMP/t.err" ||
+    { cat "$TMP/t.err" >&2; fail "3: the refusal does not name the file"; }
+  [ "$(sha256sum < "$TMP/victim")" = "$sum0" ] || fail "3: victim changed"
+done
+echo "3: fscache-trace=FILE: a symlink or a FIFO refused"
+
+# ---- 4. nbd-fscache stat --output FILE --------------------------------
+rm -f "$TMP/st/"*
+ln -s "$TMP/victim" "$TMP/st/out.prom"
+rc=0
+"$TOOL" --dir "$TMP/cache" stat --prometheus --output "$TMP/st/out.prom" \
+  2>"$TMP/s.err" || rc=$?
+[ $rc -ne 0 ] && grep -q "not a regular file" "$TMP/s.err" ||
+  { cat "$TMP/s.err" >&2; fail "4: a symlink as --output FILE: status $rc"; }
+rm -f "$TMP/st/out.prom"
+# The tool's pid is the wrapper's own: bash execs it.
+bash -c 'ln -s "$1" "$2.tmp.$$" && exec "$3" --dir "$4" stat --prometheus --output "$2"' \
+  _ "$TMP/victim" "$TMP/st/out.prom" "$TOOL" "$TMP/cache" ||
+  fail "4: stat --output failed"
+[ "$(sha256sum < "$TMP/victim")" = "$sum0" ] ||
+  fail "4: the victim behind FILE.tmp.PID was written"
+[ -f "$TMP/st/out.prom" ] && [ ! -L "$TMP/st/out.prom" ] &&
+  grep -q '^nbd_fscache_' "$TMP/st/out.prom" ||
+  fail "4: FILE does not hold the metrics"
+[ "$(stat -c %a "$TMP/st/out.prom")" = 644 ] || fail "4: FILE not mode 644"
+echo "4: stat --output FILE: a symlink refused, no link followed"

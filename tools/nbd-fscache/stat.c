@@ -18,6 +18,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <sys/statvfs.h>
 
 #include "nbd-fscache.h"
@@ -235,9 +237,29 @@ fscache_cmd_stat (int argc, char **argv)
   CLEANUP_FREE char *tmp = NULL;
   FILE *fp = stdout;
   if (so.output) {
-    if (asprintf (&tmp, "%s.tmp.%ld", so.output, (long) getpid ()) == -1 ||
-        (fp = fopen (tmp, "we")) == NULL) {
-      tool_error ("stat: %s: %m", tmp ? tmp : so.output);
+    /* A fresh file with an unpredictable name beside FILE (mkostemp:
+     * exclusive, so never through a planted link), mode 0644 whatever
+     * the umask, renamed over FILE; a FILE that is a link is refused.
+     */
+    struct stat ost;
+    int tfd = -1;
+    if (lstat (so.output, &ost) == 0 && !S_ISREG (ost.st_mode)) {
+      tool_error ("stat: %s: not a regular file (a symlink?): refused",
+                  so.output);
+      goto out;
+    }
+    if (asprintf (&tmp, "%s.XXXXXX", so.output) == -1) {
+      tmp = NULL;
+      tool_error ("stat: %s: %m", so.output);
+      goto out;
+    }
+    if ((tfd = mkostemp (tmp, O_CLOEXEC)) == -1 ||
+        fchmod (tfd, 0644) == -1 || (fp = fdopen (tfd, "w")) == NULL) {
+      tool_error ("stat: %s: %m", tmp);
+      if (tfd >= 0) {
+        close (tfd);
+        unlink (tmp);
+      }
       goto out;
     }
   }
