@@ -5,13 +5,15 @@
 #
 # A warm cache holds one object NAME.  For each kind of file an object
 # may have (idx, data, sums, stats, wlog, quota, stale, epochs, and the
-# share socket sock), in a fresh copy of that cache, a FIFO and then a
+# share socket HASH.sock), in a fresh copy of that cache, a FIFO and then a
 # symlink to a victim file are planted as NAME.KIND (replacing the real
 # file if there is one).  Then, each under `timeout` as a hang guard:
 #   - the filter serves the export: nbdcopy succeeds, cmp equals the
 #     upstream image, and nbdkit stops on SIGTERM; with a .quota, its
 #     committer (which reads it every round) finishes a round while a
-#     client holds the export;
+#     client holds the export; with .epochs and the socket, a second
+#     process joining while the first holds the object serves right
+#     data too;
 #   - nbd-fscache ls, stat, check and invalidate finish (no timeout, no
 #     signal) and ls lists the object unless its index was replaced;
 #   - nbd-fscached, told to cull everything, culls the object (or, when
@@ -38,10 +40,16 @@ printf 'victim\n' > "$TMP/victim"
 vsum="$(sha256sum < "$TMP/victim")"
 G=20                            # seconds: the hang guard
 
-# The warm cache.
+# The warm cache, and the name of the share socket its owner listens
+# on (HASH.sock beside the object's files) while it is open.
 start_nbdkit -P "$TMP/w.pid" -U "$TMP/w.sock" --filter="$FILTER" \
   file "$TMP/up.img" fscache-dir="$TMP/warm" fscache-key=k
 nbdcopy "nbd+unix:///?socket=$TMP/w.sock" "$TMP/w.out"
+has_sock () { [ -n "$(find "$TMP/warm/objects" -name '*.sock')" ]; }
+hold_export "nbd+unix:///?socket=$TMP/w.sock" "$TMP/w.stop" "$TMP/w.ready"
+wait_until has_sock || fail "no share socket in the warm cache"
+sockname="$(basename "$(find "$TMP/warm/objects" -name '*.sock')")"
+touch "$TMP/w.stop"
 stop_nbdkit "$TMP/w.pid"
 idx="$(find "$TMP/warm/objects" -name '*.idx')"
 [ -f "$idx" ] || fail "no object in the warm cache"
@@ -89,6 +97,7 @@ for shape in fifo link; do
     rm -rf "$c"
     cp -a "$TMP/warm" "$c"
     f="$c/$rel.$kind"
+    [ $kind != sock ] || f="$c/$(dirname "$rel")/$sockname"
 
     # The filter.
     plant $shape "$f"
@@ -108,6 +117,23 @@ for shape in fifo link; do
       ino0="$(stat -c %i "$c/$rel.stats")"
       round () { [ "$(stat -c %i "$c/$rel.stats")" != "$ino0" ]; }
       wait_until round || fail "$what: the committer never finished a round"
+      touch "$TMP/hold.stop"
+    fi
+    if [ $kind = epochs ] || [ $kind = sock ]; then
+      # A second process joins (or tries to) while the first holds the
+      # object: the joiner maps NAME.epochs and connects to the socket.
+      rm -f "$TMP/hold.stop" "$TMP/hold.ready"
+      hold_export "nbd+unix:///?socket=$TMP/p.sock" "$TMP/hold.stop" \
+        "$TMP/hold.ready"
+      start_nbdkit -P "$TMP/j.pid" -U "$TMP/j.sock" --filter="$FILTER" \
+        file "$TMP/up.img" fscache-dir="$c" fscache-key=k
+      guard "$what: nbdcopy through a joiner" \
+        nbdcopy "nbd+unix:///?socket=$TMP/j.sock" "$TMP/j.out"
+      [ $rc -eq 0 ] ||
+        { cat "$TMP/g.out" >&2; fail "$what: nbdcopy through a joiner failed"; }
+      cmp "$TMP/up.img" "$TMP/j.out" || fail "$what: wrong data from a joiner"
+      kill -TERM "$(cat "$TMP/j.pid")"
+      _wait_gone "$(cat "$TMP/j.pid")" || fail "$what: the joiner did not stop"
       touch "$TMP/hold.stop"
     fi
     kill -TERM "$(cat "$TMP/p.pid")"
