@@ -10,7 +10,7 @@
 #  2. an @xx fan-out directory owned by her, or writable by its group:
 #     the object in it is refused with a loud warning and the export is
 #     served uncached (correct data: cmp), nothing written in her
-#     directory.
+#     directory; nbd-fscache ls skips it, and says so.
 #  3. the path: a symlink she planted in a sticky world-writable
 #     directory, a directory of hers, a non-sticky directory others may
 #     write: refused, nothing created behind them.  A root-owned symlink
@@ -27,6 +27,7 @@ requires nbdkit --version
 requires nbdcopy --version
 requires nbdkit --filter="$FILTER" null --dump-plugin
 requires useradd --help
+requires test -x "$TOOL"
 requires test "$(id -u)" = 0
 
 size=$((2 * 1024 * 1024))
@@ -95,6 +96,12 @@ for how in owner group; do
     { cat "$TMP/fan-$how.err" >&2; fail "2: no warning for @xx ($how)"; }
   [ "$(ls -l --time-style=full-iso "$fan")" = "$before" ] ||
     fail "2: her directory changed"
+  # The tools skip it too, and say so.
+  "$TOOL" --dir "$TMP/c2" ls > "$TMP/ls.out" 2> "$TMP/ls.err" ||
+    fail "2: ls failed ($how)"
+  ! grep -q '^k ' "$TMP/ls.out" || fail "2: ls lists the object in her @xx"
+  grep -q "objects/$(basename "$fan"): skipped" "$TMP/ls.err" ||
+    { cat "$TMP/ls.err" >&2; fail "2: ls does not say it skipped her @xx"; }
   chown root:root "$fan"; chmod 0700 "$fan"
 done
 echo "2: @xx not ours alone: refused, served uncached"

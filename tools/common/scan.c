@@ -43,6 +43,7 @@
 #include <sys/sysmacros.h>
 #include <unistd.h>
 
+#include "safeopen.h"
 #include "wlog.h"
 
 #include "objects.h"
@@ -284,8 +285,10 @@ int
 fscd_open_fan (int objdirfd, unsigned fan, char name[4])
 {
   snprintf (name, 4, "@%02x", fan & 0xff);
-  return openat (objdirfd, name,
-                 O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  /* Only an @xx that is ours alone (safeopen.c rule 1): in another
+   * user's, anything could have been planted.
+   */
+  return fsc_own_subdir (objdirfd, name, false, name, NULL, 0);
 }
 
 static int
@@ -299,6 +302,12 @@ scan_fan (int objdirfd, unsigned fan, const struct lock_set *ls,
   int ret = -1;
 
   int fd = fscd_open_fan (objdirfd, fan, fanname);
+  if (fd == -1 && (errno == EPERM || errno == ENOTDIR)) {
+    fscd_log (LOG_WARNING, "objects/%s: skipped: not a directory of this "
+              "user's alone (owned by another user, writable by others, or "
+              "not a directory)", fanname);
+    return 0;
+  }
   if (fd == -1)
     return errno == ENOENT ? 0 : -1;
   DIR *dir = fdopendir (fd);
