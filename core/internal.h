@@ -550,9 +550,11 @@ punch_hole (int fd, uint64_t off, uint64_t len)
                     (off_t) off, (off_t) len);
 }
 
-/* object.c: open (creating if needed) the object's file NAME+SUFFIX,
- * refusing symlinks and anything not our own regular file with one
- * link.  Returns the descriptor or -1 with errno.
+/* object.c: open (creating if needed, mode 0600 whatever the umask)
+ * the object's file NAME+SUFFIX, refusing symlinks (ELOOP) and anything
+ * not our own regular file with one link (EPERM; a FIFO or a device is
+ * never waited on: safeopen.h).  Returns the descriptor or -1 with
+ * errno.
  */
 extern int fsc_open_file (struct fsc_object *o, const char *suffix);
 /* object.c: the same with open FLAGS of the caller's (O_RDONLY, say:
