@@ -477,8 +477,7 @@ fsc_object_peek_size (struct fsc_cache *c, const void *key, size_t key_len,
   }
   fsc_key_encode (key, key_len, name, fan);
   snprintf (file, sizeof file, "%s.idx", name);
-  int dirfd = openat (c->objdirfd, fan,
-                      O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  int dirfd = fsc_own_subdir (c->objdirfd, fan, false, fan, NULL, 0);
   if (dirfd == -1)
     return -1;
   int fd = fsc_open_regular (dirfd, file, O_RDONLY, 0);

@@ -1462,8 +1462,7 @@ fsc_wlog_peek (struct fsc_cache *cache, const void *key, size_t key_len,
 {
   char name[FSC_NAME_MAX + 1], fan[FSC_FAN_MAX + 1];
   fsc_key_encode (key, key_len, name, fan);
-  int dfd = openat (cache->objdirfd, fan,
-                    O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  int dfd = fsc_own_subdir (cache->objdirfd, fan, false, fan, NULL, 0);
   if (dfd == -1)
     return -1;
   int r = fsc_wlog_inspect (dfd, name, info);
