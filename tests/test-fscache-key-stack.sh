@@ -8,8 +8,8 @@
 #   1. pattern 16M, read whole (cached); then memory 16M: what it serves
 #      equals its own upstream (zeros), and it is another object;
 #   2. memory 16M with --filter=nozero below fscache: another object
-#      again; pattern 16M once more: its old object (no new one), data
-#      right;
+#      again; pattern 16M once more, and memory named by the path of its
+#      .so: their old objects (no new one), data right;
 #   3. an explicit fscache-key with fscache-validate=size is warned
 #      about.
 #
@@ -73,6 +73,12 @@ serve pattern2 "$TMP/pattern.img" pattern 16M
 [ "$(nobj)" -eq 3 ] || fail "2: pattern 16M's key is not stable"
 grep -q "ok, [1-9][0-9]* blocks cached" "$TMP/pattern2.err" ||
   fail "2: pattern 16M did not find its cached copy again"
+# The plugin named by its path is the same plugin: the same object.
+plugindir="$(nbdkit --dump-config | sed -n 's/^plugindir=//p')"
+[ -f "$plugindir/nbdkit-memory-plugin.so" ] ||
+  fail "no nbdkit-memory-plugin.so in nbdkit's plugindir '$plugindir'"
+serve bypath "$TMP/memory.img" "$plugindir/nbdkit-memory-plugin.so" 16M
+[ "$(nobj)" -eq 3 ] || fail "2: memory named by its path is another object"
 echo "2: a filter below is another object; the key is stable"
 
 # ---- 3 ------------------------------------------------------------------
