@@ -19,8 +19,8 @@
  *    or removed by them).  A symlink on the way is followed only if it
  *    is root's or ours and lies in a directory nobody else may write
  *    (or a sticky one): a symlink planted by someone else, anywhere on
- *    the path, is refused.  ".." is resolved on the text of the path
- *    before the walk.
+ *    the path, is refused.  ".." is resolved against the directory the
+ *    walk has reached (its symlinks resolved), as the kernel does.
  * 3. Files are opened with O_NOFOLLOW | O_NONBLOCK and their type is
  *    checked with fstat before use (fsc_open_regular): a FIFO, a
  *    device or a socket in place of an object file is refused without
@@ -144,8 +144,10 @@ trusted_owner (uid_t uid)
   return uid == 0 || uid == geteuid ();
 }
 
-/* Lexically normalise PATH (absolute) into OUT: no "." or "..", no
- * repeated slashes.  Returns 0 or -1 (ENAMETOOLONG).
+/* Normalise PATH (absolute) into OUT: no "." components, no repeated
+ * or trailing slashes.  ".." is kept: the walk resolves it against the
+ * directory it has reached, as the kernel does after a symlink.
+ * Returns 0 or -1 (ENAMETOOLONG).
  */
 static int
 normalise (const char *path, char *out, size_t outlen)
@@ -163,14 +165,6 @@ normalise (const char *path, char *out, size_t outlen)
     size_t l = p - s;
     if (l == 0 || (l == 1 && s[0] == '.'))
       continue;
-    if (l == 2 && s[0] == '.' && s[1] == '.') {
-      if (n > 1) {
-        n--;                          /* the trailing '/' */
-        while (n > 1 && out[n - 1] != '/')
-          n--;
-      }
-      continue;
-    }
     if (n + l + 2 > outlen) {
       errno = ENAMETOOLONG;
       return -1;
@@ -248,6 +242,23 @@ fsc_safe_open_dir (const char *path, bool create, char *why, size_t len)
     memcpy (name, s, l);
     name[l] = '\0';
     bool last = *p == '\0' || (p[0] == '/' && p[1] == '\0');
+
+    /* "..": the parent of the directory reached so far (symlinks on
+     * the way already resolved), then the rest; walked again from /.
+     */
+    if (strcmp (name, "..") == 0) {
+      char *slash = strrchr (walked, '/');
+      if (slash)
+        *slash = '\0';
+      char next[PATH_MAX];
+      int r = snprintf (next, sizeof next, "%s/%s", walked, p);
+      if (r < 0 || (size_t) r >= sizeof next) {
+        errno = ENAMETOOLONG;
+        goto fail_errno;
+      }
+      strcpy (full, next);
+      goto restart;
+    }
 
     /* The directory FD we stand in (WALKED, "" for /). */
     struct stat dst, st;
