@@ -149,6 +149,10 @@ head -c 182 /dev/zero | tr '\0' 'C' > "$work/name.$n"; n=$((n + 1))
 n=$((n + 1))
 [ "$(stat -c %s "$work/name.$((n - 6))")" -eq 4096 ] || fail "bad long name"
 
+# Tests that add users (test-fscache-perms.sh, test-package.sh) change
+# /etc/passwd, which this part watches: not at the same time.
+exec 8> /run/lock/nbd-fscache-test-users.lock
+flock -s -w 600 8 || fail "the users lock was held for 10 minutes"
 marker="$work/marker"
 touch "$marker"
 sha_passwd="$(sha256sum < /etc/passwd)"

@@ -27,12 +27,16 @@ requires nbdkit --version
 requires nbdcopy --version
 requires nbdkit --filter="$FILTER" null --dump-plugin
 requires useradd --help
+requires flock --version
 requires test -x "$TOOL"
 requires test "$(id -u)" = 0
 
 size=$((2 * 1024 * 1024))
 make_random "$TMP/up.img" "$size"
 other="fsct$$"
+# test-fscache-hostile.sh watches /etc/passwd: not while users change.
+exec 8> /run/lock/nbd-fscache-test-users.lock
+flock -w 600 8 || fail "the users lock was held for 10 minutes"
 useradd --system --no-create-home --user-group --shell /usr/sbin/nologin \
   "$other"
 cleanup_fn userdel "$other"

@@ -119,6 +119,10 @@ if dpkg-query -W -f='${Status}' nbd-fscache 2>/dev/null | grep -q 'ok installed'
   echo "$0: SKIP: nbd-fscache was installed on this machine meanwhile"
   exit 77
 fi
+# The install adds a user: test-fscache-hostile.sh, which watches
+# /etc/passwd, must not run meanwhile (the lock is ours until exit).
+exec 8> /run/lock/nbd-fscache-test-users.lock
+flock -w 600 8 || fail "the users lock was held for 10 minutes"
 # Files of the package already here are saved, and put back after the
 # purge.  A file another package owns would make dpkg -i fail.
 backup="$TMP/backup"
