@@ -274,8 +274,15 @@ fscd_wlog_dirty (int fanfd, const char *name, uint64_t *bytes)
 {
   struct fsc_wlog_info info;
   *bytes = 0;
-  if (fsc_wlog_inspect (fanfd, name, &info) == -1)
+  if (fsc_wlog_inspect (fanfd, name, &info) == -1) {
+    /* Damaged (EUCLEAN: Rule 7 of core/wlog.c) or unreadable: it may
+     * hold the only copy of flushed writes, so it counts as dirty and
+     * is never culled.
+     */
+    if (errno == EUCLEAN)
+      *bytes = info.dirty_bytes;
     return errno != ENOENT;
+  }
   *bytes = info.dirty_bytes;
   return info.records > 0;
 }
