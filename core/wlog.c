@@ -1080,6 +1080,14 @@ scan_beyond (struct fsc_wlog *wl, uint64_t pos, uint64_t file_size,
   uint64_t p = ROUND_UP (pos, (uint64_t) 8);
   while (p + WL_REC_HDR <= file_size && p >= pos) {
     if (p < bstart || p + 4 > bstart + blen) {
+      /* Holes (punched, or space reserved ahead) hold no record. */
+      off_t d = lseek (wl->fd, (off_t) p, SEEK_DATA);
+      if (d == -1 && errno == ENXIO)
+        break;
+      if (d > (off_t) p) {
+        p = ROUND_UP ((uint64_t) d, (uint64_t) 8);
+        continue;
+      }
       uint64_t want = MIN ((uint64_t) chunk, file_size - p);
       ssize_t n = fsc_io_pread (&wl->cache->io, FSC_FILE_WLOG, wl->fd, buf,
                                 want, p);

@@ -12,7 +12,7 @@
  *     whole, the next sequence number, its epoch not lower, its
  *     checksum right; where they stop, a later record of the log's
  *     incarnation with a higher sequence number, found at any 8-byte
- *     step, that is a marker covering the stop makes the log damaged:
+ *     aligned offset, that is a marker covering the stop makes the log damaged:
  *     EUCLEAN, the file unchanged (Rule 7); a record whose data fails
  *     and that no flush marker covers cut off with everything after
  *     it, one a marker covers kept as damaged), and so the client's view of the export: the newest
@@ -491,11 +491,11 @@ o_read (const unsigned char *f, uint64_t n, struct oracle *o,
   o->dropped = pos < n;
   /* Rule 7: a torn tail, or damage?  Later records of this log (its
    * incarnation's checksum, a higher sequence number), at any 8-byte
-   * step, each stepped over whole; a marker among them above SEQ
+   * aligned offset of the file (a forged tail need not be aligned), each stepped over whole; a marker among them above SEQ
    * says SEQ was synced.
    */
   uint64_t beyond = 0;
-  for (uint64_t q = pos; pos < n && q <= n && n - q >= REC_HDR;) {
+  for (uint64_t q = round8 (pos); pos < n && q <= n && n - q >= REC_HDR;) {
     struct orec r;
     const unsigned char *h = f + q;
     uint64_t hl;
