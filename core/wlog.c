@@ -41,7 +41,8 @@
  * were written back and are never read.  A record whose header decodes
  * but whose data fails is damage too if a marker covers it (kept, its
  * units fail with EIO), else torn (cut with what follows).  Broken by:
- * tests/test-wb-damage.sh, unit-wlog.c (test_damage_middle).
+ * tests/test-wb-damage.sh, tests/unit-wlog.c (8b), tests/fuzz-wlog.c
+ * (its oracle).
  */
 #include <config.h>
 
@@ -1439,7 +1440,7 @@ fsc_wlog_open (struct fsc_cache *cache, const struct fsc_wlog_params *p,
       wl->epoch = wl_entry_at (wl, wl->rlen - 1)->epoch + 1;
       wl->first_epoch = wl_entry_at (wl, 0)->epoch;
     }
-    else {
+    else if (!wl->salvage) {
       /* Empty: start over at the beginning, with today's upstream. */
       adopt (wl, p);
       wl->tail_pos = wl->head_pos = WL_START;

@@ -538,6 +538,33 @@ main (void)
     CHECK (fsc_wlog_open (c, &p, 0, &wl, &info) == -1 && errno == EUCLEAN);
     CHECK (unlink (logpath) == 0);
 
+    /* W1 damaged: a salvage finds nothing intact, and still changes
+     * nothing at its open (the tool says what is lost first).
+     */
+    wl = open_log (c, &info);
+    for (unsigned i = 0; i < 2; ++i) {
+      memset (buf, 0x31 + i, BS);
+      CHECK (fsc_wlog_pwrite (wl, o, &up, buf, BS, (uint64_t) i * BS,
+                              false) == 0);
+      CHECK (fsc_wlog_flush (wl) == 0);
+    }
+    fsc_wlog_close (wl);
+    fd = open (logpath, O_RDWR);
+    CHECK (fd >= 0);
+    memset (buf, 0xee, 64);
+    CHECK (pwrite (fd, buf, 64, 8192) == 64);
+    nb = pread (fd, before, sizeof before, 0);
+    close (fd);
+    CHECK (fsc_wlog_open (c, &p, FSC_WLOG_SALVAGE, &wl, &info) == 0);
+    CHECK (info.damaged && info.damage_seq == 1 && info.records == 0);
+    CHECK_EQ (info.lost_records, 1);
+    fsc_wlog_close (wl);
+    fd = open (logpath, O_RDONLY);
+    CHECK (fd >= 0 && pread (fd, after, sizeof after, 0) == nb);
+    close (fd);
+    CHECK (memcmp (before, after, nb) == 0);
+    CHECK (unlink (logpath) == 0);
+
     /* The same with W7 damaged: after M6, never promised. */
     wl = open_log (c, &info);
     for (unsigned i = 0; i < 3; ++i) {
