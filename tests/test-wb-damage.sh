@@ -28,7 +28,8 @@
 #      a proxy opens the export again and serves that image.
 #  wb2: the 1st record (so that the damage leaves no intact record).
 #    - nbd-fscached with max-size 4K and every file a day old never
-#      culls it: it counts it as dirty, and its files are all there.
+#      culls it: it counts it as dirty, and its files are all there;
+#      it logs that 2 objects (wb1, wb2) have a damaged write log.
 #    - a proxy in fscache-mode=writethrough refuses it as damaged.
 #  wb3: the first record after the last marker (write 21, unflushed).
 #    - A torn tail: a proxy opens the export without an error, and
@@ -245,6 +246,8 @@ settled () { [ -s "$stats" ] && [ "$(stat_value "$stats" objects_dirty)" -eq 3 ]
 wait_until settled || { cat "$dlog" "$stats" >&2; fail "the daemon did not count 3 dirty objects"; }
 warned () { grep -q 'dirty 3 objects hold .* never culled' "$dlog"; }
 wait_until warned || { cat "$dlog" >&2; fail "the daemon did not see it could cull nothing"; }
+grep -q '2 objects have a damaged write log holding flushed writes not written back: never culled' "$dlog" ||
+  { cat "$dlog" >&2; fail "the daemon did not say loudly that 2 write logs are damaged"; }
 stop_daemon
 cat "$stats"
 [ "$(stat_value "$stats" culled_objects)" -eq 0 ] ||
