@@ -107,6 +107,9 @@ struct fsc_wlog {
   uint64_t first_epoch;                 /* of the oldest record */
   bool failed;
   int err;
+  bool salvage;                         /* opened past damage (Rule 7):
+                                         * nothing is appended, and the
+                                         * file is never cut or rewound */
 
   /* Records from ring_seq to next_seq - 1, a ring.  ring_seq is
    * tail_seq but while the writer moves the tail: it changes only when

@@ -23,11 +23,26 @@
  *      leaves the map, and its space is punched.
  *
  * Recovery reads records from the tail, each checked (header checksum
- * seeded with the log's incarnation, every data unit's hash); the
- * first that fails ends the log, and the file is cut there, so no
- * record of an earlier run can ever follow a later one.  Since a flush
- * waits for every record below it to be written before it syncs, no
- * record a flush covered lies after a torn one.
+ * seeded with the log's incarnation, every data unit's hash).  Since a
+ * flush waits for every record below it to be written before it syncs,
+ * no record a flush covered lies after a torn one; so:
+ *
+ * Rule 7 (what recovery may drop): only a torn tail, which nothing
+ * promised.  Where the records stop decoding (record SEQ at byte POS),
+ * the rest of the file is searched, 8-byte step by step, for records
+ * of this incarnation (their checksum is seeded with it) with a larger
+ * sequence number.  If a marker among them covers SEQ (its bound is
+ * above SEQ), SEQ was synced before that marker was written: the log
+ * is damaged, not torn, and is never cut or shortened: the open fails
+ * with EUCLEAN, saying where, and only a salvage (FSC_WLOG_SALVAGE,
+ * nbd-fscache writeback --salvage) or a forced discard goes past it.
+ * Otherwise the tail from POS is cut, so no record of an earlier run
+ * can ever follow a later one.  Records at or below the header's tail
+ * were written back and are never read.  A record whose header decodes
+ * but whose data fails is damage too if a marker covers it (kept, its
+ * units fail with EIO), else torn (cut with what follows).  Broken by:
+ * tests/test-wb-damage.sh, tests/unit-wlog.c (8b), tests/fuzz-wlog.c
+ * (its oracle).
  */
 #include <config.h>
 
@@ -543,6 +558,10 @@ static int
 append (struct fsc_wlog *wl, int type, uint64_t off, uint64_t len,
         const unsigned char *data, bool fua)
 {
+  if (wl->salvage) {
+    errno = EROFS;              /* Rule 7: past the damage is not ours */
+    return -1;
+  }
   uint64_t nrec = type == WL_DATA
     ? DIV_ROUND_UP (len, (uint64_t) WL_REC_UNITS * FSC_WLOG_UNIT) : 1;
   uint64_t total = 0;
@@ -1038,14 +1057,95 @@ wlog_free (struct fsc_wlog *wl)
   free (wl);
 }
 
+/* Rule 7: the records of this incarnation from byte POS on (the log
+ * stopped decoding there, expecting SEQ) with a sequence number above
+ * SEQ, into DMG's damage_cover (the highest marker bound) and lost_*.
+ * Read in large chunks: the magic is looked for in memory, and only a
+ * match is decoded.  A valid record is stepped over whole (its data
+ * may hold anything).
+ */
+static int
+scan_beyond (struct fsc_wlog *wl, uint64_t pos, uint64_t file_size,
+             uint64_t seq, struct fsc_wlog_info *dmg)
+{
+  const size_t chunk = 1u << 20;
+  unsigned char *buf = malloc (chunk);
+  unsigned char *hb = malloc (WL_REC_HDR + 8 * WL_REC_UNITS);
+  uint64_t bstart = 0, blen = 0;
+  int r = 0;
+  if (buf == NULL || hb == NULL) {
+    r = -1;
+    goto out;
+  }
+  uint64_t p = ROUND_UP (pos, (uint64_t) 8);
+  while (p + WL_REC_HDR <= file_size && p >= pos) {
+    if (p < bstart || p + 4 > bstart + blen) {
+      /* Holes (punched, or space reserved ahead) hold no record. */
+      off_t d = lseek (wl->fd, (off_t) p, SEEK_DATA);
+      if (d == -1 && errno == ENXIO)
+        break;
+      if (d > (off_t) p) {
+        p = ROUND_UP ((uint64_t) d, (uint64_t) 8);
+        continue;
+      }
+      uint64_t want = MIN ((uint64_t) chunk, file_size - p);
+      ssize_t n = fsc_io_pread (&wl->cache->io, FSC_FILE_WLOG, wl->fd, buf,
+                                want, p);
+      if (n < 0) {
+        r = -1;
+        goto out;
+      }
+      if (n < 4)
+        break;
+      bstart = p;
+      blen = (uint64_t) n;
+    }
+    struct wl_entry h;
+    memset (&h, 0, sizeof h);
+    uint64_t hl;
+    if (get_le32 (buf + (p - bstart)) == WL_REC_MAGIC &&
+        fsc_io_pread (&wl->cache->io, FSC_FILE_WLOG, wl->fd, hb, WL_REC_HDR,
+                      p) == WL_REC_HDR &&
+        decode_rec_head (wl, hb, &h) && h.seq > seq &&
+        h.nunits <= WL_REC_UNITS &&
+        ((hl = 8 * (uint64_t) h.nunits) == 0 ||
+         fsc_io_pread (&wl->cache->io, FSC_FILE_WLOG, wl->fd,
+                       hb + WL_REC_HDR, hl, p + WL_REC_HDR) == (ssize_t) hl) &&
+        rec_csum_ok (wl, hb, h.nunits)) {
+      if (h.type == WL_FLUSH) {
+        if (h.off > dmg->damage_cover)
+          dmg->damage_cover = h.off;
+      }
+      else {
+        dmg->lost_records++;
+        dmg->lost_bytes += h.len;
+        if (dmg->lost_end == 0 || h.off < dmg->lost_start)
+          dmg->lost_start = h.off;
+        if (h.off + h.len > dmg->lost_end)
+          dmg->lost_end = h.off + h.len;
+      }
+      if (h.seq > dmg->lost_last_seq)
+        dmg->lost_last_seq = h.seq;
+      p += rec_size (h.nunits, h.type == WL_DATA ? h.len : 0);
+    }
+    else
+      p += 8;
+  }
+ out:
+  free (buf);
+  free (hb);
+  return r;
+}
+
 /* Scan records from the tail into the ring (recovery).  Stops at the
  * first record that is not the next one, whole and intact; sets
  * head_pos there.  VERIFY_DATA: also check every data unit (the
- * filter's open; tools only count).
+ * filter's open; tools only count).  If the stop is damage (Rule 7),
+ * DMG->damaged is set with where, and the ring keeps what precedes it.
  */
 static int
 scan_records (struct fsc_wlog *wl, uint64_t file_size, bool verify_data,
-              uint64_t *dropped)
+              uint64_t *dropped, struct fsc_wlog_info *dmg)
 {
   uint64_t pos = wl->tail_pos, seq = wl->tail_seq, epoch = 0;
   unsigned char *hb = malloc (WL_REC_HDR + 8 * WL_REC_UNITS);
@@ -1106,13 +1206,29 @@ scan_records (struct fsc_wlog *wl, uint64_t file_size, bool verify_data,
     *dropped = 1;
   wl->head_pos = pos;
   wl->next_seq = seq;
+  /* Rule 7: is what follows the stop a torn tail or damage? */
+  dmg->damaged = false;
+  dmg->damage_cover = dmg->lost_records = dmg->lost_bytes = 0;
+  dmg->lost_start = dmg->lost_end = dmg->lost_last_seq = 0;
+  if (pos < file_size) {
+    if (scan_beyond (wl, pos, file_size, seq, dmg) == -1) {
+      free (hb);
+      free (db);
+      return -1;
+    }
+    if (dmg->damage_cover > seq) {
+      dmg->damaged = true;
+      dmg->damage_seq = seq;
+      dmg->damage_pos = pos;
+    }
+  }
   /* A record whose data is bad and that no marker covers was never
    * promised: a torn write, cut off with everything after it.  One a
    * marker covers was synced before the marker was written: damage,
    * kept so that its units fail rather than read as the upstream's
    * older bytes.
    */
-  uint64_t cover = 0;
+  uint64_t cover = dmg->damaged ? dmg->damage_cover : 0;
   size_t first_bad = SIZE_MAX;
   for (size_t i = 0; i < wl->rlen; ++i) {
     const struct wl_entry *e = wl_entry_at (wl, i);
@@ -1288,14 +1404,26 @@ fsc_wlog_open (struct fsc_cache *cache, const struct fsc_wlog_params *p,
       goto err;
     }
     uint64_t dropped;
-    if (scan_records (wl, st.st_size, true, &dropped) == -1)
+    if (scan_records (wl, st.st_size, true, &dropped, info) == -1)
       goto err;
+    if (info->damaged) {
+      /* Rule 7: never cut a damaged log.  A salvage takes the records
+       * before the damage and leaves the file as it is.
+       */
+      fsc_wlog_counters (wl, info);
+      if (!(flags & FSC_WLOG_SALVAGE)) {
+        errno = EUCLEAN;
+        goto err;
+      }
+      wl->salvage = true;
+      dropped = 0;
+    }
     info->dropped_records = dropped;
     /* Cut what follows the last good record: nothing there was
      * promised, and a record of this run must never be followed by a
      * stale one of the last run.
      */
-    if ((uint64_t) st.st_size > wl->head_pos &&
+    if (!wl->salvage && (uint64_t) st.st_size > wl->head_pos &&
         (ftruncate (wl->fd, wl->head_pos) == -1 ||
          fsc_io_sync (&cache->io, FSC_FILE_WLOG, wl->fd) == -1))
       goto err;
@@ -1311,7 +1439,7 @@ fsc_wlog_open (struct fsc_cache *cache, const struct fsc_wlog_params *p,
       wl->epoch = wl_entry_at (wl, wl->rlen - 1)->epoch + 1;
       wl->first_epoch = wl_entry_at (wl, 0)->epoch;
     }
-    else {
+    else if (!wl->salvage) {
       /* Empty: start over at the beginning, with today's upstream. */
       adopt (wl, p);
       wl->tail_pos = wl->head_pos = WL_START;
@@ -1439,9 +1567,13 @@ fsc_wlog_inspect (int dirfd, const char *name, struct fsc_wlog_info *info)
   }
   uint64_t dropped;
   if (load_header (wl) == -1 ||
-      scan_records (wl, st.st_size, false, &dropped) == -1)
+      scan_records (wl, st.st_size, false, &dropped, info) == -1)
     goto out_free;
   fsc_wlog_counters (wl, info);
+  if (info->damaged) {
+    errno = EUCLEAN;
+    goto out_free;
+  }
   r = 0;
  out_free:
   for (size_t i = 0; i < wl->rlen; ++i)

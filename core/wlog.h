@@ -85,21 +85,47 @@ struct fsc_wlog_info {
                                  * bad units read as EIO and stop the
                                  * writer */
   bool created;                 /* no log was there */
+  /* A log that stops decoding before a durable point (Rule 7 atop
+   * wlog.c): the open is refused with EUCLEAN and the file is left as
+   * it is.  The counters above then describe the intact records before
+   * the damage, the ones a salvage (FSC_WLOG_SALVAGE) writes back.
+   */
+  bool damaged;
+  uint64_t damage_seq;          /* the first record that does not decode */
+  uint64_t damage_pos;          /* ... its byte offset in the log file */
+  uint64_t damage_cover;        /* the marker after it that covers it:
+                                 * every record below was synced */
+  uint64_t lost_records;        /* intact writes, zeroes and trims found
+                                 * after the damage: written back by
+                                 * nothing, since the damaged one would
+                                 * come first */
+  uint64_t lost_bytes;          /* ... the export bytes they cover */
+  uint64_t lost_start, lost_end;/* ... the span of the export they touch
+                                 * (lost_end 0: none) */
+  uint64_t lost_last_seq;       /* the last record found after it */
 };
 
 /* Flags of fsc_wlog_open. */
 #define FSC_WLOG_CREATE 1u      /* create the log if missing */
+#define FSC_WLOG_SALVAGE 2u     /* a damaged log (EUCLEAN without it)
+                                 * opens with the records before the
+                                 * damage only, for a tool to write them
+                                 * back; nothing may be appended */
 
 /* Open the write log of the object with P->key in CACHE, taking its
- * lock, and recover it: records are checked from the durable tail on
- * and the first bad one ends the log (nothing after it was ever
- * promised durable).  A log with records is checked against P: a
+ * lock, and recover it: records are checked from the durable tail on.
+ * The first bad one ends the log if nothing after it shows it was
+ * synced (a torn tail, never promised: cut off); if a later marker
+ * covers it, the log is damaged and the open fails with EUCLEAN,
+ * INFO->damage_* saying where, the file unchanged (Rule 7 atop
+ * wlog.c).  A log with records is checked against P: a
  * different size or generation, or a sampled region that differs
  * although no pending record touches it, is ESTALE (INFO->mismatch
  * says which), and nothing is changed.  An empty log takes P's
  * coherency data.  Errors: ENOENT (no log, without FSC_WLOG_CREATE),
  * EBUSY (another process has it), EBADMSG (header unreadable or of
- * another key: refuse rather than guess), ESTALE, I/O errors.
+ * another key: refuse rather than guess), EUCLEAN (damaged in the
+ * middle), ESTALE, I/O errors.
  */
 extern int fsc_wlog_open (struct fsc_cache *cache,
                           const struct fsc_wlog_params *p, unsigned flags,
@@ -191,7 +217,9 @@ extern unsigned fsc_wlog_take_notices (struct fsc_wlog *wl, int *err,
 /* For tools: read the log of the object named NAME (a file name
  * without suffix) in fan-out directory DIRFD without locking or
  * changing it: its header and record headers (data not verified).
- * Returns 0, or -1 with errno (ENOENT: no log; EBADMSG: damaged).
+ * Returns 0, or -1 with errno (ENOENT: no log; EBADMSG: header
+ * damaged; EUCLEAN: a record before a durable point damaged, INFO
+ * filled as by fsc_wlog_open).
  */
 extern int fsc_wlog_inspect (int dirfd, const char *name,
                              struct fsc_wlog_info *info);

@@ -322,7 +322,7 @@ static void
 rewind_log (struct fsc_wlog *wl)
 {
   pthread_mutex_lock (&wl->lock);
-  if (wl->rlen || wl->head_pos == WL_START || wl->failed ||
+  if (wl->rlen || wl->head_pos == WL_START || wl->failed || wl->salvage ||
       wl->next_seq != wl->applied_seq) {
     pthread_mutex_unlock (&wl->lock);
     return;

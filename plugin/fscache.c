@@ -393,8 +393,15 @@ prepare_offline (struct handle *h, struct fsc_object_params *p)
   }
   /* Written data not yet written back: the copy alone is stale. */
   struct fsc_wlog_info wi;
-  if (fsc_wlog_peek (state.cache, p->key, p->key_len, &wi) == 0 &&
-      wi.records) {
+  int wr = fsc_wlog_peek (state.cache, p->key, p->key_len, &wi);
+  if (wr == -1 && (errno == EUCLEAN || errno == EBADMSG)) {
+    nbdkit_error ("fscache: export \"%s\": upstream unavailable, and the "
+                  "cache's write log for it is damaged (%m; see "
+                  "nbd-fscache check); refusing to serve a stale copy",
+                  h->exportname);
+    return -1;
+  }
+  if (wr == 0 && wi.records) {
     nbdkit_error ("fscache: export \"%s\": upstream unavailable, and the "
                   "cache holds %" PRIu64 " bytes written in writeback mode "
                   "that the upstream lacks; refusing to serve a stale copy",

@@ -23,6 +23,7 @@
 #define NBDKIT_API_VERSION 2
 #include <nbdkit-filter.h>
 
+#include "keyenc.h"
 #include "utils.h"
 
 #include "params.h"
@@ -257,6 +258,32 @@ say_stale (const char *exportname, const struct fsc_wlog_info *info,
                 fsc_wlog_mismatch_name (info->mismatch), dir, dir);
 }
 
+/* Rule 7 (core/wlog.c): a damaged log is refused, never shortened.
+ * Say where, what survives and the ways out.
+ */
+static void
+say_damaged (const char *exportname, const void *k, size_t klen,
+             const struct fsc_wlog_info *info, const char *dir)
+{
+  char name[FSC_NAME_MAX + 1], fan[FSC_FAN_MAX + 1];
+  fsc_key_encode (k, klen, name, fan);
+  nbdkit_error ("fscache: export \"%s\": its write log %s/objects/%s/%s.wlog "
+                "is DAMAGED: record %" PRIu64 " (at byte %" PRIu64 " of the "
+                "file) cannot be read, although a later flush marker shows "
+                "it was synced (records below %" PRIu64 " were); %" PRIu64
+                " records (%" PRIu64 " bytes) before it are intact, %" PRIu64
+                " intact writes (%" PRIu64 " bytes) after it cannot be "
+                "written back in order.  Refusing the export, since the log "
+                "holds the only copy of flushed writes.  Either write back "
+                "what is intact with 'nbd-fscache --dir %s writeback "
+                "--salvage %s URI' (it says what is lost), or discard it all "
+                "with 'nbd-fscache --dir %s invalidate --force %s'",
+                exportname, dir, fan, name, info->damage_seq,
+                info->damage_pos, info->damage_cover, info->records,
+                info->dirty_bytes, info->lost_records, info->lost_bytes,
+                dir, name, dir, name);
+}
+
 int
 wb_check_log (struct fsc_cache *cache, const char *exportname,
               const void *k, size_t klen, uint64_t size,
@@ -290,6 +317,9 @@ wb_check_log (struct fsc_cache *cache, const char *exportname,
       return -1;
     case ESTALE:
       say_stale (exportname, &info, params.dir);
+      return -1;
+    case EUCLEAN:
+      say_damaged (exportname, k, klen, &info, params.dir);
       return -1;
     case EBADMSG:
       nbdkit_error ("fscache: export \"%s\": its write log (.wlog in %s) "

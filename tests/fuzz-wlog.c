@@ -10,9 +10,12 @@
  *     generation or sample: ESTALE, with which mismatch), or which
  *     records are kept (read from the newest valid slot's tail, each
  *     whole, the next sequence number, its epoch not lower, its
- *     checksum right; a record whose data fails and that no flush
- *     marker covers cut off with everything after it, one a marker
- *     covers kept as damaged), and so the client's view of the export: the newest
+ *     checksum right; where they stop, a later record of the log's
+ *     incarnation with a higher sequence number, found at any 8-byte
+ *     aligned offset, that is a marker covering the stop makes the log damaged:
+ *     EUCLEAN, the file unchanged (Rule 7); a record whose data fails
+ *     and that no flush marker covers cut off with everything after
+ *     it, one a marker covers kept as damaged), and so the client's view of the export: the newest
  *     record of each 4 KiB unit over the upstream, a read error
  *     (EBADMSG: the log's own) where that record's unit is damaged;
  *
@@ -310,7 +313,8 @@ struct orec {
 };
 
 struct oracle {
-  int err;                      /* 0, EBADMSG or ESTALE */
+  int err;                      /* 0, EBADMSG, EUCLEAN or ESTALE */
+  uint64_t damage_seq, damage_pos;  /* EUCLEAN: where */
   int mismatch;
   bool created;
   uint64_t size;                /* the upstream size of the records */
@@ -485,6 +489,34 @@ o_read (const unsigned char *f, uint64_t n, struct oracle *o,
   o->nstruct = o->n;
   o->head_pos = pos;
   o->dropped = pos < n;
+  /* Rule 7: a torn tail, or damage?  Later records of this log (its
+   * incarnation's checksum, a higher sequence number), at any 8-byte
+   * aligned offset of the file (a forged tail need not be aligned), each stepped over whole; a marker among them above SEQ
+   * says SEQ was synced.
+   */
+  uint64_t beyond = 0;
+  for (uint64_t q = round8 (pos); pos < n && q <= n && n - q >= REC_HDR;) {
+    struct orec r;
+    const unsigned char *h = f + q;
+    uint64_t hl;
+    if (o_rec_head (h, o->size, &r) && r.seq > seq &&
+        n - q - REC_HDR >= (hl = 8 * (uint64_t) r.nunits) &&
+        le64_get (h + 56) ==
+        (XXH3_64bits_withSeed (h, 56, inc) ^
+         XXH3_64bits_withSeed (h + REC_HDR, hl, inc))) {
+      if (r.type == T_FLUSH && r.off > beyond)
+        beyond = r.off;
+      q += round8 (REC_HDR + hl + (r.type == T_DATA ? r.len : 0));
+    }
+    else
+      q += 8;
+  }
+  if (beyond > seq) {
+    o->err = EUCLEAN;
+    o->damage_seq = seq;
+    o->damage_pos = pos;
+    return;
+  }
   /* A bad record no marker covers was never promised: cut there.  One
    * a marker covers (its sequence number below a marker's offset):
    * damage, kept.
@@ -734,8 +766,19 @@ LLVMFuzzerTestOneInput (const uint8_t *data, size_t size)
     if (r != -1 || errno != EBADMSG)
       fail ("inspect: a log without a valid header slot not refused");
   }
+  else if (o.err == EUCLEAN) {
+    if (r != -1 || errno != EUCLEAN)
+      fail ("inspect: a damaged log not reported as such");
+    EXPECT_EQ ("inspect: records before the damage", ii.records, o.nstruct);
+    EXPECT_EQ ("inspect: damaged", ii.damaged, true);
+    EXPECT_EQ ("inspect: damage seq", ii.damage_seq, o.damage_seq);
+    EXPECT_EQ ("inspect: damage pos", ii.damage_pos, o.damage_pos);
+  }
   else {
-    if (r == -1) {
+    /* A log of another key (EBADMSG at open: inspect does not check
+     * the key) may be damaged too.
+     */
+    if (r == -1 && !(o.err == EBADMSG && errno == EUCLEAN)) {
       fprintf (stderr, "fuzz-wlog: inspect: %s\n", strerror (errno));
       abort ();
     }
@@ -754,17 +797,23 @@ LLVMFuzzerTestOneInput (const uint8_t *data, size_t size)
                r == 0 ? "opened" : strerror (errno), strerror (o.err));
       abort ();
     }
-    n_refused[o.err == EBADMSG ? 1 : 2]++;
+    n_refused[o.err == EBADMSG ? 1 : o.err == EUCLEAN ? 3 : 2]++;
     if (o.err == ESTALE) {
       EXPECT_EQ ("mismatch", info.mismatch, o.mismatch);
       n_mismatch[o.mismatch & 3]++;
     }
     else {
-      /* Refused before anything was read: the file as it was. */
+      /* Refused before anything was read, or (EUCLEAN) never cut:
+       * the file as it was.
+       */
+      if (o.err == EUCLEAN) {
+        EXPECT_EQ ("damage seq", info.damage_seq, o.damage_seq);
+        EXPECT_EQ ("damage pos", info.damage_pos, o.damage_pos);
+      }
       size_t m;
       unsigned char *now = read_file (log_path, &m);
       if (m != n || memcmp (now, f, n) != 0)
-        fail ("a log refused as EBADMSG was changed");
+        fail ("a log refused as EBADMSG or EUCLEAN was changed");
       free (now);
     }
     free (f);
@@ -1459,10 +1508,12 @@ summary (uint64_t seed, uint64_t mutations, double secs)
           "kept, %" PRIu64 " with records cut, %" PRIu64 " with damaged "
           "ones, %" PRIu64 " written back, %" PRIu64 " with forged "
           "counters checked at the first open only); refused: %" PRIu64
-          " EBADMSG, %" PRIu64 " ESTALE (size %" PRIu64 ", generation %"
+          " EBADMSG, %" PRIu64 " EUCLEAN (damaged, Rule 7), %" PRIu64
+          " ESTALE (size %" PRIu64 ", generation %"
           PRIu64 ", sample %" PRIu64 "); no errors\n",
           seed, ncorpus, mutations, secs, n_opened, n_records, n_dropped,
-          n_damaged, n_writer, n_forged, n_refused[1], n_refused[2],
+          n_damaged, n_writer, n_forged, n_refused[1], n_refused[3],
+          n_refused[2],
           n_mismatch[1], n_mismatch[2], n_mismatch[3]);
 }
 

@@ -9,7 +9,10 @@
  * writer keeps epochs in order); recovery after a clean close and
  * after a torn tail; a log that no longer fits the upstream is
  * refused; a damaged dirty unit reads as EIO, never as the upstream's
- * older bytes; writes wait at the dirty bound instead of failing.
+ * older bytes; a damaged record header before a marker refuses the
+ * log and a salvage sends only what precedes it (Rule 7), after the
+ * last marker it is a torn tail; writes wait at the dirty bound
+ * instead of failing.
  */
 #include <config.h>
 
@@ -472,6 +475,126 @@ main (void)
   CHECK (memcmp (upstream, model, BS) == 0);    /* still the old bytes */
   fsc_wlog_close (wl);
   CHECK (unlink (logpath) == 0);
+
+  /* 8b. Rule 7: a damaged record header before a marker is damage,
+   * never a shorter log.  Units 0, 1, 2 each written and flushed:
+   * W1 M2 W3 M4 W5 M6, then W7 unflushed.  W3's header overwritten:
+   * the open is refused (EUCLEAN, where), the file left as it was;
+   * a salvage opens the 2 records before it, refuses appends, and
+   * its writer sends W1 only.  Then W7's header overwritten instead
+   * (after the last marker): a torn tail, cut without a word.
+   */
+  {
+    static unsigned char buf[BS], before[65536], after[65536];
+    const uint64_t w3 = 8192 + (64 + 8 + BS) + 64;    /* after W1, M2 */
+    memcpy (model, upstream, SIZE);
+    wl = open_log (c, &info);
+    for (unsigned i = 0; i < 3; ++i) {
+      memset (buf, 0x31 + i, BS);
+      CHECK (fsc_wlog_pwrite (wl, o, &up, buf, BS, (uint64_t) i * BS,
+                              false) == 0);
+      CHECK (fsc_wlog_flush (wl) == 0);
+    }
+    memset (buf, 0x77, BS);
+    CHECK (fsc_wlog_pwrite (wl, o, &up, buf, BS, 3 * BS, false) == 0);
+    fsc_wlog_close (wl);
+    int fd = open (logpath, O_RDWR);
+    CHECK (fd >= 0);
+    CHECK (pread (fd, buf, 8, w3) == 8 && buf[0] == 0x46);     /* "FWLR" */
+    memset (buf, 0xee, 64);
+    CHECK (pwrite (fd, buf, 64, w3) == 64);
+    ssize_t nb = pread (fd, before, sizeof before, 0);
+    CHECK (nb > 0);
+    close (fd);
+    struct fsc_wlog_params p = params (SIZE, "g1");
+    CHECK (fsc_wlog_open (c, &p, 0, &wl, &info) == -1 && errno == EUCLEAN);
+    CHECK (info.damaged);
+    CHECK_EQ (info.damage_seq, 3);
+    CHECK_EQ (info.damage_pos, w3);
+    CHECK_EQ (info.damage_cover, 6);            /* M6: below 6 synced */
+    CHECK_EQ (info.records, 2);                 /* W1, M2 */
+    CHECK_EQ (info.dirty_bytes, BS);
+    CHECK_EQ (info.lost_records, 2);            /* W5, W7 */
+    CHECK_EQ (info.lost_last_seq, 7);
+    fd = open (logpath, O_RDONLY);
+    CHECK (fd >= 0 && pread (fd, after, sizeof after, 0) == nb);
+    close (fd);
+    CHECK (memcmp (before, after, nb) == 0);    /* never cut */
+    struct fsc_wlog_info pi;
+    CHECK (fsc_wlog_peek (c, key, key_len, &pi) == -1 && errno == EUCLEAN);
+    CHECK (pi.damaged && pi.damage_seq == 3 && pi.records == 2);
+    /* Salvage: the intact prefix only, nothing appended. */
+    CHECK (fsc_wlog_open (c, &p, FSC_WLOG_SALVAGE, &wl, &info) == 0);
+    CHECK (info.damaged && info.records == 2);
+    CHECK (fsc_wlog_pwrite (wl, o, &up, buf, BS, 0, false) == -1 &&
+           errno == EROFS);
+    CHECK (fsc_wlog_start_writer (wl, o, &wbup) == 0);
+    CHECK_EQ (fsc_wlog_drain (wl, 60000), 0);
+    fsc_wlog_close (wl);
+    CHECK (upstream[0] == 0x31 && upstream[BS - 1] == 0x31);
+    CHECK (memcmp (upstream + BS, model + BS, 3 * BS) == 0);
+    memcpy (model, upstream, SIZE);
+    /* Still damaged: the salvage never hides it. */
+    CHECK (fsc_wlog_open (c, &p, 0, &wl, &info) == -1 && errno == EUCLEAN);
+    CHECK (unlink (logpath) == 0);
+
+    /* W1 damaged: a salvage finds nothing intact, and still changes
+     * nothing at its open (the tool says what is lost first).
+     */
+    wl = open_log (c, &info);
+    for (unsigned i = 0; i < 2; ++i) {
+      memset (buf, 0x31 + i, BS);
+      CHECK (fsc_wlog_pwrite (wl, o, &up, buf, BS, (uint64_t) i * BS,
+                              false) == 0);
+      CHECK (fsc_wlog_flush (wl) == 0);
+    }
+    fsc_wlog_close (wl);
+    fd = open (logpath, O_RDWR);
+    CHECK (fd >= 0);
+    memset (buf, 0xee, 64);
+    CHECK (pwrite (fd, buf, 64, 8192) == 64);
+    nb = pread (fd, before, sizeof before, 0);
+    close (fd);
+    CHECK (fsc_wlog_open (c, &p, FSC_WLOG_SALVAGE, &wl, &info) == 0);
+    CHECK (info.damaged && info.damage_seq == 1 && info.records == 0);
+    CHECK_EQ (info.lost_records, 1);
+    fsc_wlog_close (wl);
+    fd = open (logpath, O_RDONLY);
+    CHECK (fd >= 0 && pread (fd, after, sizeof after, 0) == nb);
+    close (fd);
+    CHECK (memcmp (before, after, nb) == 0);
+    CHECK (unlink (logpath) == 0);
+
+    /* The same with W7 damaged: after M6, never promised. */
+    wl = open_log (c, &info);
+    for (unsigned i = 0; i < 3; ++i) {
+      memset (buf, 0x31 + i, BS);
+      CHECK (fsc_wlog_pwrite (wl, o, &up, buf, BS, (uint64_t) i * BS,
+                              false) == 0);
+      memcpy (model + (uint64_t) i * BS, buf, BS);
+      CHECK (fsc_wlog_flush (wl) == 0);
+    }
+    memset (buf, 0x77, BS);
+    CHECK (fsc_wlog_pwrite (wl, o, &up, buf, BS, 3 * BS, false) == 0);
+    fsc_wlog_close (wl);
+    const uint64_t w7 = 8192 + 3 * (64 + 8 + BS + 64);
+    fd = open (logpath, O_RDWR);
+    CHECK (fd >= 0);
+    CHECK (pread (fd, buf, 8, w7) == 8 && buf[0] == 0x46);
+    memset (buf, 0xee, 64);
+    CHECK (pwrite (fd, buf, 64, w7) == 64);
+    close (fd);
+    wl = open_log (c, &info);
+    CHECK (!info.damaged);
+    CHECK_EQ (info.dropped_records, 1);
+    CHECK_EQ (info.records, 6);
+    check_reads (wl, o);
+    CHECK (fsc_wlog_start_writer (wl, o, &wbup) == 0);
+    CHECK_EQ (fsc_wlog_drain (wl, 60000), 0);
+    CHECK (memcmp (upstream, model, SIZE) == 0);
+    fsc_wlog_close (wl);
+    CHECK (unlink (logpath) == 0);
+  }
 
   /* 9. Backpressure: a bound of 64 KiB, a slow writer; writes of
    * 1 MiB in all wait, none fails.

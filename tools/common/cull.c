@@ -267,7 +267,8 @@ lock_wlog (int fanfd, const char *fanname, const char *name, unsigned flags,
     fscd_log (LOG_ERR, "%s/%s: flock: %s", fanname, file, strerror (e));
     return FSCD_CULL_ERROR;
   }
-  if (fscd_wlog_dirty (fanfd, name, &bytes) && !(flags & FSCD_CULL_FORCE)) {
+  if (fscd_wlog_dirty (fanfd, name, &bytes, NULL) &&
+      !(flags & FSCD_CULL_FORCE)) {
     fscd_debug (1, "%s/%s: holds dirty data (%" PRIu64 " bytes): kept",
                 fanname, file, bytes);
     close (fd);

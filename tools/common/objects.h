@@ -84,6 +84,8 @@ struct fscd_scan {
   size_t ndirty, dirtycap;
   uint64_t dirty_objects;       /* objects with dirty data, in use too */
   uint64_t dirty_bytes;         /* the dirty bytes of all of them */
+  uint64_t damaged_objects;     /* of which with a damaged write log
+                                 * (Rule 7 of core/wlog.c) */
   uint64_t total_bytes;         /* every file under objects/ */
   uint64_t nobjects;
   uint64_t nfiles;
@@ -109,9 +111,11 @@ extern void fscd_scan_free (struct fscd_scan *s);
  * (a proxy may be appending).  True if it holds records, or if it is
  * there but cannot be read (damaged: it may hold the only copy, and
  * the filter refuses it too); false if there is none or it is empty.
- * *BYTES gets the dirty bytes (0 if unknown).
+ * *BYTES gets the dirty bytes (0 if unknown); *DAMAGED (if not NULL)
+ * whether it is damaged (EUCLEAN, EBADMSG: the filter refuses it).
  */
-extern bool fscd_wlog_dirty (int fanfd, const char *name, uint64_t *bytes);
+extern bool fscd_wlog_dirty (int fanfd, const char *name, uint64_t *bytes,
+                             bool *damaged);
 
 /* ---- cull.c ------------------------------------------------------ */
 

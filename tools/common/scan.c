@@ -271,12 +271,25 @@ allocated (const struct stat *st)
 }
 
 bool
-fscd_wlog_dirty (int fanfd, const char *name, uint64_t *bytes)
+fscd_wlog_dirty (int fanfd, const char *name, uint64_t *bytes,
+                 bool *damaged)
 {
   struct fsc_wlog_info info;
   *bytes = 0;
-  if (fsc_wlog_inspect (fanfd, name, &info) == -1)
-    return errno != ENOENT;
+  if (damaged)
+    *damaged = false;
+  if (fsc_wlog_inspect (fanfd, name, &info) == -1) {
+    /* Damaged (EUCLEAN: Rule 7 of core/wlog.c) or unreadable: it may
+     * hold the only copy of flushed writes, so it counts as dirty and
+     * is never culled.
+     */
+    int e = errno;
+    if (e == EUCLEAN)
+      *bytes = info.dirty_bytes;
+    if (damaged)
+      *damaged = e == EUCLEAN || e == EBADMSG;
+    return e != ENOENT;
+  }
   *bytes = info.dirty_bytes;
   return info.records > 0;
 }
@@ -380,7 +393,9 @@ scan_fan (int objdirfd, unsigned fan, const struct lock_set *ls,
       goto out;
     s->nobjects++;
     if (o.files & FSCD_F_WLOG) {
-      o.dirty = fscd_wlog_dirty (fd, o.name, &o.dirty_bytes);
+      bool damaged;
+      o.dirty = fscd_wlog_dirty (fd, o.name, &o.dirty_bytes, &damaged);
+      s->damaged_objects += damaged;
       if (o.dirty) {
         s->dirty_objects++;
         if (__builtin_add_overflow (s->dirty_bytes, o.dirty_bytes,

@@ -200,7 +200,15 @@ check_one (struct check *ck, struct tool_cache *c, struct tool_object *o,
   ck->ins = NULL;
   memset (&in, 0, sizeof in);
   if (tool_dirty (o)) {
-    if (o->wlog_err)
+    if (o->wlog_err == EUCLEAN)
+      problem (ck, "write log DAMAGED: record %" PRIu64 " at byte %" PRIu64
+               " cannot be read although a later marker shows it was "
+               "flushed; %" PRIu64 " records before it intact, %" PRIu64
+               " after it lost; kept (nbd-fscache writeback --salvage "
+               "OBJECT URI writes back the intact ones, invalidate --force "
+               "discards it all)", o->wlog.damage_seq, o->wlog.damage_pos,
+               o->wlog.records, o->wlog.lost_records);
+    else if (o->wlog_err)
       problem (ck, "write log unreadable (%s): it may hold written data "
                "not yet written back, the only copy; kept (nbd-fscache "
                "invalidate --force discards it)", strerror (o->wlog_err));

@@ -56,6 +56,14 @@ say_dirty (struct tool_cache *c, struct tool_object *o)
   int r = fanfd >= 0 ? fsc_wlog_inspect (fanfd, o->f.name, &info) : -1;
   if (r == 0)
     bytes = info.dirty_bytes;
+  else if (errno == EUCLEAN)
+    tool_error ("invalidate: %s: its write log is DAMAGED (record %" PRIu64
+                " at byte %" PRIu64 ") and holds flushed writes not written "
+                "back, the only copy: %" PRIu64 " bytes intact before the "
+                "damage; 'nbd-fscache writeback --salvage %s URI' writes "
+                "them back; use --force to discard it all", o->f.name,
+                info.damage_seq, info.damage_pos, info.dirty_bytes,
+                o->f.name);
   else if (errno != ENOENT)
     tool_error ("invalidate: %s: its write log cannot be read (%m) and may "
                 "hold data not written back (the only copy); use --force "
@@ -199,8 +207,9 @@ fscache_cmd_invalidate (int argc, char **argv)
                 "discarded\n", v[k]->key, v[k]->f.name,
                 v[k]->wlog.dirty_bytes);
       else if (dirty && io.force)
-        printf ("%s: invalidated (%s), its unreadable write log "
-                "discarded\n", v[k]->key, v[k]->f.name);
+        printf ("%s: invalidated (%s), its %s write log "
+                "discarded\n", v[k]->key, v[k]->f.name,
+                tool_wlog_damaged (v[k]) ? "damaged" : "unreadable");
       else
         printf ("%s: invalidated (%s)\n", v[k]->key, v[k]->f.name);
       break;

@@ -125,7 +125,8 @@ print_table (const struct tool_cache *c)
             ok ? fmt_size (o->info.sb.size, s1) : "-",
             ok ? fmt_size (o->info.cached_bytes, s2) : "-",
             pct, hit,
-            o->wlog_err == ENOENT ? "-" : o->wlog_err ? "?"
+            o->wlog_err == ENOENT ? "-" : tool_wlog_damaged (o) ? "damaged"
+            : o->wlog_err ? "?"
             : fmt_size (o->wlog.dirty_bytes, s3),
             fmt_time (last_use (o), t), tool_state (o));
   }

@@ -131,6 +131,8 @@ extern const char *tool_state (const struct tool_object *o);
  * write, 0 if none.
  */
 extern bool tool_dirty (const struct tool_object *o);
+extern bool tool_wlog_damaged (const struct tool_object *o);
+extern const char *tool_wlog_state (const struct tool_object *o);
 extern double tool_dirty_age (const struct tool_object *o);
 
 /* Read the object's index again (after a change). */

@@ -117,6 +117,23 @@ load (struct tool_cache *c, struct tool_object *o)
   close (fanfd);
 }
 
+/* A write log that may hold flushed data and cannot be read whole:
+ * damaged in the middle (EUCLEAN, Rule 7 of core/wlog.c) or its
+ * header unreadable.  Never clean, never discarded without --force.
+ */
+bool
+tool_wlog_damaged (const struct tool_object *o)
+{
+  return o->wlog_err == EUCLEAN || o->wlog_err == EBADMSG;
+}
+
+const char *
+tool_wlog_state (const struct tool_object *o)
+{
+  return o->wlog_err == 0 ? "ok" : o->wlog_err == ENOENT ? "none"
+    : tool_wlog_damaged (o) ? "damaged" : "unreadable";
+}
+
 bool
 tool_dirty (const struct tool_object *o)
 {
@@ -266,6 +283,8 @@ tool_state (const struct tool_object *o)
 {
   if (o->f.locked)
     return "in use";
+  if (tool_wlog_damaged (o))
+    return "damaged";
   if (tool_dirty (o))
     return "dirty";
   if (o->err || o->info.reason != FSC_OK || o->info.stale ||

@@ -60,8 +60,7 @@ void
 tool_json_dirty (FILE *fp, const struct tool_object *o, const char *indent)
 {
   fprintf (fp, ",\n%s\"write_log\": ", indent);
-  json_str (fp, o->wlog_err == 0 ? "ok" : o->wlog_err == ENOENT ? "none"
-                                   : "unreadable");
+  json_str (fp, tool_wlog_state (o));
   fprintf (fp, ",\n%s\"dirty\": %s", indent,
            tool_dirty (o) ? "true" : "false");
   fprintf (fp, ",\n%s\"dirty_bytes\": %" PRIu64

@@ -168,8 +168,13 @@ print_text (FILE *fp, const struct tool_cache *c, struct tool_object *const *v,
     fprintf (fp, "%-22s %" PRIu64 "\n", "object_allocated_bytes", o->f.bytes);
     fprintf (fp, "%-22s %s\n", "last_reason", o->ctr.last_reason
              ? fsc_reason_name (o->ctr.last_reason) : "none");
-    fprintf (fp, "%-22s %s\n", "write_log", o->wlog_err == 0 ? "ok"
-             : o->wlog_err == ENOENT ? "none" : "unreadable");
+    fprintf (fp, "%-22s %s\n", "write_log", tool_wlog_state (o));
+    if (o->wlog_err == EUCLEAN)
+      fprintf (fp, "%-22s record %" PRIu64 " at byte %" PRIu64 " of the "
+               "log (covered by a marker up to %" PRIu64 "); %" PRIu64
+               " intact records before it, %" PRIu64 " after\n",
+               "write_log_damage", o->wlog.damage_seq, o->wlog.damage_pos,
+               o->wlog.damage_cover, o->wlog.records, o->wlog.lost_records);
   }
   struct dirty_sum d;
   sum_dirty (v, n, &d);

@@ -33,6 +33,15 @@
  *      so that no proxy opens it in between); then the log is closed
  *      and removed in turn if nothing took it meanwhile.  The next
  *      proxy starts cold.
+ *
+ * A damaged log (Rule 7 of core/wlog.c: a record a later marker shows
+ * was flushed cannot be read) is refused as the proxy refuses it,
+ * saying what would be lost.  With --salvage it is opened with
+ * FSC_WLOG_SALVAGE: the intact records before the damage are written
+ * back as above, in order, after saying exactly what is lost (the
+ * damaged record and every record after it, which cannot be written
+ * back without it first); then the log, damage and all, is discarded
+ * with the cache, so that the export can be opened again.
  */
 #include <config.h>
 
@@ -54,13 +63,15 @@
 #include "nbd-fscache.h"
 
 #define WRITEBACK_USAGE \
-  "writeback [--dir DIR] OBJECT URI [--connections N] [--generation G]"
+  "writeback [--dir DIR] OBJECT URI [--connections N] [--generation G] " \
+  "[--salvage]"
 #define MAX_CONNECTIONS 16
 #define POLL_MS 100
 
 struct wb_opts {
   unsigned connections;
   const char *generation;
+  bool salvage;                 /* past damage, losing what follows it */
 };
 
 static int
@@ -87,6 +98,9 @@ wb_opt (int c, const char *arg, void *opaque)
       return -1;
     }
     wo->generation = arg;
+    return 0;
+  case 's':
+    wo->salvage = true;
     return 0;
   default:
     return -1;
@@ -373,6 +387,19 @@ say_open_error (const struct tool_object *o, const char *uri, int e,
       tool_error ("writeback: %s: the log does not fit %s (%s): refusing",
                   o->f.name, uri, fsc_wlog_mismatch_name (info->mismatch));
     return EXIT_FINDING;
+  case EUCLEAN:
+    tool_error ("writeback: %s: its write log is DAMAGED: record %" PRIu64
+                " (at byte %" PRIu64 " of the log) cannot be read although "
+                "a later flush marker shows it was flushed; %" PRIu64
+                " records (%" PRIu64 " bytes) before it are intact, and it "
+                "and every record after it (%" PRIu64 " intact writes, %"
+                PRIu64 " bytes) would be lost.  Refusing: run again with "
+                "--salvage to write back the intact records and discard the "
+                "rest, or discard it all with 'nbd-fscache invalidate "
+                "--force %s'", o->f.name, info->damage_seq, info->damage_pos,
+                info->records, info->dirty_bytes, info->lost_records,
+                info->lost_bytes, o->f.name);
+    return EXIT_FINDING;
   case EBADMSG:
     tool_error ("writeback: %s: its write log is damaged or not its own: "
                 "refusing (nbd-fscache invalidate --force discards it)",
@@ -407,6 +434,7 @@ fscache_cmd_writeback (int argc, char **argv)
     { "help", no_argument, NULL, 'h' },
     { "connections", required_argument, NULL, 'c' },
     { "generation", required_argument, NULL, 'g' },
+    { "salvage", no_argument, NULL, 's' },
     { NULL, 0, NULL, 0 },
   };
   struct wb_opts wo = { .connections = 1, .generation = NULL };
@@ -416,7 +444,7 @@ fscache_cmd_writeback (int argc, char **argv)
   struct fsc_wlog *wl = NULL;
   int ret = EXIT_USAGE;
 
-  int i = tool_getopt ("writeback", WRITEBACK_USAGE, argc, argv, "d:hc:g:",
+  int i = tool_getopt ("writeback", WRITEBACK_USAGE, argc, argv, "d:hc:g:s",
                        longopts, wb_opt, &wo);
   if (argc - i != 2) {
     tool_error ("writeback: %s", argc - i < 2 ? "OBJECT and URI needed"
@@ -490,7 +518,8 @@ fscache_cmd_writeback (int argc, char **argv)
    */
   struct fsc_wlog_info peek;
   if (wo.generation == NULL &&
-      fsc_wlog_peek (cache, key, (size_t) klen, &peek) == 0 &&
+      (fsc_wlog_peek (cache, key, (size_t) klen, &peek) == 0 ||
+       errno == EUCLEAN) &&
       peek.has_generation)
     wo.generation = peek.generation;
   struct fsc_wlog_params p = {
@@ -498,7 +527,8 @@ fscache_cmd_writeback (int argc, char **argv)
     .generation = wo.generation, .sample = { .n = 0 },
   };
   struct fsc_wlog_info info;
-  if (fsc_wlog_open (cache, &p, 0, &wl, &info) == -1) {
+  if (fsc_wlog_open (cache, &p, wo.salvage ? FSC_WLOG_SALVAGE : 0, &wl,
+                     &info) == -1) {
     int e = errno;
     wl = NULL;
     if (e == ENOENT) {
@@ -516,7 +546,29 @@ fscache_cmd_writeback (int argc, char **argv)
     tool_error ("writeback: %s: warning: %" PRIu64 " flushed records are "
                 "damaged: writeback stops at the first of them",
                 o->f.name, info.damaged_records);
-  if (info.records == 0) {
+  if (info.damaged) {
+    /* --salvage: say what is lost before anything is done. */
+    printf ("%s: the write log is damaged at record %" PRIu64 " (byte %"
+            PRIu64 " of the log; a marker shows records below %" PRIu64
+            " were flushed)\n", o->f.name, info.damage_seq, info.damage_pos,
+            info.damage_cover);
+    printf ("%s: salvaging: the %" PRIu64 " intact records before it (%"
+            PRIu64 " bytes in %" PRIu64 " epochs) are written back in "
+            "order\n", o->f.name, info.records, info.dirty_bytes,
+            info.epochs);
+    printf ("%s: LOST: record %" PRIu64 " (unreadable: what it held is "
+            "unknown) and every record after it, up to record %" PRIu64
+            ": %" PRIu64 " intact writes, zeroes or trims of %" PRIu64
+            " bytes", o->f.name, info.damage_seq,
+            MAX (info.lost_last_seq, info.damage_seq), info.lost_records,
+            info.lost_bytes);
+    if (info.lost_end)
+      printf (" within bytes %" PRIu64 "-%" PRIu64 " of the export",
+              info.lost_start, info.lost_end - 1);
+    printf (", which cannot be written back without it first\n");
+    fflush (stdout);
+  }
+  if (info.records == 0 && !info.damaged) {
     printf ("%s: no dirty data: nothing to write back\n", o->f.name);
     ret = EXIT_SUCCESS;
     goto out;
@@ -536,7 +588,7 @@ fscache_cmd_writeback (int argc, char **argv)
   sigemptyset (&sa.sa_mask);
   sigaction (SIGINT, &sa, NULL);
   sigaction (SIGTERM, &sa, NULL);
-  if (fsc_wlog_start_writer (wl, NULL, &up) == -1) {
+  if (info.records && fsc_wlog_start_writer (wl, NULL, &up) == -1) {
     tool_error ("writeback: %s: starting the writer: %m", o->f.name);
     goto out;
   }
@@ -607,8 +659,17 @@ fscache_cmd_writeback (int argc, char **argv)
   bool dropped = discard_cache (&c, o, FSCD_CULL_KEEP_WLOG);
   fsc_wlog_close (wl);
   wl = NULL;
-  if (dropped)
-    (void) discard_cache (&c, o, 0);
+  /* A salvaged log still holds its damage, which only a forced
+   * discard removes: what it loses was said above.
+   */
+  bool log_gone = dropped &&
+    discard_cache (&c, o, info.damaged ? FSCD_CULL_FORCE : 0);
+  if (info.damaged && !log_gone) {
+    tool_error ("writeback: %s: the damaged write log could NOT be "
+                "discarded (nbd-fscache invalidate --force discards it)",
+                o->f.name);
+    dropped = false;
+  }
   printf ("%s: wrote back %" PRIu64 " bytes in %" PRIu64 " epoch%s to %s "
           "in %.1f s; %s\n", o->f.name, total, epochs, epochs == 1 ? "" : "s",
           uri, el,
@@ -616,6 +677,9 @@ fscache_cmd_writeback (int argc, char **argv)
                     "cold)"
                   : "its cached data could NOT be discarded: invalidate it "
                     "before serving it again");
+  if (info.damaged && log_gone)
+    printf ("%s: the damaged write log was discarded: the export opens "
+            "again\n", o->f.name);
   ret = dropped ? EXIT_SUCCESS : EXIT_FINDING;
 
  out:

@@ -196,6 +196,7 @@ struct fscd_state {
   bool quota_mode;              /* quota records are in force */
   bool quota_stuck_said;        /* logged that quotas cannot help */
   bool dirty_said;              /* logged that dirty objects stay */
+  uint64_t damaged_said;        /* damaged write logs last logged */
   double last_lowering;         /* when a budget was last lowered */
 
   /* The last sample, for the time counters. */

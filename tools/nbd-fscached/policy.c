@@ -588,6 +588,17 @@ fscd_tick (struct fscd_state *st, double now)
     return PERIOD_IDLE;
   }
   st->ctr.scans++;
+  /* A damaged write log holds flushed writes the filter refuses to
+   * serve: say so loudly whenever their number changes (never culled,
+   * like every dirty one).
+   */
+  if (sc.damaged_objects != st->damaged_said && sc.damaged_objects > 0)
+    fscd_log (LOG_ERR, "%" PRIu64 " objects have a damaged write log "
+              "holding flushed writes not written back: never culled; "
+              "their exports are refused (nbd-fscache ls shows them "
+              "'damaged'; 'nbd-fscache writeback --salvage' or "
+              "'invalidate --force' is the way out)", sc.damaged_objects);
+  st->damaged_said = sc.damaged_objects;
   uint64_t total = sc.total_bytes;
   count_time (st, &s, total, now);
   stop_mark (st, &s);
