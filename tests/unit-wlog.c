@@ -230,8 +230,18 @@ random_op (struct fsc_wlog *wl, struct fsc_object *o)
   if (k < 7) {
     for (uint64_t i = 0; i < n; ++i)
       buf[i] = rand ();
-    CHECK (fsc_wlog_pwrite (wl, o, &up, buf, n, off, rnd (8) == 0) == 0);
+    bool fua = rnd (8) == 0;
+    CHECK (fsc_wlog_pwrite (wl, o, &up, buf, n, off, fua) == 0);
     memcpy (model + off, buf, n);
+    if (fua) {
+      /* A completed FUA write ends its epoch (rule 6, atop
+       * core/writeback.c): the upstream may be flushed at this state.
+       */
+      CHECK (nsnap < MAXSNAP);
+      snap[nsnap] = malloc (SIZE);
+      CHECK (snap[nsnap] != NULL);
+      memcpy (snap[nsnap++], model, SIZE);
+    }
   }
   else if (k < 9) {
     CHECK (fsc_wlog_zero (wl, o, &up, n, off, false) == 0);
