@@ -392,6 +392,24 @@ main (void)
   /* 7. A torn tail: flushed records survive any cut after them. */
   wl = open_log (c, &info);
   CHECK_EQ (info.records, 0);
+  /* Rule 6 (atop core/writeback.c): a completed FUA write ends its
+   * epoch, so the write after it is in the next one; a flush right
+   * after it finds nothing to end.  Writes 0 (FUA) | flush | 1, 2
+   * (FUA) | 3: three epochs (two without the rule).
+   */
+  {
+    static unsigned char b1[BS];
+    for (int i = 0; i < 4; ++i) {
+      memset (b1, 0xa0 + i, BS);
+      CHECK (fsc_wlog_pwrite (wl, o, &up, b1, BS, i * BS,
+                              i == 0 || i == 2) == 0);
+      memcpy (model + i * BS, b1, BS);
+      if (i == 0)
+        CHECK (fsc_wlog_flush (wl) == 0);
+    }
+    fsc_wlog_counters (wl, &info);
+    CHECK_EQ (info.epochs, 3);
+  }
   for (int i = 0; i < 40; ++i)
     random_op (wl, o);
   CHECK (fsc_wlog_flush (wl) == 0);
