@@ -10,9 +10,11 @@
  * tests/test-wb-fua.sh (FUA: the knob NBD_FSCACHE_WB_FUA_UNORDERED=1
  * leaves a FUA write's epoch open) and tests/test-wb-cacheloss.sh
  * (flush: NBD_FSCACHE_WB_UNORDERED=1), both judged by tests/wb-oracle
- * after a cache loss.  A FUA write is not sent upstream with FUA: its
- * epoch's upstream flush, before anything later is sent, gives the
- * same order at a fraction of the cost (docs/benchmarks.md).
+ * after a cache loss.  A FUA write is not sent upstream with FUA and
+ * waited for, which would cost the client an upstream round trip per
+ * FUA write: its epoch's upstream flush, before anything later is
+ * sent, gives the same order; the writer pays one upstream round trip
+ * per epoch instead (docs/benchmarks.md, "FUA as an ordering point").
  *
  * One round:
  *
