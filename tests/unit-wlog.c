@@ -269,6 +269,26 @@ flush_snap (struct fsc_wlog *wl)
   memcpy (snap[nsnap++], model, SIZE);
 }
 
+/* A thread that flushes until told to stop. */
+struct flusher {
+  struct fsc_wlog *wl;
+  bool stop;
+  int err;
+  unsigned n;
+};
+
+static void *
+flush_loop (void *arg)
+{
+  struct flusher *f = arg;
+  while (!__atomic_load_n (&f->stop, __ATOMIC_SEQ_CST)) {
+    if (fsc_wlog_flush (f->wl) == -1)
+      f->err = errno;
+    f->n++;
+  }
+  return NULL;
+}
+
 static void
 path_of (char *buf, size_t n, const char *suffix)
 {
@@ -409,6 +429,32 @@ main (void)
     }
     fsc_wlog_counters (wl, &info);
     CHECK_EQ (info.epochs, 3);
+  }
+  /* ... and concurrent flushes make no empty epochs: 100 FUA writes,
+   * one at a time, while another thread flushes in a loop; a flush
+   * that ends a FUA write's epoch while it syncs leaves it nothing to
+   * end.  Each FUA write then has an epoch of its own, and there are
+   * no others: 3 + 100.
+   */
+  {
+    static unsigned char b1[BS];
+    CHECK (fsc_wlog_flush (wl) == 0);   /* ends write 3's epoch */
+    struct flusher fl = { .wl = wl };
+    pthread_t th;
+    CHECK (pthread_create (&th, NULL, flush_loop, &fl) == 0);
+    for (int i = 0; i < 100; ++i) {
+      uint64_t off = (4 + i % 8) * BS;
+      memset (b1, i, BS);
+      CHECK (fsc_wlog_pwrite (wl, o, &up, b1, BS, off, true) == 0);
+      memcpy (model + off, b1, BS);
+    }
+    __atomic_store_n (&fl.stop, true, __ATOMIC_SEQ_CST);
+    CHECK (pthread_join (th, NULL) == 0);
+    CHECK (fl.err == 0 && fl.n > 0);
+    fsc_wlog_counters (wl, &info);
+    fprintf (stderr, "FUA writes and %u concurrent flushes: %llu epochs\n",
+             fl.n, (unsigned long long) info.epochs);
+    CHECK_EQ (info.epochs, 103);
   }
   for (int i = 0; i < 40; ++i)
     random_op (wl, o);
