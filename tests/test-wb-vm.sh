@@ -50,6 +50,12 @@
 #   - the files extracted from the upstream image by debugfs on the
 #     host match boot 1's sums.
 #
+# Then the journal part (boots 4 and 5, described where it runs): an
+# ext4 made through a writeback proxy, journal commits (fsync: a flush,
+# then the commit block with FUA), kill -9 and the cache deleted while
+# the writer lags; the upstream's journal replayed on a copy, e2fsck
+# -fn must pass (rule 6, flush and FUA order, atop core/writeback.c).
+#
 # Times: the guest's mkfs, file writes and sync, and the same boot-1
 # workload against a writethrough proxy on the same slow upstream (a
 # fresh copy of the same initial image), are printed for comparison,
