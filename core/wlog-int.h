@@ -136,6 +136,9 @@ struct fsc_wlog {
   bool writer_running;
   bool stopping;
   bool unordered;                       /* test knob: ignore epochs */
+  bool fua_unordered;                   /* test knob: a FUA write does
+                                         * not close its epoch (rule 6
+                                         * broken) */
   bool halted;                          /* the writer met a bad record
                                          * or could not move the tail:
                                          * it sends nothing more */

@@ -619,6 +619,7 @@ append (struct fsc_wlog *wl, int type, uint64_t off, uint64_t len,
     goto out;
   }
   uint64_t pos = wl->head_pos, seq0 = wl->next_seq, t = now_ms ();
+  uint64_t my_epoch = wl->epoch;
   for (uint64_t i = 0; i < nrec; ++i) {
     if (ring_push (wl, es[i]) == -1) {
       /* Nothing reserved yet for the rest: undo ours. */
@@ -671,8 +672,22 @@ append (struct fsc_wlog *wl, int type, uint64_t off, uint64_t len,
   if (type != WL_FLUSH)
     apply_wait_upto (wl, seq0 + nrec);
   r = wl->failed ? -1 : 0;
-  if (r == 0 && fua)
+  if (r == 0 && fua) {
     r = sync_upto (wl, seq0 + nrec);
+    /* Rule 6: the FUA write is about to be acknowledged, so a write
+     * that arrives from now on must reach the upstream after it: it
+     * goes to the next epoch, which the writer sends only once this
+     * one is written back and flushed upstream.  Writes concurrent
+     * with this one may share its epoch (nothing orders them).  If a
+     * flush or another FUA already closed our epoch, nothing to do: no
+     * empty epochs.
+     */
+    if (r == 0 && wl->epoch == my_epoch && wl->epoch_used &&
+        !wl->fua_unordered) {
+      wl->epoch++;
+      wl->epoch_used = false;
+    }
+  }
   pthread_mutex_unlock (&wl->lock);
   free (buf);
   free (es);
@@ -1463,6 +1478,7 @@ fsc_wlog_open (struct fsc_cache *cache, const struct fsc_wlog_params *p,
     goto err;
   }
   wl->unordered = getenv ("NBD_FSCACHE_WB_UNORDERED") != NULL;
+  wl->fua_unordered = getenv ("NBD_FSCACHE_WB_FUA_UNORDERED") != NULL;
   fsc_wlog_counters (wl, info);
   *wlp = wl;
   return 0;

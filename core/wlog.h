@@ -4,16 +4,18 @@
  * object's write log, NAME.wlog, beside the object's other files: an
  * append-only file of checksummed records (docs/format.md, "Write
  * log"), each a write, zero or trim of whole 4 KiB units, tagged with
- * a sequence number and the client's flush epoch.  A FLUSH (or FUA)
- * syncs the log: one local fdatasync, never an upstream round trip.
+ * a sequence number and its epoch, which a FLUSH or a completed FUA
+ * write ends (rule 6, atop writeback.c).  A FLUSH (or FUA) syncs the
+ * log: one local fdatasync, never an upstream round trip.
  * Reads see the newest logged version of every unit through an
  * in-memory extent map and take the rest from the object (cache and
  * upstream).  A background writer (writeback.c) sends the log to the
  * upstream one epoch at a time, each epoch followed by an upstream
  * flush, so that the upstream always holds a state the client had at
- * one of its flushes plus part of the next epoch; only then does the
- * log's tail advance and its space get punched.  docs/design.md,
- * "Writeback", says why a log and not dirty bits in the index.
+ * one of its flushes or completed FUA writes plus part of the next
+ * epoch; only then does the log's tail advance and its space get
+ * punched.  docs/design.md, "Writeback", says why a log and not dirty
+ * bits in the index.
  *
  * The log is independent of the object's index: the object stays a
  * clean copy of the upstream (the writer keeps it so with
@@ -141,7 +143,9 @@ extern bool fsc_wlog_dirty (struct fsc_wlog *wl);
  * the log failed (a cache write or sync error: everything after it may
  * be lost, so nothing more is accepted), or an upstream error reading
  * the rest of a unit for an unaligned write.  A write is acknowledged
- * once it is in the log (FUA: durable); writes beyond the dirty bound
+ * once it is in the log (FUA: durable, and its epoch ended, so that
+ * what is written after it reaches the upstream after it); writes
+ * beyond the dirty bound
  * wait for the writer.  OBJ and UP serve what the log does not hold
  * (the rest of a unit an unaligned write covers).
  */

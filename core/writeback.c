@@ -1,9 +1,24 @@
 /* libfscache: the writer of writeback mode, which sends the write log
  * (wlog.c) to the upstream in order.
  *
+ * Rule 6 (flush and FUA order): a write that arrived after a flush or
+ * a FUA write was acknowledged reaches the upstream only after that
+ * flush's writes, or that FUA write, are on the upstream and flushed
+ * there.  An epoch ends at a flush and at a completed FUA write
+ * (wlog.c, fsc_wlog_flush and append); the writer sends one epoch at a
+ * time and flushes the upstream before it touches the next.  Broken by
+ * tests/test-wb-fua.sh (FUA: the knob NBD_FSCACHE_WB_FUA_UNORDERED=1
+ * leaves a FUA write's epoch open) and tests/test-wb-cacheloss.sh
+ * (flush: NBD_FSCACHE_WB_UNORDERED=1), both judged by tests/wb-oracle
+ * after a cache loss.  A FUA write is not sent upstream with FUA and
+ * waited for, which would cost the client an upstream round trip per
+ * FUA write: its epoch's upstream flush, before anything later is
+ * sent, gives the same order; the writer pays one upstream round trip
+ * per epoch instead (docs/benchmarks.md, "FUA as an ordering point").
+ *
  * One round:
  *
- *   1. Take a batch: the oldest applied records, all of one flush epoch
+ *   1. Take a batch: the oldest applied records, all of one epoch
  *      (the epoch may still be open: its later records come in a later
  *      round, which is still "part of the next epoch"), at most
  *      BATCH_BYTES of them.

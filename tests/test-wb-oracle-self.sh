@@ -6,7 +6,8 @@
 # Truth: nbdkit's file plugin, no cache: every acknowledged write is
 # in the image file.  The broken images are forged from that image
 # and the log: a block one write behind while later epochs are
-# present, an exact flush state, a corrupt byte, torn blocks.
+# present, an exact flush state, a write present without a FUA write
+# that completed before it was issued, a corrupt byte, torn blocks.
 
 source "${top_srcdir:-$(dirname "$0")/..}/tests/functions.sh"
 
@@ -149,6 +150,78 @@ done
 [ "$newer" -gt 0 ] || fail "(b) no block of epoch $K kept"
 # Not the final state.
 expect_fail "(b) --final" check "$TMP/b.img" "$log" --final
+
+# ---- (d) FUA order: a write issued after a FUA write completed -------
+# On S_k (an exact flush state; k = K or the first epoch below it with
+# such writes), write Y of epoch k, the first issued after the
+# acknowledgement of a FUA write of epoch k, with every FUA write of
+# epoch k acknowledged before Y was issued: must pass.  The
+# same without one of those FUA writes, X (what a writer that ignores
+# FUA order leaves after a cache loss): must fail, naming X's block;
+# under the flush-only model it is a state at flush k, plus part of
+# epoch k.
+mapfile -t fua < <(python3 - "$log" "$K" <<'EOF2'
+import sys
+W, A, per = {}, {}, {}
+for n, l in enumerate(open(sys.argv[1])):
+    t = l.split()
+    if t and t[0] == "W":
+        W[int(t[1])] = (int(t[2]), int(t[3]), len(t) == 5, n)
+        per.setdefault(int(t[2]), []).append(int(t[1]))
+    elif t and t[0] == "A":
+        A[int(t[1])] = n
+
+def case(k):
+    base = []
+    for b, ss in sorted(per.items()):
+        if W[ss[-1]][1] < k:
+            continue
+        old = [s for s in ss if W[s][1] < k]
+        base.append("%d:%s" % (b, old[-1] if old else "zero"))
+    for x in sorted(s for s in W if W[s][1] == k and W[s][2] and s in A):
+        later = [s for s in sorted(W) if W[s][3] > A[x] and W[s][1] == k]
+        if not later:
+            continue
+        y = later[0]
+        fs = [s for s in sorted(W) if W[s][1] == k and W[s][2] and s in A
+              and A[s] < W[y][3]]
+        if W[y][0] == W[x][0] or \
+           any(W[s][0] == W[x][0] for s in fs if s != x):
+            continue
+        print(" ".join(base + ["%d:%d" % (W[s][0], s) for s in fs]
+                       + ["%d:%d" % (W[y][0], y)]))
+        print(" ".join(base + ["%d:%d" % (W[s][0], s) for s in fs if s != x]
+                       + ["%d:%d" % (W[y][0], y)]))
+        print(k, W[x][0], x, y)
+        return True
+    return False
+
+# The first epoch from K down that has such a pair (FUA writes acked
+# after the last write of their epoch was issued have none).
+for k in range(int(sys.argv[2]), 0, -1):
+    if case(k):
+        break
+EOF2
+)
+[ ${#fua[@]} -eq 3 ] || fail "(d) no FUA write with a later write in its epoch"
+read -r kd xb xs ys <<<"${fua[2]}"
+read -r -a edits <<<"${fua[0]}"
+forge "$TMP/d.img" "${edits[@]}"
+out=$(oracle check "$TMP/d.img" "$log" --initial zero) ||
+  fail "(d) FUA write $xs and write $ys after it: $out"
+case "$out" in
+  "consistent at flush $kd "*) ;;
+  *) fail "(d) '$out', expected flush $kd" ;;
+esac
+echo "(d) FUA write $xs, then write $ys: $out"
+read -r -a edits <<<"${fua[1]}"
+forge "$TMP/d.img" "${edits[@]}"
+expect_fail "(d) write $ys without FUA write $xs" check "$TMP/d.img" "$log" \
+  --initial zero
+case "$out" in
+  "inconsistent: FUA order: block $xb "*) ;;
+  *) fail "(d) names another block or reason: $out" ;;
+esac
 
 # ---- (c) a corrupt byte, torn blocks: must fail -----------------------
 read -r cb cs < <(python3 - "$log" <<'EOF'

@@ -50,6 +50,12 @@
 #   - the files extracted from the upstream image by debugfs on the
 #     host match boot 1's sums.
 #
+# Then the journal part (boots 4 and 5, described where it runs): an
+# ext4 made through a writeback proxy, journal commits (fsync: a flush,
+# then the commit block with FUA), kill -9 and the cache deleted while
+# the writer lags; the upstream's journal replayed on a copy, e2fsck
+# -fn must pass (rule 6, flush and FUA order, atop core/writeback.c).
+#
 # Times: the guest's mkfs, file writes and sync, and the same boot-1
 # workload against a writethrough proxy on the same slow upstream (a
 # fresh copy of the same initial image), are printed for comparison,
@@ -342,6 +348,80 @@ grep -i "error" "$TMP/px-1.err" "$TMP/px-2.err" |
   grep -v "discarding cached data (unclean-after-writes), starting cold" |
   grep -v "nbd\[[0-9]*\]: error: no connection in this thread" |
   sed 's/^/  proxy: /' | sort | uniq -c | head -20
+stop_nbdkit "$TMP/up.pid"
+
+# ---- journal: ext4 commits, then kill -9 and the cache lost ------------
+# Boot 4 (wbmkfs) makes an ext4 through a writeback proxy on a fast
+# upstream; SIGTERM drains it.  Boot 5 (wbjournal) commits journal
+# transactions (fsync: a flush, then the commit block with FUA; the
+# small journal wraps, so the kernel also checkpoints in place) through
+# a writeback proxy whose upstream runs at 256 kbit/s (the workload
+# writes about 110 KB/s under TCG), so the writer lags; once the guest says "committed", the proxy is killed (SIGKILL)
+# with dirty data in its log, and its cache directory deleted.  The
+# upstream is then what a power cut of the guest could leave (rule 6,
+# atop core/writeback.c: flush and FUA order): the journal replayed as
+# a mount would (e2fsck -E journal_only on a copy), e2fsck -fn must
+# find nothing wrong.  A log filter in front of the proxy shows that
+# the kernel did send FUA writes and flushes.
+truncate -s "$size" "$TMP/journal.img"
+: > "$TMP/up.log"
+rm -f "$TMP/stall"
+set_rate 10G
+start_upstream "$TMP/journal.img"
+start_proxy writeback "$TMP/cache-j" "$TMP/px-j4.err"
+boot_start 4 wbmkfs
+boot_wait 4 wbmkfs
+stop_nbdkit "$TMP/px.pid"
+if grep "left in the cache" "$TMP/px-j4.err"; then
+  fail "boot 4: the clean stop did not drain"
+fi
+wait_until up_idle || fail "the upstream did not go idle after boot 4"
+rc=0; e2fsck -fn "$TMP/journal.img" > "$TMP/e2fsck-mkfs.out" 2>&1 || rc=$?
+[ $rc -eq 0 ] || { cat "$TMP/e2fsck-mkfs.out" >&2
+                   fail "the ext4 made through the proxy: e2fsck -fn status $rc"; }
+set_rate 256K
+NBDKIT_STDERR="$TMP/px-j5.err" start_nbdkit -P "$TMP/px.pid" -U "$TMP/px.sock" \
+  --filter=log --filter="$FILTER" nbd socket="$TMP/up.sock" \
+  fscache-dir="$TMP/cache-j" fscache-key=wbvm fscache-mode=writeback \
+  logfile="$TMP/px-j5.log" ||
+  { cat "$TMP/px-j5.err" >&2; fail "the journal proxy did not start"; }
+boot_start 5 wbjournal
+wait_console 5 committed || {
+  boot_wait 5 wbjournal
+  fail "boot 5: the guest never said committed"
+}
+dirty=$(tool --dir "$TMP/cache-j" ls --json |
+        sed -n 's/.*"dirty_bytes": \([0-9]*\).*/\1/p')
+kill9_nbdkit "$TMP/px.pid"
+rm -rf "$TMP/cache-j"
+boot_wait 5 wbjournal
+[ "${dirty:-0}" -gt 0 ] ||
+  fail "boot 5: nothing dirty at the kill: the writeback was not behind"
+nfua=$(grep -c ' Write id=.* fua=1' "$TMP/px-j5.log" || true)
+nflush=$(log_count "$TMP/px-j5.log" Flush)
+[ "$nfua" -gt 0 ] || fail "boot 5: the kernel sent no FUA write"
+[ "$nflush" -gt 0 ] || fail "boot 5: the kernel sent no flush"
+wait_until up_idle || fail "the upstream did not go idle after the kill"
+echo "journal: $nfua FUA writes and $nflush flushes from the guest;" \
+     "killed with $dirty bytes dirty, cache deleted; upstream: $(up_written)" \
+     "bytes written to it since boot 4"
+rc=0; e2fsck -fn "$TMP/journal.img" > "$TMP/e2fsck-j-raw.out" 2>&1 || rc=$?
+echo "  e2fsck -fn before the journal replay: status $rc (not judged)"
+cp "$TMP/journal.img" "$TMP/journal-check.img"
+rc=0
+e2fsck -E journal_only -y "$TMP/journal-check.img" > "$TMP/e2fsck-j-replay.out" 2>&1 ||
+  rc=$?
+[ $rc -le 1 ] || { cat "$TMP/e2fsck-j-replay.out" >&2
+                   fail "replaying the upstream's journal: e2fsck status $rc"; }
+rc=0
+e2fsck -fn "$TMP/journal-check.img" > "$TMP/e2fsck-j.out" 2>&1 || rc=$?
+[ $rc -eq 0 ] || { cat "$TMP/e2fsck-j.out" >&2
+                   fail "the upstream after the cache loss: e2fsck -fn found errors (status $rc)"; }
+nfiles_up=$(debugfs -R "ls /d" "$TMP/journal-check.img" 2>/dev/null |
+            grep -o ' f[0-9]*' | wc -l)
+echo "  after the replay: e2fsck -fn passes" \
+     "($(tail -n 1 "$TMP/e2fsck-j.out" | sed 's/^[^:]*: //'));" \
+     "$nfiles_up of the guest's 120 files on the upstream"
 stop_nbdkit "$TMP/up.pid"
 
 # ---- writethrough: the same boot-1 workload, for the times -------------

@@ -233,8 +233,18 @@ random_op (struct fsc_wlog *wl, struct fsc_object *o)
   if (k < 7) {
     for (uint64_t i = 0; i < n; ++i)
       buf[i] = rand ();
-    CHECK (fsc_wlog_pwrite (wl, o, &up, buf, n, off, rnd (8) == 0) == 0);
+    bool fua = rnd (8) == 0;
+    CHECK (fsc_wlog_pwrite (wl, o, &up, buf, n, off, fua) == 0);
     memcpy (model + off, buf, n);
+    if (fua) {
+      /* A completed FUA write ends its epoch (rule 6, atop
+       * core/writeback.c): the upstream may be flushed at this state.
+       */
+      CHECK (nsnap < MAXSNAP);
+      snap[nsnap] = malloc (SIZE);
+      CHECK (snap[nsnap] != NULL);
+      memcpy (snap[nsnap++], model, SIZE);
+    }
   }
   else if (k < 9) {
     CHECK (fsc_wlog_zero (wl, o, &up, n, off, false) == 0);
@@ -260,6 +270,26 @@ flush_snap (struct fsc_wlog *wl)
   snap[nsnap] = malloc (SIZE);
   CHECK (snap[nsnap] != NULL);
   memcpy (snap[nsnap++], model, SIZE);
+}
+
+/* A thread that flushes until told to stop. */
+struct flusher {
+  struct fsc_wlog *wl;
+  bool stop;
+  int err;
+  unsigned n;
+};
+
+static void *
+flush_loop (void *arg)
+{
+  struct flusher *f = arg;
+  while (!__atomic_load_n (&f->stop, __ATOMIC_SEQ_CST)) {
+    if (fsc_wlog_flush (f->wl) == -1)
+      f->err = errno;
+    f->n++;
+  }
+  return NULL;
 }
 
 static void
@@ -385,6 +415,50 @@ main (void)
   /* 7. A torn tail: flushed records survive any cut after them. */
   wl = open_log (c, &info);
   CHECK_EQ (info.records, 0);
+  /* Rule 6 (atop core/writeback.c): a completed FUA write ends its
+   * epoch, so the write after it is in the next one; a flush right
+   * after it finds nothing to end.  Writes 0 (FUA) | flush | 1, 2
+   * (FUA) | 3: three epochs (two without the rule).
+   */
+  {
+    static unsigned char b1[BS];
+    for (int i = 0; i < 4; ++i) {
+      memset (b1, 0xa0 + i, BS);
+      CHECK (fsc_wlog_pwrite (wl, o, &up, b1, BS, i * BS,
+                              i == 0 || i == 2) == 0);
+      memcpy (model + i * BS, b1, BS);
+      if (i == 0)
+        CHECK (fsc_wlog_flush (wl) == 0);
+    }
+    fsc_wlog_counters (wl, &info);
+    CHECK_EQ (info.epochs, 3);
+  }
+  /* ... and concurrent flushes make no empty epochs: 100 FUA writes,
+   * one at a time, while another thread flushes in a loop; a flush
+   * that ends a FUA write's epoch while it syncs leaves it nothing to
+   * end.  Each FUA write then has an epoch of its own, and there are
+   * no others: 3 + 100.
+   */
+  {
+    static unsigned char b1[BS];
+    CHECK (fsc_wlog_flush (wl) == 0);   /* ends write 3's epoch */
+    struct flusher fl = { .wl = wl };
+    pthread_t th;
+    CHECK (pthread_create (&th, NULL, flush_loop, &fl) == 0);
+    for (int i = 0; i < 100; ++i) {
+      uint64_t off = (4 + i % 8) * BS;
+      memset (b1, i, BS);
+      CHECK (fsc_wlog_pwrite (wl, o, &up, b1, BS, off, true) == 0);
+      memcpy (model + off, b1, BS);
+    }
+    __atomic_store_n (&fl.stop, true, __ATOMIC_SEQ_CST);
+    CHECK (pthread_join (th, NULL) == 0);
+    CHECK (fl.err == 0 && fl.n > 0);
+    fsc_wlog_counters (wl, &info);
+    fprintf (stderr, "FUA writes and %u concurrent flushes: %llu epochs\n",
+             fl.n, (unsigned long long) info.epochs);
+    CHECK_EQ (info.epochs, 103);
+  }
   for (int i = 0; i < 40; ++i)
     random_op (wl, o);
   CHECK (fsc_wlog_flush (wl) == 0);

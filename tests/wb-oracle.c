@@ -3,9 +3,11 @@
  * A writeback cache may hold writes back from its upstream, but the
  * upstream must always hold a state the client could have seen: the
  * state at one of its FLUSHes, plus some of the writes of the epoch
- * that followed it.  Anything else (a flushed write lost, a write
- * from a later epoch reaching the upstream before one of an earlier
- * epoch, a torn block) is a bug.  This program produces a history and
+ * that followed it; and a write sent after a FUA write completed is
+ * never there without that FUA write.  Anything else (a flushed write
+ * lost, a write from a later epoch reaching the upstream before one of
+ * an earlier epoch, a write issued after a completed FUA write present
+ * without it, a torn block) is a bug.  This program produces a history and
  * judges images against it.
  *
  *   wb-oracle write URI LOG [options]   writes self-describing blocks
@@ -64,6 +66,11 @@
  * a version of epoch e followed by the next write to b in epoch e'
  * fits [e, e'].  The image is consistent at k when every block fits k,
  * found by one sweep over the intervals: O(writes + blocks + flushes).
+ * Then FUA order, as a disk that lost power keeps it: let T be the
+ * write issued last (by its W line) of those the image holds; every
+ * FUA write acknowledged (its A line) before T's W line must be held,
+ * or a later write to its block.  Non-FUA writes of an epoch stay
+ * unordered among themselves, as on a disk.
  */
 #include <config.h>
 
@@ -480,6 +487,7 @@ struct wr {
   uint64_t blk, epoch;
   uint32_t pos;             /* its index among the writes to blk */
   bool acked, fua;
+  uint64_t issued, acked_at;  /* the log lines of its W and A */
 };
 
 struct history {
@@ -579,7 +587,8 @@ load_history (const char *log, struct history *hi)
         hi->w = nw;
         cap = ncap;
       }
-      hi->w[a] = (struct wr) { .blk = b, .epoch = e, .fua = n == 5 };
+      hi->w[a] = (struct wr) { .blk = b, .epoch = e, .fua = n == 5,
+                               .issued = line };
       hi->nw = a;
       maxblk = MAX (maxblk, b);
     }
@@ -589,6 +598,7 @@ load_history (const char *log, struct history *hi)
       if (hi->w[a].acked)
         load_fail (log, line, "a write acknowledged twice");
       hi->w[a].acked = true;
+      hi->w[a].acked_at = line;
     }
     else if (strcmp (tok[0], "F") == 0) {
       if (n != 2 || !parse_u64 (tok[1], &e) || e != hi->nflush)
@@ -836,6 +846,43 @@ close_image (struct image *im)
 
 #define NONE UINT64_MAX
 
+/* FUA order, given HELD (per block: the write it holds, 0 for its
+ * initial content): a write acknowledged with FUA before the last
+ * issued of the writes present was issued must be present, or a later
+ * write to its block.  A disk that lost power may have lost any
+ * unflushed write, but never a FUA write that completed before one it
+ * kept was even sent.  O(writes + blocks).
+ */
+static int
+check_fua_order (const struct history *hi, const uint64_t *held)
+{
+  uint64_t last = 0;                  /* the present write issued last */
+  for (uint64_t b = 0; b < hi->nblocks; b++)
+    if (held[b] && (!last || hi->w[held[b]].issued > hi->w[last].issued))
+      last = held[b];
+  if (!last)
+    return 0;
+  for (uint64_t s = 1; s <= hi->nw; s++) {
+    const struct wr *x = &hi->w[s];
+    if (!x->fua || !x->acked || x->acked_at > hi->w[last].issued)
+      continue;
+    if (held[x->blk] >= s)
+      continue;
+    char what[160];
+    if (held[x->blk])
+      snprintf (what, sizeof what, "write %" PRIu64 " (epoch %" PRIu64 ")",
+                held[x->blk], hi->w[held[x->blk]].epoch);
+    else
+      snprintf (what, sizeof what, "its initial content");
+    printf ("inconsistent: FUA order: block %" PRIu64 " holds %s, but write "
+            "%" PRIu64 " (FUA, epoch %" PRIu64 ") to it completed before "
+            "write %" PRIu64 " (block %" PRIu64 "), which is present, was "
+            "issued\n", x->blk, what, s, x->epoch, last, hi->w[last].blk);
+    return EXIT_BAD;
+  }
+  return 0;
+}
+
 static int
 check_consistent (const struct history *hi, struct image *im,
                   enum initial init)
@@ -885,6 +932,8 @@ check_consistent (const struct history *hi, struct image *im,
   }
 
   if (best_n == nb) {
+    if (check_fua_order (hi, held) != 0)
+      return EXIT_BAD;
     uint64_t newer = 0;
     for (uint64_t b = 0; b < nb; b++)
       if (held[b] && hi->w[held[b]].epoch == best)

@@ -19,6 +19,19 @@
 #   mix           the image is read once through the configuration
 #                 (warm caches), then fio randrw rwmixread=70 bs=4k
 #                 fsync=16 iodepth=16 for RUNTIME s; read+write IOPS
+#   fua-qd1, fua-qd16
+#                 FUA_WRITES random 4 KiB writes, every other one with
+#                 FUA, one flush at the end (tests/wb-oracle write
+#                 --fua-every 2 --flush-every 0, at depth 1 and 16: fio's
+#                 nbd engine cannot send FUA); writes per second.  Since
+#                 rule 6 (core/writeback.c) each completed FUA write ends
+#                 a writeback epoch
+#   fua-drain     writeback and nocache only: the fua-qd1 workload, the
+#                 time from its start until everything is on the remote
+#                 (writeback: the log empty again); writes per second.
+#                 What the epoch per FUA write costs the writer: each
+#                 epoch is written back, then flushed upstream, before
+#                 the next is sent
 #   drain         writeback only, on a bandwidth-bound link (RATE bits/s,
 #                 rate filter): DRAIN_SIZE of random data written with
 #                 nbdcopy through a writeback proxy; the time from the
@@ -46,10 +59,10 @@ usage ()
 {
   cat <<EOF
 Usage: $0 [--size=256M] [--runtime=8] [--rounds=3] [--delay-ms=10]
-          [--rate=200M] [--drain-size=1G] [--configs="A B"] [--phases="A B"]
-          [--out=DIR]
+          [--rate=200M] [--drain-size=1G] [--fua-writes=2000]
+          [--configs="A B"] [--phases="A B"] [--out=DIR]
 Configs: nocache writethrough writeback nbdcache local
-Phases:  w4k-qd1 w4k-qd16 w4k-qd64 mix drain
+Phases:  w4k-qd1 w4k-qd16 w4k-qd64 mix fua-qd1 fua-qd16 fua-drain drain
 EOF
 }
 
@@ -61,6 +74,7 @@ while [ $# -gt 0 ]; do
     --delay-ms=*)   DELAY_MS="${1#*=}" ;;
     --rate=*)       RATE="${1#*=}" ;;
     --drain-size=*) DRAIN_SIZE="${1#*=}" ;;
+    --fua-writes=*) FUA_WRITES="${1#*=}" ;;
     --configs=*)    CONFIGS="${1#*=}" ;;
     --phases=*)     PHASES="${1#*=}" ;;
     --out=*)        OUT="${1#*=}" ;;
@@ -70,15 +84,21 @@ while [ $# -gt 0 ]; do
   shift
 done
 : "${SIZE:=256M}" "${RUNTIME:=8}" "${ROUNDS:=3}" "${DELAY_MS:=10}"
-: "${RATE:=200M}" "${DRAIN_SIZE:=1G}"
+: "${RATE:=200M}" "${DRAIN_SIZE:=1G}" "${FUA_WRITES:=2000}"
 : "${CONFIGS:=nocache writethrough writeback nbdcache local}"
-: "${PHASES:=w4k-qd1 w4k-qd16 w4k-qd64 mix drain}"
+: "${PHASES:=w4k-qd1 w4k-qd16 w4k-qd64 mix fua-qd1 fua-qd16 fua-drain drain}"
 
 source "$top_srcdir/tests/functions.sh"
 for cmd in nbdkit fio nbdcopy python3; do
   command -v "$cmd" >/dev/null || { echo "$0: $cmd is required" >&2; exit 2; }
 done
 [ -f "$FILTER" ] || { echo "$0: no filter at $FILTER" >&2; exit 2; }
+ORACLE="$top_builddir/tests/wb-oracle"
+case " $PHASES " in
+  *" fua-"*)
+    [ -x "$ORACLE" ] ||
+      { echo "$0: $ORACLE is not built (make check TESTS=)" >&2; exit 2; } ;;
+esac
 OUT="${OUT:-$(mktemp -d /tmp/fscache-wbbench.XXXXXX)}"
 mkdir -p "$OUT/raw"
 OUT="$(cd "$OUT" && pwd)"
@@ -89,7 +109,8 @@ SIZE_B=$(bytes "$SIZE")
 DRAIN_B=$(bytes "$DRAIN_SIZE")
 : > "$OUT/results.tsv"
 echo "size=$SIZE runtime=$RUNTIME rounds=$ROUNDS delay_ms=$DELAY_MS" \
-     "rate=$RATE drain=$DRAIN_SIZE $(nbdkit --version | head -1)" \
+     "rate=$RATE drain=$DRAIN_SIZE fua_writes=$FUA_WRITES" \
+     "$(nbdkit --version | head -1)" \
      "$(fio --version)" > "$OUT/env.txt"
 
 # Servers in the foreground of a background job, so that their exit
@@ -153,6 +174,25 @@ EOF
 
 fresh_image () { rm -f "$TMP/img"; truncate -s "$1" "$TMP/img"; }
 
+fua_load ()             # OUTNAME DEPTH SOCKET: FUA_WRITES writes, every
+{                       # other one with FUA; prints the seconds taken
+  local t0 t1
+  t0=$(date +%s.%N)
+  "$ORACLE" write "nbd+unix:///?socket=$3" "$OUT/raw/$1.log" \
+    --writes "$FUA_WRITES" --fua-every 2 --flush-every 0 --depth "$2" \
+    2>>"$OUT/raw/$1.err" ||
+    { echo "$0: $1: wb-oracle write failed" >&2; exit 1; }
+  t1=$(date +%s.%N)
+  python3 -c "print($t1 - $t0)"
+}
+
+log_empty ()            # the writeback log of $TMP/cache rewound
+{
+  local wlog
+  wlog="$(find "$TMP/cache/objects" -name '*.wlog')"
+  [ "$(stat -c %s "$wlog")" -le 8192 ]
+}
+
 run_phase ()            # PHASE CONFIG ROUND
 {
   local phase="$1" c="$2" r="$3" v
@@ -164,6 +204,32 @@ run_phase ()            # PHASE CONFIG ROUND
       v=$(fio_iops "$phase-$c-$r" --rw=randwrite --fsync=16 \
             --iodepth="${phase#w4k-qd}")
       srv_stop cfg; srv_stop up ;;
+    fua-qd*)
+      fresh_image "$SIZE_B"
+      remote_start; config_start "$c"
+      local secs
+      secs=$(fua_load "$phase-$c-$r" "${phase#fua-qd}" "$TMP/cfg.sock")
+      v=$(python3 -c "print(round($FUA_WRITES / $secs))")
+      srv_stop cfg; srv_stop up ;;
+    fua-drain)
+      [ "$c" = writeback ] || [ "$c" = nocache ] || return 0
+      fresh_image "$SIZE_B"
+      remote_start
+      local secs t0
+      if [ "$c" = nocache ]; then
+        secs=$(fua_load "$phase-$c-$r" 1 "$TMP/up.sock")
+      else
+        srv_start cfg --filter="$FILTER" nbd "socket=$TMP/up.sock" \
+          fscache-dir="$TMP/cache" fscache-key=bench fscache-mode=writeback \
+          fscache-writeback-drain=3600
+        t0=$(date +%s.%N)
+        fua_load "$phase-$c-$r" 1 "$TMP/cfg.sock" >/dev/null
+        while ! log_empty; do sleep 0.05; done
+        secs=$(python3 -c "print($(date +%s.%N) - $t0)")
+        srv_stop cfg
+      fi
+      srv_stop up
+      v=$(python3 -c "print(round($FUA_WRITES / $secs))") ;;
     mix)
       fresh_image "$SIZE_B"
       remote_start; config_start "$c"
@@ -230,7 +296,8 @@ print("| phase | unit | " + " | ".join(configs) +
       " | writeback / local | writeback / no cache |")
 print("|---|---|" + "---:|" * (len(configs) + 2))
 for ph in phases:
-    unit = "MiB/s" if ph == "drain" else "IOPS"
+    unit = "MiB/s" if ph == "drain" else \
+        "writes/s" if ph.startswith("fua-") else "IOPS"
     cells = []
     for c in configs:
         d = v.get((ph, c))
