@@ -199,6 +199,11 @@ struct fsc_join {
   bool files;                   /* the data and sums files are open */
   bool direct_off;              /* the files are not the owner's now */
   dev_t ids[6];                 /* the files' (device, inode) pairs */
+  int watch;                    /* a socket to the owner that carries no
+                                 * request: it ends when the owner does
+                                 * (owner_alive), or -1 */
+  uint32_t *seen;               /* EPOCH_SLOTS: the highest epoch seen in
+                                 * each slot, to tell a rollback */
 };
 
 static uint64_t
@@ -323,14 +328,14 @@ recv_msg (int fd, struct msg *m)
  * been culled and made again meanwhile).
  */
 static uint32_t *
-map_epochs (struct fsc_object *o, bool writable)
+map_epochs (struct fsc_object *o, bool writable, bool create)
 {
   char name[FILE_NAME_MAX];
   fsc_file_name (o, ".epochs", name);
   const size_t len = EPOCH_SLOTS * sizeof (uint32_t);
   int fd = openat (o->fandirfd, name,
-                   (writable ? O_RDWR | O_CREAT : O_RDONLY) | O_NOFOLLOW |
-                   O_CLOEXEC, 0600);
+                   (writable ? O_RDWR | (create ? O_CREAT : 0) : O_RDONLY) |
+                   O_NOFOLLOW | O_CLOEXEC, 0600);
   if (fd == -1)
     return NULL;
   struct stat st;
@@ -394,7 +399,7 @@ ensure_epochs (struct fsc_object *o)
   SCOPED_LOCK (&srv->lock);
   if (srv->ep)
     return;
-  uint32_t *ep = map_epochs (o, true);
+  uint32_t *ep = map_epochs (o, true, true);
   if (ep) {
     __atomic_add_fetch (&ep[0], 1, __ATOMIC_SEQ_CST);
     __atomic_store_n (&srv->ep, ep, __ATOMIC_SEQ_CST);
@@ -758,6 +763,14 @@ fsc_share_start (struct fsc_object *o)
     errno = e;
     return -1;
   }
+  /* A new owner: every map a joiner took of an earlier owner's object
+   * is stale before we serve anything (the joiners also see the
+   * earlier owner's sockets end: owner_alive).  The file is left alone
+   * if nobody ever joined.
+   */
+  srv->ep = map_epochs (o, true, false);
+  if (srv->ep)
+    __atomic_add_fetch (&srv->ep[0], 1, __ATOMIC_SEQ_CST);
   pthread_mutex_init (&srv->lock, NULL);
   pthread_cond_init (&srv->cond, NULL);
   o->share = srv;
@@ -788,6 +801,7 @@ fsc_share_stop (struct fsc_object *o)
   if (sock_addr (o, &sa, name, sizeof name) == 0)
     unlinkat (o->fandirfd, name, 0);
 
+  fsc_share_bump_all (o);              /* no map outlives its owner */
   pthread_mutex_lock (&srv->lock);
   srv->stopping = true;
   shutdown (srv->lfd, SHUT_RDWR);       /* wakes accept */
@@ -815,6 +829,50 @@ fsc_share_stop (struct fsc_object *o)
 static void report_hits (struct fsc_object *o, bool force);
 static void forget_maps (struct fsc_object *o, uint64_t offset,
                          uint32_t count);
+
+/* The owner went away (a request's link broke, or the watch ended):
+ * every socket to it is dropped, and so is every map it gave us.
+ * Called with j->lock held.
+ */
+static void
+owner_gone_locked (struct fsc_join *j)
+{
+  for (size_t i = 0; i < j->nidle; ++i)
+    close (j->idle[i]);
+  j->nidle = 0;
+  if (j->watch >= 0)
+    close (j->watch);
+  j->watch = -1;
+  if (j->maps)
+    for (size_t i = 0; i < NMAPS; ++i)
+      j->maps[i].gi = UINT64_MAX;
+  j->broken = true;
+  j->retry_at = 0;
+}
+
+/* Is the owner that gave us our maps still there?  Its watch socket
+ * carries no request, so anything on it (the end of the stream, an
+ * error, or bytes it should never send) means it is gone, and a map
+ * of it must not serve a hit: a new owner may have acknowledged a
+ * write since, which only its own epochs (or none, if it never mapped
+ * the file) record.  A poll that does not wait, so under j->lock (the
+ * descriptor cannot be closed and reused under it).
+ */
+static bool
+owner_alive_locked (struct fsc_join *j)
+{
+  if (j->watch < 0)
+    return false;
+  struct pollfd pfd = { .fd = j->watch, .events = POLLIN | POLLRDHUP };
+  int r;
+  do
+    r = poll (&pfd, 1, 0);
+  while (r == -1 && errno == EINTR);
+  if (r == 0)
+    return true;
+  owner_gone_locked (j);
+  return false;
+}
 
 /* Connect to the owner and say hello.  Returns the socket, or -1 with
  * errno: EPERM if refused (*REASON, *WEL say why), else the link's.
@@ -869,8 +927,11 @@ free_join (struct fsc_join *j)
 {
   for (size_t i = 0; i < j->nidle; ++i)
     close (j->idle[i]);
+  if (j->watch >= 0)
+    close (j->watch);
   free (j->idle);
   free (j->maps);
+  free (j->seen);
   if (j->ep)
     munmap ((void *) j->ep, EPOCH_SLOTS * sizeof (uint32_t));
   free ((void *) j->p.key);
@@ -908,12 +969,16 @@ setup_direct (struct fsc_object *o, struct fsc_join *j)
   bool ok;
   if (!file_ids (o, j->ids))
     return;
-  j->ep = map_epochs (o, false);
+  j->ep = map_epochs (o, false, false);
   j->maps = malloc (NMAPS * sizeof *j->maps);
   if (j->maps)
     for (size_t i = 0; i < NMAPS; ++i)
       j->maps[i].gi = UINT64_MAX;
-  if (j->ep && j->maps && fsc_data_open (o, &ok) == 0 && ok &&
+  j->seen = calloc (EPOCH_SLOTS, sizeof *j->seen);
+  if (j->ep && j->seen)
+    for (size_t i = 0; i < EPOCH_SLOTS; ++i)
+      j->seen[i] = __atomic_load_n (&j->ep[i], __ATOMIC_RELAXED);
+  if (j->ep && j->maps && j->seen && fsc_data_open (o, &ok) == 0 && ok &&
       (o->sfd = fsc_open_file (o, ".sums")) >= 0) {
     j->files = true;
     return;
@@ -931,6 +996,7 @@ fsc_share_join (struct fsc_object *o, const struct fsc_object_params *p,
   if (j == NULL)
     return -1;
   pthread_mutex_init (&j->lock, NULL);
+  j->watch = -1;
   j->p = *p;
   j->p.key = malloc (p->key_len);
   j->p.generation = p->generation ? strdup (p->generation) : NULL;
@@ -980,7 +1046,7 @@ fsc_share_join (struct fsc_object *o, const struct fsc_object_params *p,
       return -1;
     }
     j->cap = 4;
-    j->idle[j->nidle++] = fd;
+    j->watch = fd;              /* requests open sockets of their own */
     j->owner_pid = wel.pid;
     setup_direct (o, j);
     info->owner_pid = wel.pid;
@@ -1060,8 +1126,17 @@ get_conn (struct fsc_object *o, struct fsc_object **local)
       j->direct_off = true;             /* files made anew: not ours */
     j->broken = false;
     j->owner_pid = wel.pid;
-    pthread_mutex_unlock (&j->lock);
-    return fd;
+    if (j->watch < 0) {
+      /* A new owner (or the same one after a broken link): this socket
+       * watches it, and the request gets one of its own.
+       */
+      j->watch = fd;
+      fd = join_connect (o, &j->p, &reason, &wel);
+    }
+    if (fd >= 0) {
+      pthread_mutex_unlock (&j->lock);
+      return fd;
+    }
   }
   if (errno == EPERM) {
     /* The new owner holds it with settings we cannot share (or a
@@ -1111,14 +1186,10 @@ put_conn (struct fsc_object *o, int fd, bool ok)
   if (!ok) {
     close (fd);
     SCOPED_LOCK (&j->lock);
-    /* The owner went away: drop the other idle sockets too (their
-     * next request would fail the same way).
+    /* The owner went away: drop the other sockets too (their next
+     * request would fail the same way) and its maps.
      */
-    for (size_t i = 0; i < j->nidle; ++i)
-      close (j->idle[i]);
-    j->nidle = 0;
-    j->broken = true;
-    j->retry_at = 0;
+    owner_gone_locked (j);
     return;
   }
   SCOPED_LOCK (&j->lock);
@@ -1235,6 +1306,38 @@ fetch_map (struct fsc_object *o, uint64_t gi)
  * partial end, a check failing, a map we could not get).
  */
 enum direct { DIRECT_SERVED, DIRECT_ABSENT, DIRECT_NO };
+
+/* The epochs of the object (*E0) and of groups G0..G1 (at most two,
+ * into EG).  They only grow (map_epochs): a slot lower than we saw it
+ * was rolled back (a damaged or tampered file), and a map tagged with
+ * the lower value might show blocks written since.  Then -1, and no
+ * more hits of our own from these files: the owner serves every read.
+ * Else the highest values seen are kept.  Loaded under j->lock, so
+ * that two readers' loads are ordered and a slower one is no rollback.
+ */
+static int
+load_epochs (struct fsc_join *j, uint64_t g0, uint64_t g1, uint32_t *e0,
+             uint32_t *eg)
+{
+  SCOPED_LOCK (&j->lock);
+  const size_t slots[3] = { 0, slot_of (g0), slot_of (g1) };
+  uint32_t vals[3];
+  for (int i = 0; i < 3; ++i)
+    vals[i] = __atomic_load_n (&j->ep[slots[i]], __ATOMIC_SEQ_CST);
+  for (int i = 0; i < 3; ++i)
+    if ((int32_t) (vals[i] - j->seen[slots[i]]) < 0) {
+      j->direct_off = true;
+      for (size_t k = 0; k < NMAPS; ++k)
+        j->maps[k].gi = UINT64_MAX;
+      return -1;
+    }
+  for (int i = 0; i < 3; ++i)
+    j->seen[slots[i]] = vals[i];
+  *e0 = vals[0];
+  eg[0] = vals[1];
+  eg[g1 - g0] = vals[2];
+  return 0;
+}
 static enum direct
 direct_read (struct fsc_object *o, void *buf, uint32_t count,
              uint64_t offset, unsigned flags)
@@ -1249,17 +1352,16 @@ direct_read (struct fsc_object *o, void *buf, uint32_t count,
   if (b1 - b0 >= FSC_GROUP_BLOCKS)
     return DIRECT_NO;                       /* spans at most two groups */
 
-  uint32_t e0 = __atomic_load_n (&j->ep[0], __ATOMIC_SEQ_CST);
-  uint32_t eg[2];
-  for (uint64_t gi = g0; gi <= g1; ++gi)
-    eg[gi - g0] = __atomic_load_n (&j->ep[slot_of (gi)], __ATOMIC_SEQ_CST);
+  uint32_t e0, eg[2];
+  if (load_epochs (j, g0, g1, &e0, eg) == -1)
+    return DIRECT_NO;
 
   uint64_t csum[FSC_GROUP_BLOCKS];
   bool zero[FSC_GROUP_BLOCKS];
   for (int attempt = 0; ; ++attempt) {
     bool stale = false, absent = false;
     pthread_mutex_lock (&j->lock);
-    if (j->local || j->broken || j->direct_off) {
+    if (j->local || j->broken || j->direct_off || !owner_alive_locked (j)) {
       pthread_mutex_unlock (&j->lock);
       return DIRECT_NO;
     }
@@ -1338,13 +1440,20 @@ direct_read (struct fsc_object *o, void *buf, uint32_t count,
     }
   }
 
-  /* Nothing changed meanwhile (else the owner serves it). */
+  /* Nothing changed meanwhile, and the owner that gave the maps is
+   * still there (else the owner, or its successor, serves it).
+   */
   if (__atomic_load_n (&j->ep[0], __ATOMIC_SEQ_CST) != e0)
     return DIRECT_NO;
   for (uint64_t gi = g0; gi <= g1; ++gi)
     if (__atomic_load_n (&j->ep[slot_of (gi)], __ATOMIC_SEQ_CST) !=
         eg[gi - g0])
       return DIRECT_NO;
+  pthread_mutex_lock (&j->lock);
+  bool alive = owner_alive_locked (j);
+  pthread_mutex_unlock (&j->lock);
+  if (!alive)
+    return DIRECT_NO;
   FSC_STAT_ADD (&o->cache->stats, share_direct_bytes, count);
   FSC_STAT_ADD (&o->cache->stats, hit_bytes, count);
   /* For the owner's counters and policy: a stream's hits are no
