@@ -99,6 +99,22 @@
 #define MAP_FRESH_MS 50                 /* a map showing a block absent
                                          * is taken again after this */
 
+/* Deadlines and limits: what a peer of the share socket can make the
+ * other end wait for or hold (docs/design.md, "One cache for the whole
+ * host", the trust model).
+ */
+#define HELLO_MS 2000                   /* a connection's hello, and the
+                                         * welcome to it */
+#define SEND_MS 10000                   /* a peer that reads nothing */
+#define FETCH_FLOOR_MS 2000             /* a joiner's fetch, at least... */
+#define FETCH_SLOW_FACTOR 4             /* ...and 4 times the slowest of
+                                         * the joiners' recent fetches */
+#define REPLY_MS 60000                  /* a joiner waits for its owner's
+                                         * next message at most this */
+#define MAX_CONNS 128                   /* share sockets an owner serves */
+#define MAX_REF_BLOCKS REF_BATCH        /* blocks in one hit report */
+#define MAX_REF_REQUESTS 65536          /* hits counted in one report */
+
 enum {
   MSG_HELLO = 1,        /* J->O: struct hello, key, generation */
   MSG_WELCOME,          /* O->J: err = 0 or an FSC_REJ_* reason;
@@ -172,6 +188,9 @@ struct share_conn {
 
 struct share_server {
   uint32_t *ep;                 /* the epochs file, mapped */
+  uint64_t fetch_slow_ms;       /* the slowest recent joiner's fetch
+                                 * (decaying: fetch_deadline); under lock */
+  long refused_uid;             /* the last other user refused, or -1 */
   int lfd;
   pthread_t listener;
   pthread_mutex_t lock;
@@ -277,6 +296,79 @@ recv_all (int fd, void *buf, size_t len)
   return 0;
 }
 
+/* Wait until FD is readable, or the monotonic time DEADLINE (ms).
+ * -1 with ETIMEDOUT past it.
+ */
+static int
+wait_readable (int fd, uint64_t deadline)
+{
+  for (;;) {
+    uint64_t now = now_ms ();
+    if (now >= deadline) {
+      errno = ETIMEDOUT;
+      return -1;
+    }
+    struct pollfd pfd = { .fd = fd, .events = POLLIN };
+    int r = poll (&pfd, 1, (int) MIN (deadline - now, (uint64_t) 60000));
+    if (r == -1 && errno != EINTR)
+      return -1;
+    if (r == 1)
+      return 0;
+  }
+}
+
+/* recv_all, before DEADLINE. */
+static int
+recv_all_until (int fd, void *buf, size_t len, uint64_t deadline)
+{
+  char *p = buf;
+  while (len > 0) {
+    if (wait_readable (fd, deadline) == -1)
+      return -1;
+    ssize_t r = recv (fd, p, len, MSG_DONTWAIT);
+    if (r == -1 && (errno == EINTR || errno == EAGAIN))
+      continue;
+    if (r == 0)
+      errno = ECONNRESET;
+    if (r <= 0)
+      return -1;
+    p += r;
+    len -= r;
+  }
+  return 0;
+}
+
+/* A send that a peer reading nothing cannot block for ever: past
+ * SEND_MS it fails (EAGAIN), and the link with it.
+ */
+static void
+set_send_timeout (int fd)
+{
+  struct timeval tv = { .tv_sec = SEND_MS / 1000 };
+  (void) setsockopt (fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+}
+
+/* Who may be at the other end of a share socket: a process of our own
+ * user, or root (SO_PEERCRED, the credentials at connect or listen
+ * time).  Another user could otherwise feed a joiner bytes it serves
+ * as ours, or hold an owner's resources.  -1 with EACCES (and the
+ * peer's uid in *UID) if not.
+ */
+static int
+check_peer (int fd, uid_t *uid)
+{
+  struct ucred cr;
+  socklen_t len = sizeof cr;
+  if (getsockopt (fd, SOL_SOCKET, SO_PEERCRED, &cr, &len) == -1)
+    return -1;
+  *uid = cr.uid;
+  if (cr.uid != geteuid () && cr.uid != 0) {
+    errno = EACCES;
+    return -1;
+  }
+  return 0;
+}
+
 /* One message, header and payload in one system call where the
  * socket takes it all.
  */
@@ -313,6 +405,19 @@ static int
 recv_msg (int fd, struct msg *m)
 {
   if (recv_all (fd, m, sizeof *m) == -1)
+    return -1;
+  if (m->magic != SHARE_MAGIC) {
+    errno = EPROTO;
+    return -1;
+  }
+  return 0;
+}
+
+/* recv_msg, before DEADLINE. */
+static int
+recv_msg_until (int fd, struct msg *m, uint64_t deadline)
+{
+  if (recv_all_until (fd, m, sizeof *m, deadline) == -1)
     return -1;
   if (m->magic != SHARE_MAGIC) {
     errno = EPROTO;
@@ -438,18 +543,50 @@ check_joiner (struct fsc_object *o, const struct hello *h, const void *key,
   return FSC_OK;
 }
 
-/* A joiner's misses: FETCH on its socket, the bytes back. */
+/* How long a joiner's fetch may take: the floor, or a few times the
+ * slowest of the joiners' recent fetches (their upstreams' observed
+ * latency), whichever is longer.
+ */
+static uint64_t
+fetch_deadline (struct share_server *srv)
+{
+  SCOPED_LOCK (&srv->lock);
+  return now_ms () + MAX ((uint64_t) FETCH_FLOOR_MS,
+                          FETCH_SLOW_FACTOR * srv->fetch_slow_ms);
+}
+
+static void
+note_fetch_time (struct share_server *srv, uint64_t ms)
+{
+  SCOPED_LOCK (&srv->lock);
+  srv->fetch_slow_ms = MAX (ms, srv->fetch_slow_ms - srv->fetch_slow_ms / 8);
+}
+
+struct joiner_link {
+  struct fsc_object *o;
+  int fd;
+};
+
+/* A joiner's misses: FETCH on its socket, the bytes back.  The blocks
+ * are claimed meanwhile, and every reader of them waits for us: a
+ * joiner that does not answer by the deadline (stopped, frozen, its
+ * upstream hung, or hostile) loses the link, so the fetch fails, the
+ * claim is released as any failed fetch's, and each waiter fetches the
+ * block itself.  What the joiner sends later finds the socket shut.
+ */
 static int
 fetch_from_joiner (void *opaque, void *buf, uint32_t count, uint64_t offset)
 {
-  int fd = *(int *) opaque;
+  struct joiner_link *jl = opaque;
+  struct share_server *srv = jl->o->share;
+  const uint64_t t0 = now_ms (), deadline = fetch_deadline (srv);
   struct msg m;
-  if (send_msg (fd, MSG_FETCH, 0, count, 0, offset, NULL, 0) == -1 ||
-      recv_msg (fd, &m) == -1)
-    return -1;
+  if (send_msg (jl->fd, MSG_FETCH, 0, count, 0, offset, NULL, 0) == -1 ||
+      recv_msg_until (jl->fd, &m, deadline) == -1)
+    goto broken;
   if (m.type != MSG_FETCHED) {
     errno = EPROTO;
-    return -1;
+    goto broken;
   }
   if (m.err) {
     errno = m.err;
@@ -457,9 +594,19 @@ fetch_from_joiner (void *opaque, void *buf, uint32_t count, uint64_t offset)
   }
   if (m.count != count) {
     errno = EPROTO;
-    return -1;
+    goto broken;
   }
-  return recv_all (fd, buf, count);
+  if (recv_all_until (jl->fd, buf, count, deadline) == -1)
+    goto broken;
+  note_fetch_time (srv, now_ms () - t0);
+  return 0;
+ broken:;
+  int e = errno;
+  if (e == ETIMEDOUT)
+    FSC_STAT_ADD (&jl->o->cache->stats, share_timeouts, 1);
+  shutdown (jl->fd, SHUT_RDWR);         /* serve's next call fails */
+  errno = e;
+  return -1;
 }
 
 /* The map of group GI into M: the epochs first, then what is present
@@ -501,8 +648,14 @@ take_map (struct fsc_object *o, uint64_t gi, struct gmap *m)
 static void
 note_refs (struct fsc_object *o, const uint64_t *v, size_t n)
 {
-  FSC_OSTAT_ADD (o, hit_requests, v[0]);
-  FSC_OSTAT_ADD (o, hit_bytes, v[1]);
+  /* Counts a joiner could have served (it reports by MAX_REF_REQUESTS
+   * at most, each hit of at most SHARE_MAX_COUNT bytes), else none.
+   */
+  if (v[0] <= MAX_REF_REQUESTS && v[1] >= v[0] &&
+      v[1] <= v[0] * SHARE_MAX_COUNT) {
+    FSC_OSTAT_ADD (o, hit_requests, v[0]);
+    FSC_OSTAT_ADD (o, hit_bytes, v[1]);
+  }
   pthread_mutex_lock (&o->lock);
   for (size_t i = 2; i < n; ++i) {
     uint64_t b = v[i];
@@ -527,23 +680,47 @@ static void
 serve (struct fsc_object *o, int fd)
 {
   struct fsc_stats *st = &o->cache->stats;
-  struct fsc_upstream up = { .pread = fetch_from_joiner, .opaque = &fd };
+  struct joiner_link jl = { .o = o, .fd = fd };
+  struct fsc_upstream up = { .pread = fetch_from_joiner, .opaque = &jl };
   struct fsc_write w;
   bool in_write = false;
   unsigned char *buf = NULL;
   size_t cap = 0;
   struct msg m;
 
-  /* The hello. */
-  struct hello h;
-  if (recv_msg (fd, &m) == -1 || m.type != MSG_HELLO ||
-      m.count < sizeof h || recv_all (fd, &h, sizeof h) == -1 ||
-      h.version != SHARE_VERSION || h.key_len > 65536 ||
-      h.gen_len > FSC_GEN_MAX || m.count != sizeof h + h.key_len + h.gen_len)
+  /* Who it is: our user or root, else refused, and said (the plugin
+   * logs the notice).
+   */
+  uid_t uid = 0;
+  if (check_peer (fd, &uid) == -1) {
+    FSC_STAT_ADD (st, share_peers_refused, 1);
+    if (errno == EACCES) {
+      struct share_server *srv = o->share;
+      pthread_mutex_lock (&srv->lock);
+      srv->refused_uid = uid;
+      pthread_mutex_unlock (&srv->lock);
+      pthread_mutex_lock (&o->lock);
+      o->notices |= FSC_NOTICE_PEER;
+      pthread_mutex_unlock (&o->lock);
+    }
     return;
+  }
+
+  /* The hello, in time: a connection that says nothing is closed. */
+  struct hello h;
+  const uint64_t hello_by = now_ms () + HELLO_MS;
+  if (recv_msg_until (fd, &m, hello_by) == -1 || m.type != MSG_HELLO ||
+      m.count < sizeof h || recv_all_until (fd, &h, sizeof h, hello_by) == -1 ||
+      h.version != SHARE_VERSION || h.key_len > 65536 ||
+      h.gen_len > FSC_GEN_MAX || m.count != sizeof h + h.key_len + h.gen_len) {
+    FSC_STAT_ADD (st, share_peers_refused, 1);
+    return;
+  }
   char *kg = malloc (h.key_len + h.gen_len + 1);
-  if (kg == NULL || recv_all (fd, kg, h.key_len + h.gen_len) == -1) {
+  if (kg == NULL ||
+      recv_all_until (fd, kg, h.key_len + h.gen_len, hello_by) == -1) {
     free (kg);
+    FSC_STAT_ADD (st, share_peers_refused, 1);
     return;
   }
   kg[h.key_len + h.gen_len] = '\0';
@@ -567,12 +744,31 @@ serve (struct fsc_object *o, int fd)
     int r = 0;
     uint32_t out = 0;
     FSC_STAT_ADD (st, share_served, 1);
+    /* What a joiner may ask: ranges inside the object, reads of at
+     * most nbdkit's largest request, write spans of at most its
+     * largest zero or trim (the 32-bit count), and hit reports of the
+     * size the joiner sends.  Anything else ends the link.
+     */
+    uint64_t end;
+    switch (m.type) {
+    case MSG_READ:
+    case MSG_PREFETCH:
+    case MSG_WBEGIN:
+      if ((m.type != MSG_WBEGIN && m.count > SHARE_MAX_COUNT) ||
+          ADD_OVERFLOW (m.offset, (uint64_t) m.count, &end) || end > o->size)
+        goto refuse;
+      break;
+    case MSG_REF:
+      if (m.count > (MAX_REF_BLOCKS + 2) * 8)
+        goto refuse;
+      break;
+    }
     switch (m.type) {
     case MSG_READ:
     case MSG_WEND:
     case MSG_REF:
       if (m.count > SHARE_MAX_COUNT)
-        goto out;
+        goto refuse;
       if (m.count > cap) {
         unsigned char *nb = realloc (buf, m.count);
         if (nb == NULL)
@@ -639,6 +835,9 @@ serve (struct fsc_object *o, int fd)
                   out) == -1)
       goto out;
   }
+  goto out;
+ refuse:
+  FSC_STAT_ADD (st, share_peers_refused, 1);
  out:
   /* A joiner gone between the two halves of a write: its blocks stay
    * dropped, as after a failed upstream write.
@@ -704,10 +903,17 @@ listener (void *arg)
       poll (NULL, 0, 100);
       continue;
     }
+    set_send_timeout (fd);
     struct share_conn *c = calloc (1, sizeof *c);
     struct conn_arg *a = malloc (sizeof *a);
     pthread_mutex_lock (&srv->lock);
-    bool ok = c && a && !srv->stopping && fsc_object_tryref (o);
+    /* At most MAX_CONNS: more are closed at once (a joiner whose
+     * socket is refused serves that request uncached).
+     */
+    bool ok = c && a && !srv->stopping && srv->nconns < MAX_CONNS &&
+      fsc_object_tryref (o);
+    if (!srv->stopping && srv->nconns >= MAX_CONNS)
+      FSC_STAT_ADD (&o->cache->stats, share_peers_refused, 1);
     bool reffed = ok;
     if (ok) {
       c->fd = fd;
@@ -768,6 +974,7 @@ fsc_share_start (struct fsc_object *o)
    * earlier owner's sockets end: owner_alive).  The file is left alone
    * if nobody ever joined.
    */
+  srv->refused_uid = -1;
   srv->ep = map_epochs (o, true, false);
   if (srv->ep)
     __atomic_add_fetch (&srv->ep[0], 1, __ATOMIC_SEQ_CST);
@@ -896,18 +1103,25 @@ join_connect (struct fsc_object *o, const struct fsc_object_params *p,
     .pid = getpid (), .key_len = p->key_len, .gen_len = strlen (gen),
   };
   struct msg m;
+  uid_t uid;
+  const uint64_t welcome_by = now_ms () + HELLO_MS;
+  set_send_timeout (fd);
+  /* An owner of another user (a socket planted in its place) could
+   * feed us bytes that we would serve as the upstream's: refused.
+   */
   if (connect (fd, (struct sockaddr *) &sa, sizeof sa) == -1 ||
+      check_peer (fd, &uid) == -1 ||
       send_msg (fd, MSG_HELLO, 0, sizeof h + h.key_len + h.gen_len, 0, 0,
                 &h, sizeof h) == -1 ||
       send_all (fd, p->key, p->key_len) == -1 ||
       send_all (fd, gen, h.gen_len) == -1 ||
-      recv_msg (fd, &m) == -1)
+      recv_msg_until (fd, &m, welcome_by) == -1)
     goto fail;
   if (m.type != MSG_WELCOME || m.count != sizeof *wel) {
     errno = EPROTO;
     goto fail;
   }
-  if (recv_all (fd, wel, sizeof *wel) == -1)
+  if (recv_all_until (fd, wel, sizeof *wel, welcome_by) == -1)
     goto fail;
   if (m.err != FSC_OK) {
     *reason = m.err;
@@ -1211,9 +1425,9 @@ put_conn (struct fsc_object *o, int fd, bool ok)
  * *ERR the owner's errno (0: done), or -1 if the link broke.
  */
 static int
-run (int fd, unsigned type, unsigned flags, uint64_t offset, uint32_t count,
-     const void *payload, uint32_t plen, void *buf,
-     const struct fsc_upstream *up, int *err, unsigned *dflags)
+run (struct fsc_object *o, int fd, unsigned type, unsigned flags,
+     uint64_t offset, uint32_t count, const void *payload, uint32_t plen,
+     void *buf, const struct fsc_upstream *up, int *err, unsigned *dflags)
 {
   struct msg m;
   unsigned char *fetched = NULL;
@@ -1225,11 +1439,16 @@ run (int fd, unsigned type, unsigned flags, uint64_t offset, uint32_t count,
                 payload, plen) == -1)
     return -1;
   for (;;) {
-    if (recv_msg (fd, &m) == -1)
+    /* An owner that says nothing for REPLY_MS (stopped, or hung) is
+     * taken for gone: the link breaks, and the request is served
+     * without it.
+     */
+    const uint64_t reply_by = now_ms () + REPLY_MS;
+    if (recv_msg_until (fd, &m, reply_by) == -1)
       goto out;
     if (m.type == MSG_DONE) {
       if (m.count && (buf == NULL || m.count != count ||
-                      recv_all (fd, buf, m.count) == -1)) {
+                      recv_all_until (fd, buf, m.count, reply_by) == -1)) {
         errno = EPROTO;
         goto out;
       }
@@ -1239,7 +1458,13 @@ run (int fd, unsigned type, unsigned flags, uint64_t offset, uint32_t count,
       r = 0;
       goto out;
     }
-    if (m.type != MSG_FETCH || up == NULL || m.count > SHARE_MAX_COUNT) {
+    /* A fetch of ours, inside the export (the upstream call would
+     * abort nbdkit on a range outside it).
+     */
+    uint64_t end;
+    if (m.type != MSG_FETCH || up == NULL || m.count > SHARE_MAX_COUNT ||
+        m.count == 0 || ADD_OVERFLOW (m.offset, (uint64_t) m.count, &end) ||
+        end > o->size) {
       errno = EPROTO;
       goto out;
     }
@@ -1274,7 +1499,7 @@ fetch_map (struct fsc_object *o, uint64_t gi)
   int fd = get_conn (o, &l), err;
   if (fd < 0)
     return -1;
-  if (run (fd, MSG_MAP, 0, gi, sizeof m, NULL, 0, &m, NULL, &err, NULL) == -1) {
+  if (run (o, fd, MSG_MAP, 0, gi, sizeof m, NULL, 0, &m, NULL, &err, NULL) == -1) {
     put_conn (o, fd, false);
     return -1;
   }
@@ -1466,7 +1691,7 @@ direct_read (struct fsc_object *o, void *buf, uint32_t count,
   for (uint64_t b = b0; b <= b1 && !(flags & FSC_READ_SEQUENTIAL) &&
          j->nrefs < REF_BATCH; ++b)
     j->refs[j->nrefs++] = b;
-  full = j->nrefs >= REF_BATCH;
+  full = j->nrefs >= REF_BATCH || j->hit_requests >= MAX_REF_REQUESTS;
   pthread_mutex_unlock (&j->lock);
   if (full)
     report_hits (o, false);
@@ -1494,7 +1719,8 @@ report_hits (struct fsc_object *o, bool force)
   /* Closing, only on a socket already open: a report is not worth
    * connecting to, nor taking over, an owner.
    */
-  if (j->hit_requests == 0 || (!force && j->nrefs < REF_BATCH) ||
+  if (j->hit_requests == 0 ||
+      (!force && j->nrefs < REF_BATCH && j->hit_requests < MAX_REF_REQUESTS) ||
       j->local || j->broken || (force && j->nidle == 0)) {
     pthread_mutex_unlock (&j->lock);
     return;
@@ -1511,7 +1737,7 @@ report_hits (struct fsc_object *o, bool force)
   int fd = get_conn (o, &l), err;
   if (fd < 0)
     return;
-  put_conn (o, fd, run (fd, MSG_REF, 0, 0, n * 8, v, n * 8, NULL, NULL,
+  put_conn (o, fd, run (o, fd, MSG_REF, 0, 0, n * 8, v, n * 8, NULL, NULL,
                         &err, NULL) == 0);
 }
 
@@ -1555,7 +1781,7 @@ fsc_share_read (struct fsc_object *o, void *buf, uint32_t count,
       break;
     int err;
     unsigned dflags = 0;
-    if (run (fd, MSG_READ, flags, offset, count, NULL, 0, buf, up,
+    if (run (o, fd, MSG_READ, flags, offset, count, NULL, 0, buf, up,
              &err, &dflags) == 0) {
       put_conn (o, fd, true);
       if (err == 0 && d == DIRECT_ABSENT && (dflags & DONE_HIT))
@@ -1586,7 +1812,7 @@ fsc_share_prefetch (struct fsc_object *o, uint64_t offset, uint64_t count,
   int err;
   while (count > 0) {
     uint32_t n = MIN (count, (uint64_t) SHARE_MAX_COUNT);
-    if (run (fd, MSG_PREFETCH, flags, offset, n, NULL, 0, NULL, up,
+    if (run (o, fd, MSG_PREFETCH, flags, offset, n, NULL, 0, NULL, up,
              &err, NULL) == -1) {
       put_conn (o, fd, false);
       return 0;
@@ -1621,7 +1847,7 @@ fsc_share_write_begin (struct fsc_object *o, uint64_t offset, uint64_t count,
   w->join_fd = -1;
   if (fd >= 0) {
     int err;
-    if (run (fd, MSG_WBEGIN, flags, offset, (uint32_t) count, NULL, 0, NULL,
+    if (run (o, fd, MSG_WBEGIN, flags, offset, (uint32_t) count, NULL, 0, NULL,
              NULL, &err, NULL) == 0 && err == 0) {
       w->join_fd = fd;          /* held until the end */
       return 0;
@@ -1653,7 +1879,7 @@ fsc_share_write_end (struct fsc_object *o, struct fsc_write *w,
     (buf && w->keep && upstream_ok ? WEND_DATA : 0);
   uint32_t plen = (flags & WEND_DATA) ? (uint32_t) w->count : 0;
   int err;
-  put_conn (o, fd, run (fd, MSG_WEND, flags, w->offset, (uint32_t) w->count,
+  put_conn (o, fd, run (o, fd, MSG_WEND, flags, w->offset, (uint32_t) w->count,
                         buf, plen, NULL, NULL, &err, NULL) == 0);
 }
 
@@ -1667,7 +1893,7 @@ fsc_share_commit (struct fsc_object *o)
   if (fd < 0)
     return 0;                   /* nothing of ours to make durable */
   int err;
-  if (run (fd, MSG_COMMIT, 0, 0, 0, NULL, 0, NULL, NULL, &err, NULL) == -1) {
+  if (run (o, fd, MSG_COMMIT, 0, 0, 0, NULL, 0, NULL, NULL, &err, NULL) == -1) {
     put_conn (o, fd, false);
     return 0;
   }
@@ -1677,6 +1903,16 @@ fsc_share_commit (struct fsc_object *o)
     return -1;
   }
   return 0;
+}
+
+long
+fsc_share_refused_uid (struct fsc_object *o)
+{
+  struct share_server *srv = o->share;
+  if (srv == NULL)
+    return -1;
+  SCOPED_LOCK (&srv->lock);
+  return srv->refused_uid;
 }
 
 int
