@@ -106,12 +106,20 @@
 #define HELLO_MS 2000                   /* a connection's hello, and the
                                          * welcome to it */
 #define SEND_MS 10000                   /* a peer that reads nothing */
-#define FETCH_FLOOR_MS 2000             /* a joiner's fetch, at least... */
-#define FETCH_SLOW_FACTOR 4             /* ...and 4 times the slowest of
-                                         * the joiners' recent fetches */
+#define FETCH_FLOOR_MS 2000             /* a joiner's fetch: at least this
+                                         * or 4 times the slowest recent
+                                         * latency, ... */
+#define FETCH_FLOOR_MS_PER_MIB 1000     /* ...plus per MiB at least this
+                                         * (1 MiB/s) or 4 times the
+                                         * slowest recent time per MiB */
+#define FETCH_SLOW_FACTOR 4
+#define FETCH_SLOW_CAP_MS 60000         /* how far timeouts raise them */
 #define REPLY_MS 60000                  /* a joiner waits for its owner's
                                          * next message at most this */
-#define MAX_CONNS 128                   /* share sockets an owner serves */
+#define MAX_CONNS 1024                  /* share sockets an owner serves */
+#define MAX_PENDING 32                  /* of which not past their hello */
+#define JOIN_MAX_CONNS 64               /* sockets a joiner opens to its
+                                         * owner: more requests wait */
 #define MAX_REF_BLOCKS REF_BATCH        /* blocks in one hit report */
 #define MAX_REF_REQUESTS 65536          /* hits counted in one report */
 
@@ -188,8 +196,10 @@ struct share_conn {
 
 struct share_server {
   uint32_t *ep;                 /* the epochs file, mapped */
-  uint64_t fetch_slow_ms;       /* the slowest recent joiner's fetch
-                                 * (decaying: fetch_deadline); under lock */
+  uint64_t slow_ms;             /* the slowest recent joiner's fetch of
+                                 * up to 1 MiB (decaying) ... */
+  uint64_t slow_ms_per_mib;     /* ... and per MiB of larger ones: for
+                                 * fetch_deadline; under lock */
   long refused_uid;             /* the last other user refused, or -1 */
   int lfd;
   pthread_t listener;
@@ -197,6 +207,7 @@ struct share_server {
   pthread_cond_t cond;
   bool stopping;
   unsigned nconns;
+  unsigned npending;            /* of nconns, still before the hello */
   struct share_conn *conns;
 };
 
@@ -205,6 +216,8 @@ struct fsc_join {
   pthread_mutex_t lock;         /* the pool, broken, local */
   int *idle;                    /* sockets with no request in flight */
   size_t nidle, cap;
+  unsigned nbusy;               /* sockets with a request in flight */
+  pthread_cond_t freed;         /* one of them came back */
   bool broken;                  /* the owner went away */
   uint64_t retry_at;            /* ms: next try to rejoin or take over */
   struct fsc_object *local;     /* taken over: forward to it */
@@ -543,23 +556,44 @@ check_joiner (struct fsc_object *o, const struct hello *h, const void *key,
   return FSC_OK;
 }
 
-/* How long a joiner's fetch may take: the floor, or a few times the
- * slowest of the joiners' recent fetches (their upstreams' observed
- * latency), whichever is longer.
+/* How long a joiner's fetch of COUNT bytes may take: a latency and a
+ * time per MiB, each the floor or a few times the slowest that the
+ * joiners' recent fetches took (their upstreams' observed latency and
+ * throughput), whichever is longer.
  */
 static uint64_t
-fetch_deadline (struct share_server *srv)
+fetch_deadline (struct share_server *srv, uint32_t count)
 {
   SCOPED_LOCK (&srv->lock);
-  return now_ms () + MAX ((uint64_t) FETCH_FLOOR_MS,
-                          FETCH_SLOW_FACTOR * srv->fetch_slow_ms);
+  uint64_t lat = MAX ((uint64_t) FETCH_FLOOR_MS,
+                      FETCH_SLOW_FACTOR * srv->slow_ms);
+  uint64_t per_mib = MAX ((uint64_t) FETCH_FLOOR_MS_PER_MIB,
+                          FETCH_SLOW_FACTOR * srv->slow_ms_per_mib);
+  return now_ms () + lat + per_mib * count / (1024 * 1024);
 }
 
+/* A fetch of COUNT bytes took MS (the maxima decay by 1/8 a fetch), or
+ * timed out (MS = UINT64_MAX: both double, up to a cap, so that an
+ * upstream slower than the floors is soon given the time it needs).
+ */
 static void
-note_fetch_time (struct share_server *srv, uint64_t ms)
+note_fetch_time (struct share_server *srv, uint32_t count, uint64_t ms)
 {
   SCOPED_LOCK (&srv->lock);
-  srv->fetch_slow_ms = MAX (ms, srv->fetch_slow_ms - srv->fetch_slow_ms / 8);
+  if (ms == UINT64_MAX) {
+    srv->slow_ms = MIN (MAX (2 * srv->slow_ms, (uint64_t) FETCH_FLOOR_MS),
+                        (uint64_t) FETCH_SLOW_CAP_MS);
+    srv->slow_ms_per_mib =
+      MIN (MAX (2 * srv->slow_ms_per_mib, (uint64_t) FETCH_FLOOR_MS_PER_MIB),
+           (uint64_t) FETCH_SLOW_CAP_MS);
+    return;
+  }
+  if (count <= 1024 * 1024)
+    srv->slow_ms = MAX (ms, srv->slow_ms - srv->slow_ms / 8);
+  else
+    srv->slow_ms_per_mib = MAX (ms * 1024 * 1024 / count,
+                                srv->slow_ms_per_mib -
+                                srv->slow_ms_per_mib / 8);
 }
 
 struct joiner_link {
@@ -579,7 +613,7 @@ fetch_from_joiner (void *opaque, void *buf, uint32_t count, uint64_t offset)
 {
   struct joiner_link *jl = opaque;
   struct share_server *srv = jl->o->share;
-  const uint64_t t0 = now_ms (), deadline = fetch_deadline (srv);
+  const uint64_t t0 = now_ms (), deadline = fetch_deadline (srv, count);
   struct msg m;
   if (send_msg (jl->fd, MSG_FETCH, 0, count, 0, offset, NULL, 0) == -1 ||
       recv_msg_until (jl->fd, &m, deadline) == -1)
@@ -598,12 +632,14 @@ fetch_from_joiner (void *opaque, void *buf, uint32_t count, uint64_t offset)
   }
   if (recv_all_until (jl->fd, buf, count, deadline) == -1)
     goto broken;
-  note_fetch_time (srv, now_ms () - t0);
+  note_fetch_time (srv, count, now_ms () - t0);
   return 0;
  broken:;
   int e = errno;
-  if (e == ETIMEDOUT)
+  if (e == ETIMEDOUT) {
     FSC_STAT_ADD (&jl->o->cache->stats, share_timeouts, 1);
+    note_fetch_time (srv, count, UINT64_MAX);
+  }
   shutdown (jl->fd, SHUT_RDWR);         /* serve's next call fails */
   errno = e;
   return -1;
@@ -673,11 +709,26 @@ note_refs (struct fsc_object *o, const uint64_t *v, size_t n)
   fsc_note_use (o);
 }
 
+/* A connection is past its hello (or gave up before): it no longer
+ * counts against MAX_PENDING.  Once per connection (*DONE; conn_thread
+ * counts it if serve did not).
+ */
+static void
+hello_done (struct fsc_object *o, bool *done)
+{
+  struct share_server *srv = o->share;
+  if (*done)
+    return;
+  *done = true;
+  SCOPED_LOCK (&srv->lock);
+  srv->npending--;
+}
+
 /* Serve one joiner's socket until it closes.  Returns false if the
  * hello was refused or the link broke (either way: done).
  */
 static void
-serve (struct fsc_object *o, int fd)
+serve (struct fsc_object *o, int fd, bool *hello_counted)
 {
   struct fsc_stats *st = &o->cache->stats;
   struct joiner_link jl = { .o = o, .fd = fd };
@@ -726,6 +777,7 @@ serve (struct fsc_object *o, int fd)
   kg[h.key_len + h.gen_len] = '\0';
   int reason = check_joiner (o, &h, kg, kg + h.key_len);
   free (kg);
+  hello_done (o, hello_counted);
   if (reason == FSC_OK)
     ensure_epochs (o);
   struct welcome wel = {
@@ -861,7 +913,9 @@ conn_thread (void *arg)
   struct share_conn *c = a->c;
   free (a);
 
-  serve (o, c->fd);
+  bool hello_counted = false;
+  serve (o, c->fd, &hello_counted);
+  hello_done (o, &hello_counted);
 
   pthread_mutex_lock (&srv->lock);
   for (struct share_conn **pp = &srv->conns; *pp; pp = &(*pp)->next)
@@ -910,9 +964,9 @@ listener (void *arg)
     /* At most MAX_CONNS: more are closed at once (a joiner whose
      * socket is refused serves that request uncached).
      */
-    bool ok = c && a && !srv->stopping && srv->nconns < MAX_CONNS &&
-      fsc_object_tryref (o);
-    if (!srv->stopping && srv->nconns >= MAX_CONNS)
+    bool full = srv->nconns >= MAX_CONNS || srv->npending >= MAX_PENDING;
+    bool ok = c && a && !srv->stopping && !full && fsc_object_tryref (o);
+    if (!srv->stopping && full)
       FSC_STAT_ADD (&o->cache->stats, share_peers_refused, 1);
     bool reffed = ok;
     if (ok) {
@@ -920,6 +974,7 @@ listener (void *arg)
       c->next = srv->conns;
       srv->conns = c;
       srv->nconns++;
+      srv->npending++;
       a->o = o;
       a->c = c;
       pthread_t t;
@@ -929,6 +984,7 @@ listener (void *arg)
       if (pthread_create (&t, &attr, conn_thread, a) != 0) {
         srv->conns = c->next;
         srv->nconns--;
+        srv->npending--;
         ok = false;
       }
       pthread_attr_destroy (&attr);
@@ -1050,6 +1106,7 @@ owner_gone_locked (struct fsc_join *j)
   if (j->watch >= 0)
     close (j->watch);
   j->watch = -1;
+  pthread_cond_broadcast (&j->freed);
   if (j->maps)
     for (size_t i = 0; i < NMAPS; ++i)
       j->maps[i].gi = UINT64_MAX;
@@ -1151,6 +1208,7 @@ free_join (struct fsc_join *j)
   free ((void *) j->p.key);
   free ((void *) j->p.generation);
   pthread_mutex_destroy (&j->lock);
+  pthread_cond_destroy (&j->freed);
   free (j);
 }
 
@@ -1210,6 +1268,7 @@ fsc_share_join (struct fsc_object *o, const struct fsc_object_params *p,
   if (j == NULL)
     return -1;
   pthread_mutex_init (&j->lock, NULL);
+  pthread_cond_init (&j->freed, NULL);
   j->watch = -1;
   j->p = *p;
   j->p.key = malloc (p->key_len);
@@ -1307,6 +1366,12 @@ get_conn (struct fsc_object *o, struct fsc_object **local)
   struct fsc_join *j = o->join;
   *local = NULL;
   pthread_mutex_lock (&j->lock);
+  /* At most JOIN_MAX_CONNS requests in flight to the owner, which
+   * serves a bounded number of sockets (MAX_CONNS) for every joiner.
+   */
+  while (j->nidle == 0 && j->nbusy >= JOIN_MAX_CONNS && !j->local &&
+         !j->broken)
+    pthread_cond_wait (&j->freed, &j->lock);
   if (j->local) {
     *local = j->local;
     pthread_mutex_unlock (&j->lock);
@@ -1314,6 +1379,7 @@ get_conn (struct fsc_object *o, struct fsc_object **local)
   }
   if (j->nidle > 0) {
     int fd = j->idle[--j->nidle];
+    j->nbusy++;
     pthread_mutex_unlock (&j->lock);
     return fd;
   }
@@ -1348,6 +1414,7 @@ get_conn (struct fsc_object *o, struct fsc_object **local)
       fd = join_connect (o, &j->p, &reason, &wel);
     }
     if (fd >= 0) {
+      j->nbusy++;
       pthread_mutex_unlock (&j->lock);
       return fd;
     }
@@ -1400,6 +1467,7 @@ put_conn (struct fsc_object *o, int fd, bool ok)
   if (!ok) {
     close (fd);
     SCOPED_LOCK (&j->lock);
+    j->nbusy--;
     /* The owner went away: drop the other sockets too (their next
      * request would fail the same way) and its maps.
      */
@@ -1407,6 +1475,8 @@ put_conn (struct fsc_object *o, int fd, bool ok)
     return;
   }
   SCOPED_LOCK (&j->lock);
+  j->nbusy--;
+  pthread_cond_signal (&j->freed);
   if (j->nidle == j->cap) {
     size_t ncap = j->cap ? 2 * j->cap : 4;
     int *p = realloc (j->idle, ncap * sizeof *p);
