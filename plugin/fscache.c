@@ -625,7 +625,7 @@ log_notices (struct handle *h)
   if (n & FSC_NOTICE_PEER)
     nbdkit_error ("fscache: warning: export \"%s\": refused a process of "
                   "uid %ld on the object's share socket: only processes of "
-                  "uid %ld or root may join it", h->exportname,
+                  "uid %ld (ours) or root may join it", h->exportname,
                   fsc_share_refused_uid (h->obj), (long) geteuid ());
 }
 
