@@ -47,6 +47,20 @@
  * (NAME.stale), as a process that cannot join does: whoever holds the
  * object next discards it.
  *
+ * A joiner's own hits come from maps the owner gave it; they are
+ * served only while that owner is alive, which a socket carrying no
+ * request tells (the watch, owner_alive_locked): a new owner's writes
+ * would otherwise go unseen by a joiner that never used its socket
+ * since.  Every new owner also bumps the object's epoch before it
+ * serves anything.
+ *
+ * Trust (docs/design.md, "Trust model, deadlines and limits"): only
+ * our own user or root, on either end (check_peer); every wait on a
+ * peer has a deadline (the hello, sends, a joiner's fetch: the claim
+ * it holds is given back, fetch_from_joiner; a joiner's wait for its
+ * owner), and everything a peer can make the owner hold is bounded
+ * (connections, pending hellos, message sizes, ranges).
+ *
  * Mismatched settings: a joiner is checked as an opener would be
  * (check_sb's reasons): another block size or validation mode is
  * refused (the process that asks gets an error, instead of discarding
