@@ -19,6 +19,12 @@
 #                           has given up on us (closed the link)
 #   join SOCK HELLO         a hello; exit 0 if the owner hangs up with no
 #                           welcome, 1 if it welcomes us
+#   fake-owner SOCK SIZE EVENTS
+#                           listen at SOCK as an owner that welcomes every
+#                           joiner, fails its maps, and answers a READ
+#                           with a FETCH at SIZE (outside the export);
+#                           each link the joiner then closes adds a line
+#                           to EVENTS.  Runs until killed.
 import os, resource, select, socket, struct, sys, time
 
 MAGIC = 0x46534831
@@ -188,6 +194,41 @@ def join(path, hello_bytes):
     sys.exit(0)
 
 
+def fake_owner(path, size, events):
+    import threading
+    l = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    l.bind(path)
+    l.listen(64)
+
+    def serve(c):
+        h = c.recv(HDR.size, socket.MSG_WAITALL)
+        if len(h) != HDR.size:
+            return
+        c.recv(HDR.unpack(h)[3], socket.MSG_WAITALL)
+        c.sendall(msg(WELCOME, 24) +
+                  struct.pack("=iIiIQ", os.getpid(), 0, 0, 0, 0))
+        while True:
+            h = c.recv(HDR.size, socket.MSG_WAITALL)
+            if len(h) != HDR.size:
+                return
+            magic, type, flags, count, err, off = HDR.unpack(h)
+            if type in (REF, WEND) and count:
+                c.recv(count, socket.MSG_WAITALL)
+            if type != READ:
+                c.sendall(msg(DONE, 0, err=5))
+                continue
+            c.sendall(msg(FETCH, 65536, size))
+            if closed_by_peer(c, 30):
+                with open(events, "a") as f:
+                    f.write("the joiner closed the link on a fetch at %d\n"
+                            % size)
+            return
+
+    while True:
+        c, _ = l.accept()
+        threading.Thread(target=serve, args=(c,), daemon=True).start()
+
+
 cmd = sys.argv[1]
 if cmd == "capture":
     capture(sys.argv[2], sys.argv[3])
@@ -200,5 +241,7 @@ elif cmd == "claim":
           int(sys.argv[5]), sys.argv[6])
 elif cmd == "join":
     join(sys.argv[2], open(sys.argv[3], "rb").read())
+elif cmd == "fake-owner":
+    fake_owner(sys.argv[2], int(sys.argv[3]), sys.argv[4])
 else:
     raise SystemExit("unknown command " + cmd)
