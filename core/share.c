@@ -1670,7 +1670,7 @@ direct_read (struct fsc_object *o, void *buf, uint32_t count,
   for (int attempt = 0; ; ++attempt) {
     bool stale = false, absent = false;
     pthread_mutex_lock (&j->lock);
-    if (j->local || j->broken || j->direct_off || !owner_alive_locked (j)) {
+    if (j->local || j->broken || j->direct_off || j->watch < 0) {
       pthread_mutex_unlock (&j->lock);
       return DIRECT_NO;
     }
@@ -1750,7 +1750,9 @@ direct_read (struct fsc_object *o, void *buf, uint32_t count,
   }
 
   /* Nothing changed meanwhile, and the owner that gave the maps is
-   * still there (else the owner, or its successor, serves it).
+   * still there (else the owner, or its successor, serves it).  Once
+   * is enough, at the end: a watch that has not ended now had not
+   * ended when the read began either.
    */
   if (__atomic_load_n (&j->ep[0], __ATOMIC_SEQ_CST) != e0)
     return DIRECT_NO;
