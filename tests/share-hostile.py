@@ -19,6 +19,9 @@
 #                           has given up on us (closed the link)
 #   join SOCK HELLO         a hello; exit 0 if the owner hangs up with no
 #                           welcome, 1 if it welcomes us
+#   report SOCK HELLO       a hit report of 10^15 requests and 10^18
+#                           bytes (block 0): exit 0 once the owner has
+#                           answered it
 #   fake-owner SOCK SIZE EVENTS
 #                           listen at SOCK as an owner that welcomes every
 #                           joiner, fails its maps, and answers a READ
@@ -194,6 +197,16 @@ def join(path, hello_bytes):
     sys.exit(0)
 
 
+def report(path, hello_bytes):
+    s = hello(path, hello_bytes)
+    p = struct.pack("=QQQ", 10**15, 10**18, 0)
+    s.sendall(msg(REF, len(p)) + p)
+    h = s.recv(HDR.size, socket.MSG_WAITALL)
+    if len(h) != HDR.size or HDR.unpack(h)[1] != DONE:
+        raise SystemExit("no answer to the report")
+    print("reported 10^15 hits of 10^18 bytes")
+
+
 def fake_owner(path, size, events):
     import threading
     l = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -241,6 +254,8 @@ elif cmd == "claim":
           int(sys.argv[5]), sys.argv[6])
 elif cmd == "join":
     join(sys.argv[2], open(sys.argv[3], "rb").read())
+elif cmd == "report":
+    report(sys.argv[2], open(sys.argv[3], "rb").read())
 elif cmd == "fake-owner":
     fake_owner(sys.argv[2], int(sys.argv[3]), sys.argv[4])
 else:

@@ -18,6 +18,8 @@
 #     of 128 MiB, a prefetch and a write-begin past the end, a
 #     write-end without a begin, a map past the end, an unknown type,
 #     a bad magic: A closes each link (a map past the end: an error);
+#     an implausible hit report (10^15 requests) is answered and its
+#     counts ignored (the object's hit_requests, NAME.stats, at the end);
 #  3. a claim never answered: the script reads a block, takes A's FETCH
 #     and never answers; A's own client then reads that block and gets
 #     the image's bytes (cmp), and A gives up on the script (it closes
@@ -122,6 +124,9 @@ hostile attack "$sock" "$TMP/hello" $SIZE > "$TMP/attack.out" 2>&1 ||
 cat "$TMP/attack.out"
 r=$(rss_kb)
 [ "$r" -lt $((256 * 1024)) ] || fail "after the bad messages A's VmRSS is $r kB"
+# An implausible hit report: its counts are ignored (checked at the end
+# in the object's counters).
+hostile report "$sock" "$TMP/hello" || fail "the hit report was not answered"
 
 # 4. Another user.
 if [ "$(id -u)" = 0 ] && command -v useradd > /dev/null &&
@@ -157,4 +162,9 @@ echo "A: share_peers_refused $(stat_value "$TMP/A.stats" share_peers_refused)," 
      "share_timeouts $(stat_value "$TMP/A.stats" share_timeouts)"
 [ "$(stat_value "$TMP/A.stats" share_peers_refused)" -ge 1 ] ||
   fail "share_peers_refused counted nothing"
+ostats=$(find "$cache/objects" -name '*.stats')
+hits=$(stat_value "$ostats" hit_requests)
+echo "the object's hit_requests: $hits"
+[ "$hits" -lt 1000000 ] || fail "the object counts $hits hits: a joiner's" \
+                                "implausible report was taken"
 echo "$0: PASS"
