@@ -1180,9 +1180,14 @@ join_connect (struct fsc_object *o, const struct fsc_object_params *p,
   /* An owner of another user (a socket planted in its place) could
    * feed us bytes that we would serve as the upstream's: refused.
    */
-  if (connect (fd, (struct sockaddr *) &sa, sizeof sa) == -1 ||
-      check_peer (fd, &uid) == -1 ||
-      send_msg (fd, MSG_HELLO, 0, sizeof h + h.key_len + h.gen_len, 0, 0,
+  if (connect (fd, (struct sockaddr *) &sa, sizeof sa) == -1)
+    goto fail;
+  if (check_peer (fd, &uid) == -1) {
+    if (errno == EACCES)
+      FSC_STAT_ADD (&o->cache->stats, share_peers_refused, 1);
+    goto fail;
+  }
+  if (send_msg (fd, MSG_HELLO, 0, sizeof h + h.key_len + h.gen_len, 0, 0,
                 &h, sizeof h) == -1 ||
       send_all (fd, p->key, p->key_len) == -1 ||
       send_all (fd, gen, h.gen_len) == -1 ||

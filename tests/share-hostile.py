@@ -26,8 +26,9 @@
 #                           listen at SOCK as an owner that welcomes every
 #                           joiner, fails its maps, and answers a READ
 #                           with a FETCH at SIZE (outside the export);
-#                           each link the joiner then closes adds a line
-#                           to EVENTS.  Runs until killed.
+#                           each hello adds "hello" to EVENTS, and each
+#                           link the joiner then closes a line saying so.
+#                           Runs until killed.
 import os, resource, select, socket, struct, sys, time
 
 MAGIC = 0x46534831
@@ -218,6 +219,8 @@ def fake_owner(path, size, events):
         if len(h) != HDR.size:
             return
         c.recv(HDR.unpack(h)[3], socket.MSG_WAITALL)
+        with open(events, "a") as f:
+            f.write("hello\n")
         c.sendall(msg(WELCOME, 24) +
                   struct.pack("=iIiIQ", os.getpid(), 0, 0, 0, 0))
         while True:
