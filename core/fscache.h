@@ -322,6 +322,13 @@ extern void fsc_object_set_fingerprint (struct fsc_object *obj, uint64_t fp);
 #define FSC_NOTICE_SKIPPED   8u /* fills skipped: the disk is slower
                                  * (fill_skipped_bytes); raised at every
                                  * skip, so the caller rate-limits it */
+#define FSC_NOTICE_PEER     16u /* the share socket refused a process of
+                                 * another user (fsc_share_refused_uid) */
+
+/* The uid of the last process of another user that the share socket
+ * of OBJ refused (FSC_NOTICE_PEER), or -1.
+ */
+extern long fsc_share_refused_uid (struct fsc_object *obj);
 
 /* Return the notices raised since the last call (and clear them), and
  * in *ERR the errno behind a withdrawal.

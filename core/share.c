@@ -47,6 +47,20 @@
  * (NAME.stale), as a process that cannot join does: whoever holds the
  * object next discards it.
  *
+ * A joiner's own hits come from maps the owner gave it; they are
+ * served only while that owner is alive, which a socket carrying no
+ * request tells (the watch, owner_alive_locked): a new owner's writes
+ * would otherwise go unseen by a joiner that never used its socket
+ * since.  Every new owner also bumps the object's epoch before it
+ * serves anything.
+ *
+ * Trust (docs/design.md, "Trust model, deadlines and limits"): only
+ * our own user or root, on either end (check_peer); every wait on a
+ * peer has a deadline (the hello, sends, a joiner's fetch: the claim
+ * it holds is given back, fetch_from_joiner; a joiner's wait for its
+ * owner), and everything a peer can make the owner hold is bounded
+ * (connections, pending hellos, message sizes, ranges).
+ *
  * Mismatched settings: a joiner is checked as an opener would be
  * (check_sb's reasons): another block size or validation mode is
  * refused (the process that asks gets an error, instead of discarding
@@ -98,6 +112,30 @@
                                          * a time */
 #define MAP_FRESH_MS 50                 /* a map showing a block absent
                                          * is taken again after this */
+
+/* Deadlines and limits: what a peer of the share socket can make the
+ * other end wait for or hold (docs/design.md, "One cache for the whole
+ * host", the trust model).
+ */
+#define HELLO_MS 2000                   /* a connection's hello, and the
+                                         * welcome to it */
+#define SEND_MS 10000                   /* a peer that reads nothing */
+#define FETCH_FLOOR_MS 2000             /* a joiner's fetch: at least this
+                                         * or 4 times the slowest recent
+                                         * latency, ... */
+#define FETCH_FLOOR_MS_PER_MIB 1000     /* ...plus per MiB at least this
+                                         * (1 MiB/s) or 4 times the
+                                         * slowest recent time per MiB */
+#define FETCH_SLOW_FACTOR 4
+#define FETCH_SLOW_CAP_MS 60000         /* how far timeouts raise them */
+#define REPLY_MS 60000                  /* a joiner waits for its owner's
+                                         * next message at most this */
+#define MAX_CONNS 1024                  /* share sockets an owner serves */
+#define MAX_PENDING 32                  /* of which not past their hello */
+#define JOIN_MAX_CONNS 64               /* sockets a joiner opens to its
+                                         * owner: more requests wait */
+#define MAX_REF_BLOCKS REF_BATCH        /* blocks in one hit report */
+#define MAX_REF_REQUESTS 65536          /* hits counted in one report */
 
 enum {
   MSG_HELLO = 1,        /* J->O: struct hello, key, generation */
@@ -172,12 +210,18 @@ struct share_conn {
 
 struct share_server {
   uint32_t *ep;                 /* the epochs file, mapped */
+  uint64_t slow_ms;             /* the slowest recent joiner's fetch of
+                                 * up to 1 MiB (decaying) ... */
+  uint64_t slow_ms_per_mib;     /* ... and per MiB of larger ones: for
+                                 * fetch_deadline; under lock */
+  long refused_uid;             /* the last other user refused, or -1 */
   int lfd;
   pthread_t listener;
   pthread_mutex_t lock;
   pthread_cond_t cond;
   bool stopping;
   unsigned nconns;
+  unsigned npending;            /* of nconns, still before the hello */
   struct share_conn *conns;
 };
 
@@ -186,6 +230,8 @@ struct fsc_join {
   pthread_mutex_t lock;         /* the pool, broken, local */
   int *idle;                    /* sockets with no request in flight */
   size_t nidle, cap;
+  unsigned nbusy;               /* sockets with a request in flight */
+  pthread_cond_t freed;         /* one of them came back */
   bool broken;                  /* the owner went away */
   uint64_t retry_at;            /* ms: next try to rejoin or take over */
   struct fsc_object *local;     /* taken over: forward to it */
@@ -199,6 +245,11 @@ struct fsc_join {
   bool files;                   /* the data and sums files are open */
   bool direct_off;              /* the files are not the owner's now */
   dev_t ids[6];                 /* the files' (device, inode) pairs */
+  int watch;                    /* a socket to the owner that carries no
+                                 * request: it ends when the owner does
+                                 * (owner_alive), or -1 */
+  uint32_t *seen;               /* EPOCH_SLOTS: the highest epoch seen in
+                                 * each slot, to tell a rollback */
 };
 
 static uint64_t
@@ -272,6 +323,79 @@ recv_all (int fd, void *buf, size_t len)
   return 0;
 }
 
+/* Wait until FD is readable, or the monotonic time DEADLINE (ms).
+ * -1 with ETIMEDOUT past it.
+ */
+static int
+wait_readable (int fd, uint64_t deadline)
+{
+  for (;;) {
+    uint64_t now = now_ms ();
+    if (now >= deadline) {
+      errno = ETIMEDOUT;
+      return -1;
+    }
+    struct pollfd pfd = { .fd = fd, .events = POLLIN };
+    int r = poll (&pfd, 1, (int) MIN (deadline - now, (uint64_t) 60000));
+    if (r == -1 && errno != EINTR)
+      return -1;
+    if (r == 1)
+      return 0;
+  }
+}
+
+/* recv_all, before DEADLINE. */
+static int
+recv_all_until (int fd, void *buf, size_t len, uint64_t deadline)
+{
+  char *p = buf;
+  while (len > 0) {
+    if (wait_readable (fd, deadline) == -1)
+      return -1;
+    ssize_t r = recv (fd, p, len, MSG_DONTWAIT);
+    if (r == -1 && (errno == EINTR || errno == EAGAIN))
+      continue;
+    if (r == 0)
+      errno = ECONNRESET;
+    if (r <= 0)
+      return -1;
+    p += r;
+    len -= r;
+  }
+  return 0;
+}
+
+/* A send that a peer reading nothing cannot block for ever: past
+ * SEND_MS it fails (EAGAIN), and the link with it.
+ */
+static void
+set_send_timeout (int fd)
+{
+  struct timeval tv = { .tv_sec = SEND_MS / 1000 };
+  (void) setsockopt (fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+}
+
+/* Who may be at the other end of a share socket: a process of our own
+ * user, or root (SO_PEERCRED, the credentials at connect or listen
+ * time).  Another user could otherwise feed a joiner bytes it serves
+ * as ours, or hold an owner's resources.  -1 with EACCES (and the
+ * peer's uid in *UID) if not.
+ */
+static int
+check_peer (int fd, uid_t *uid)
+{
+  struct ucred cr;
+  socklen_t len = sizeof cr;
+  if (getsockopt (fd, SOL_SOCKET, SO_PEERCRED, &cr, &len) == -1)
+    return -1;
+  *uid = cr.uid;
+  if (cr.uid != geteuid () && cr.uid != 0) {
+    errno = EACCES;
+    return -1;
+  }
+  return 0;
+}
+
 /* One message, header and payload in one system call where the
  * socket takes it all.
  */
@@ -316,6 +440,19 @@ recv_msg (int fd, struct msg *m)
   return 0;
 }
 
+/* recv_msg, before DEADLINE. */
+static int
+recv_msg_until (int fd, struct msg *m, uint64_t deadline)
+{
+  if (recv_all_until (fd, m, sizeof *m, deadline) == -1)
+    return -1;
+  if (m->magic != SHARE_MAGIC) {
+    errno = EPROTO;
+    return -1;
+  }
+  return 0;
+}
+
 /* The epochs file (NAME.epochs, with the object's files, culled with
  * them), mapped: WRITABLE for the owner, read-only for joiners.  Never
  * truncated, so that the epochs only grow, whoever owns the object; a
@@ -323,14 +460,14 @@ recv_msg (int fd, struct msg *m)
  * been culled and made again meanwhile).
  */
 static uint32_t *
-map_epochs (struct fsc_object *o, bool writable)
+map_epochs (struct fsc_object *o, bool writable, bool create)
 {
   char name[FILE_NAME_MAX];
   fsc_file_name (o, ".epochs", name);
   const size_t len = EPOCH_SLOTS * sizeof (uint32_t);
   int fd = openat (o->fandirfd, name,
-                   (writable ? O_RDWR | O_CREAT : O_RDONLY) | O_NOFOLLOW |
-                   O_NONBLOCK | O_CLOEXEC, 0600);
+                   (writable ? O_RDWR | (create ? O_CREAT : 0) : O_RDONLY) |
+                   O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0600);
   if (fd == -1)
     return NULL;
   struct stat st;
@@ -394,7 +531,7 @@ ensure_epochs (struct fsc_object *o)
   SCOPED_LOCK (&srv->lock);
   if (srv->ep)
     return;
-  uint32_t *ep = map_epochs (o, true);
+  uint32_t *ep = map_epochs (o, true, true);
   if (ep) {
     __atomic_add_fetch (&ep[0], 1, __ATOMIC_SEQ_CST);
     __atomic_store_n (&srv->ep, ep, __ATOMIC_SEQ_CST);
@@ -433,18 +570,71 @@ check_joiner (struct fsc_object *o, const struct hello *h, const void *key,
   return FSC_OK;
 }
 
-/* A joiner's misses: FETCH on its socket, the bytes back. */
+/* How long a joiner's fetch of COUNT bytes may take: a latency and a
+ * time per MiB, each the floor or a few times the slowest that the
+ * joiners' recent fetches took (their upstreams' observed latency and
+ * throughput), whichever is longer.
+ */
+static uint64_t
+fetch_deadline (struct share_server *srv, uint32_t count)
+{
+  SCOPED_LOCK (&srv->lock);
+  uint64_t lat = MAX ((uint64_t) FETCH_FLOOR_MS,
+                      FETCH_SLOW_FACTOR * srv->slow_ms);
+  uint64_t per_mib = MAX ((uint64_t) FETCH_FLOOR_MS_PER_MIB,
+                          FETCH_SLOW_FACTOR * srv->slow_ms_per_mib);
+  return now_ms () + lat + per_mib * count / (1024 * 1024);
+}
+
+/* A fetch of COUNT bytes took MS (the maxima decay by 1/8 a fetch), or
+ * timed out (MS = UINT64_MAX: both double, up to a cap, so that an
+ * upstream slower than the floors is soon given the time it needs).
+ */
+static void
+note_fetch_time (struct share_server *srv, uint32_t count, uint64_t ms)
+{
+  SCOPED_LOCK (&srv->lock);
+  if (ms == UINT64_MAX) {
+    srv->slow_ms = MIN (MAX (2 * srv->slow_ms, (uint64_t) FETCH_FLOOR_MS),
+                        (uint64_t) FETCH_SLOW_CAP_MS);
+    srv->slow_ms_per_mib =
+      MIN (MAX (2 * srv->slow_ms_per_mib, (uint64_t) FETCH_FLOOR_MS_PER_MIB),
+           (uint64_t) FETCH_SLOW_CAP_MS);
+    return;
+  }
+  if (count <= 1024 * 1024)
+    srv->slow_ms = MAX (ms, srv->slow_ms - srv->slow_ms / 8);
+  else
+    srv->slow_ms_per_mib = MAX (ms * 1024 * 1024 / count,
+                                srv->slow_ms_per_mib -
+                                srv->slow_ms_per_mib / 8);
+}
+
+struct joiner_link {
+  struct fsc_object *o;
+  int fd;
+};
+
+/* A joiner's misses: FETCH on its socket, the bytes back.  The blocks
+ * are claimed meanwhile, and every reader of them waits for us: a
+ * joiner that does not answer by the deadline (stopped, frozen, its
+ * upstream hung, or hostile) loses the link, so the fetch fails, the
+ * claim is released as any failed fetch's, and each waiter fetches the
+ * block itself.  What the joiner sends later finds the socket shut.
+ */
 static int
 fetch_from_joiner (void *opaque, void *buf, uint32_t count, uint64_t offset)
 {
-  int fd = *(int *) opaque;
+  struct joiner_link *jl = opaque;
+  struct share_server *srv = jl->o->share;
+  const uint64_t t0 = now_ms (), deadline = fetch_deadline (srv, count);
   struct msg m;
-  if (send_msg (fd, MSG_FETCH, 0, count, 0, offset, NULL, 0) == -1 ||
-      recv_msg (fd, &m) == -1)
-    return -1;
+  if (send_msg (jl->fd, MSG_FETCH, 0, count, 0, offset, NULL, 0) == -1 ||
+      recv_msg_until (jl->fd, &m, deadline) == -1)
+    goto broken;
   if (m.type != MSG_FETCHED) {
     errno = EPROTO;
-    return -1;
+    goto broken;
   }
   if (m.err) {
     errno = m.err;
@@ -452,9 +642,21 @@ fetch_from_joiner (void *opaque, void *buf, uint32_t count, uint64_t offset)
   }
   if (m.count != count) {
     errno = EPROTO;
-    return -1;
+    goto broken;
   }
-  return recv_all (fd, buf, count);
+  if (recv_all_until (jl->fd, buf, count, deadline) == -1)
+    goto broken;
+  note_fetch_time (srv, count, now_ms () - t0);
+  return 0;
+ broken:;
+  int e = errno;
+  if (e == ETIMEDOUT) {
+    FSC_STAT_ADD (&jl->o->cache->stats, share_timeouts, 1);
+    note_fetch_time (srv, count, UINT64_MAX);
+  }
+  shutdown (jl->fd, SHUT_RDWR);         /* serve's next call fails */
+  errno = e;
+  return -1;
 }
 
 /* The map of group GI into M: the epochs first, then what is present
@@ -496,8 +698,14 @@ take_map (struct fsc_object *o, uint64_t gi, struct gmap *m)
 static void
 note_refs (struct fsc_object *o, const uint64_t *v, size_t n)
 {
-  FSC_OSTAT_ADD (o, hit_requests, v[0]);
-  FSC_OSTAT_ADD (o, hit_bytes, v[1]);
+  /* Counts a joiner could have served (it reports by MAX_REF_REQUESTS
+   * at most, each hit of at most SHARE_MAX_COUNT bytes), else none.
+   */
+  if (v[0] <= MAX_REF_REQUESTS && v[1] >= v[0] &&
+      v[1] <= v[0] * SHARE_MAX_COUNT) {
+    FSC_OSTAT_ADD (o, hit_requests, v[0]);
+    FSC_OSTAT_ADD (o, hit_bytes, v[1]);
+  }
   pthread_mutex_lock (&o->lock);
   for (size_t i = 2; i < n; ++i) {
     uint64_t b = v[i];
@@ -515,35 +723,75 @@ note_refs (struct fsc_object *o, const uint64_t *v, size_t n)
   fsc_note_use (o);
 }
 
+/* A connection is past its hello (or gave up before): it no longer
+ * counts against MAX_PENDING.  Once per connection (*DONE; conn_thread
+ * counts it if serve did not).
+ */
+static void
+hello_done (struct fsc_object *o, bool *done)
+{
+  struct share_server *srv = o->share;
+  if (*done)
+    return;
+  *done = true;
+  SCOPED_LOCK (&srv->lock);
+  srv->npending--;
+}
+
 /* Serve one joiner's socket until it closes.  Returns false if the
  * hello was refused or the link broke (either way: done).
  */
 static void
-serve (struct fsc_object *o, int fd)
+serve (struct fsc_object *o, int fd, bool *hello_counted)
 {
   struct fsc_stats *st = &o->cache->stats;
-  struct fsc_upstream up = { .pread = fetch_from_joiner, .opaque = &fd };
+  struct joiner_link jl = { .o = o, .fd = fd };
+  struct fsc_upstream up = { .pread = fetch_from_joiner, .opaque = &jl };
   struct fsc_write w;
   bool in_write = false;
   unsigned char *buf = NULL;
   size_t cap = 0;
   struct msg m;
 
-  /* The hello. */
-  struct hello h;
-  if (recv_msg (fd, &m) == -1 || m.type != MSG_HELLO ||
-      m.count < sizeof h || recv_all (fd, &h, sizeof h) == -1 ||
-      h.version != SHARE_VERSION || h.key_len > 65536 ||
-      h.gen_len > FSC_GEN_MAX || m.count != sizeof h + h.key_len + h.gen_len)
+  /* Who it is: our user or root, else refused, and said (the plugin
+   * logs the notice).
+   */
+  uid_t uid = 0;
+  if (check_peer (fd, &uid) == -1) {
+    FSC_STAT_ADD (st, share_peers_refused, 1);
+    if (errno == EACCES) {
+      struct share_server *srv = o->share;
+      pthread_mutex_lock (&srv->lock);
+      srv->refused_uid = uid;
+      pthread_mutex_unlock (&srv->lock);
+      pthread_mutex_lock (&o->lock);
+      o->notices |= FSC_NOTICE_PEER;
+      pthread_mutex_unlock (&o->lock);
+    }
     return;
+  }
+
+  /* The hello, in time: a connection that says nothing is closed. */
+  struct hello h;
+  const uint64_t hello_by = now_ms () + HELLO_MS;
+  if (recv_msg_until (fd, &m, hello_by) == -1 || m.type != MSG_HELLO ||
+      m.count < sizeof h || recv_all_until (fd, &h, sizeof h, hello_by) == -1 ||
+      h.version != SHARE_VERSION || h.key_len > 65536 ||
+      h.gen_len > FSC_GEN_MAX || m.count != sizeof h + h.key_len + h.gen_len) {
+    FSC_STAT_ADD (st, share_peers_refused, 1);
+    return;
+  }
   char *kg = malloc (h.key_len + h.gen_len + 1);
-  if (kg == NULL || recv_all (fd, kg, h.key_len + h.gen_len) == -1) {
+  if (kg == NULL ||
+      recv_all_until (fd, kg, h.key_len + h.gen_len, hello_by) == -1) {
     free (kg);
+    FSC_STAT_ADD (st, share_peers_refused, 1);
     return;
   }
   kg[h.key_len + h.gen_len] = '\0';
   int reason = check_joiner (o, &h, kg, kg + h.key_len);
   free (kg);
+  hello_done (o, hello_counted);
   if (reason == FSC_OK)
     ensure_epochs (o);
   struct welcome wel = {
@@ -562,12 +810,31 @@ serve (struct fsc_object *o, int fd)
     int r = 0;
     uint32_t out = 0;
     FSC_STAT_ADD (st, share_served, 1);
+    /* What a joiner may ask: ranges inside the object, reads of at
+     * most nbdkit's largest request, write spans of at most its
+     * largest zero or trim (the 32-bit count), and hit reports of the
+     * size the joiner sends.  Anything else ends the link.
+     */
+    uint64_t end;
+    switch (m.type) {
+    case MSG_READ:
+    case MSG_PREFETCH:
+    case MSG_WBEGIN:
+      if ((m.type != MSG_WBEGIN && m.count > SHARE_MAX_COUNT) ||
+          ADD_OVERFLOW (m.offset, (uint64_t) m.count, &end) || end > o->size)
+        goto refuse;
+      break;
+    case MSG_REF:
+      if (m.count > (MAX_REF_BLOCKS + 2) * 8)
+        goto refuse;
+      break;
+    }
     switch (m.type) {
     case MSG_READ:
     case MSG_WEND:
     case MSG_REF:
       if (m.count > SHARE_MAX_COUNT)
-        goto out;
+        goto refuse;
       if (m.count > cap) {
         unsigned char *nb = realloc (buf, m.count);
         if (nb == NULL)
@@ -634,6 +901,9 @@ serve (struct fsc_object *o, int fd)
                   out) == -1)
       goto out;
   }
+  goto out;
+ refuse:
+  FSC_STAT_ADD (st, share_peers_refused, 1);
  out:
   /* A joiner gone between the two halves of a write: its blocks stay
    * dropped, as after a failed upstream write.
@@ -657,7 +927,9 @@ conn_thread (void *arg)
   struct share_conn *c = a->c;
   free (a);
 
-  serve (o, c->fd);
+  bool hello_counted = false;
+  serve (o, c->fd, &hello_counted);
+  hello_done (o, &hello_counted);
 
   pthread_mutex_lock (&srv->lock);
   for (struct share_conn **pp = &srv->conns; *pp; pp = &(*pp)->next)
@@ -699,16 +971,24 @@ listener (void *arg)
       poll (NULL, 0, 100);
       continue;
     }
+    set_send_timeout (fd);
     struct share_conn *c = calloc (1, sizeof *c);
     struct conn_arg *a = malloc (sizeof *a);
     pthread_mutex_lock (&srv->lock);
-    bool ok = c && a && !srv->stopping && fsc_object_tryref (o);
+    /* At most MAX_CONNS: more are closed at once (a joiner whose
+     * socket is refused serves that request uncached).
+     */
+    bool full = srv->nconns >= MAX_CONNS || srv->npending >= MAX_PENDING;
+    bool ok = c && a && !srv->stopping && !full && fsc_object_tryref (o);
+    if (!srv->stopping && full)
+      FSC_STAT_ADD (&o->cache->stats, share_peers_refused, 1);
     bool reffed = ok;
     if (ok) {
       c->fd = fd;
       c->next = srv->conns;
       srv->conns = c;
       srv->nconns++;
+      srv->npending++;
       a->o = o;
       a->c = c;
       pthread_t t;
@@ -718,6 +998,7 @@ listener (void *arg)
       if (pthread_create (&t, &attr, conn_thread, a) != 0) {
         srv->conns = c->next;
         srv->nconns--;
+        srv->npending--;
         ok = false;
       }
       pthread_attr_destroy (&attr);
@@ -758,6 +1039,15 @@ fsc_share_start (struct fsc_object *o)
     errno = e;
     return -1;
   }
+  /* A new owner: every map a joiner took of an earlier owner's object
+   * is stale before we serve anything (the joiners also see the
+   * earlier owner's sockets end: owner_alive).  The file is left alone
+   * if nobody ever joined.
+   */
+  srv->refused_uid = -1;
+  srv->ep = map_epochs (o, true, false);
+  if (srv->ep)
+    __atomic_add_fetch (&srv->ep[0], 1, __ATOMIC_SEQ_CST);
   pthread_mutex_init (&srv->lock, NULL);
   pthread_cond_init (&srv->cond, NULL);
   o->share = srv;
@@ -788,6 +1078,7 @@ fsc_share_stop (struct fsc_object *o)
   if (sock_addr (o, &sa, name, sizeof name) == 0)
     unlinkat (o->fandirfd, name, 0);
 
+  fsc_share_bump_all (o);              /* no map outlives its owner */
   pthread_mutex_lock (&srv->lock);
   srv->stopping = true;
   shutdown (srv->lfd, SHUT_RDWR);       /* wakes accept */
@@ -816,6 +1107,51 @@ static void report_hits (struct fsc_object *o, bool force);
 static void forget_maps (struct fsc_object *o, uint64_t offset,
                          uint32_t count);
 
+/* The owner went away (a request's link broke, or the watch ended):
+ * every socket to it is dropped, and so is every map it gave us.
+ * Called with j->lock held.
+ */
+static void
+owner_gone_locked (struct fsc_join *j)
+{
+  for (size_t i = 0; i < j->nidle; ++i)
+    close (j->idle[i]);
+  j->nidle = 0;
+  if (j->watch >= 0)
+    close (j->watch);
+  j->watch = -1;
+  pthread_cond_broadcast (&j->freed);
+  if (j->maps)
+    for (size_t i = 0; i < NMAPS; ++i)
+      j->maps[i].gi = UINT64_MAX;
+  j->broken = true;
+  j->retry_at = 0;
+}
+
+/* Is the owner that gave us our maps still there?  Its watch socket
+ * carries no request, so anything on it (the end of the stream, an
+ * error, or bytes it should never send) means it is gone, and a map
+ * of it must not serve a hit: a new owner may have acknowledged a
+ * write since, which only its own epochs (or none, if it never mapped
+ * the file) record.  A poll that does not wait, so under j->lock (the
+ * descriptor cannot be closed and reused under it).
+ */
+static bool
+owner_alive_locked (struct fsc_join *j)
+{
+  if (j->watch < 0)
+    return false;
+  struct pollfd pfd = { .fd = j->watch, .events = POLLIN | POLLRDHUP };
+  int r;
+  do
+    r = poll (&pfd, 1, 0);
+  while (r == -1 && errno == EINTR);
+  if (r == 0)
+    return true;
+  owner_gone_locked (j);
+  return false;
+}
+
 /* Connect to the owner and say hello.  Returns the socket, or -1 with
  * errno: EPERM if refused (*REASON, *WEL say why), else the link's.
  */
@@ -838,18 +1174,30 @@ join_connect (struct fsc_object *o, const struct fsc_object_params *p,
     .pid = getpid (), .key_len = p->key_len, .gen_len = strlen (gen),
   };
   struct msg m;
-  if (connect (fd, (struct sockaddr *) &sa, sizeof sa) == -1 ||
-      send_msg (fd, MSG_HELLO, 0, sizeof h + h.key_len + h.gen_len, 0, 0,
+  uid_t uid;
+  const uint64_t welcome_by = now_ms () + HELLO_MS;
+  set_send_timeout (fd);
+  /* An owner of another user (a socket planted in its place) could
+   * feed us bytes that we would serve as the upstream's: refused.
+   */
+  if (connect (fd, (struct sockaddr *) &sa, sizeof sa) == -1)
+    goto fail;
+  if (check_peer (fd, &uid) == -1) {
+    if (errno == EACCES)
+      FSC_STAT_ADD (&o->cache->stats, share_peers_refused, 1);
+    goto fail;
+  }
+  if (send_msg (fd, MSG_HELLO, 0, sizeof h + h.key_len + h.gen_len, 0, 0,
                 &h, sizeof h) == -1 ||
       send_all (fd, p->key, p->key_len) == -1 ||
       send_all (fd, gen, h.gen_len) == -1 ||
-      recv_msg (fd, &m) == -1)
+      recv_msg_until (fd, &m, welcome_by) == -1)
     goto fail;
   if (m.type != MSG_WELCOME || m.count != sizeof *wel) {
     errno = EPROTO;
     goto fail;
   }
-  if (recv_all (fd, wel, sizeof *wel) == -1)
+  if (recv_all_until (fd, wel, sizeof *wel, welcome_by) == -1)
     goto fail;
   if (m.err != FSC_OK) {
     *reason = m.err;
@@ -869,13 +1217,17 @@ free_join (struct fsc_join *j)
 {
   for (size_t i = 0; i < j->nidle; ++i)
     close (j->idle[i]);
+  if (j->watch >= 0)
+    close (j->watch);
   free (j->idle);
   free (j->maps);
+  free (j->seen);
   if (j->ep)
     munmap ((void *) j->ep, EPOCH_SLOTS * sizeof (uint32_t));
   free ((void *) j->p.key);
   free ((void *) j->p.generation);
   pthread_mutex_destroy (&j->lock);
+  pthread_cond_destroy (&j->freed);
   free (j);
 }
 
@@ -908,12 +1260,16 @@ setup_direct (struct fsc_object *o, struct fsc_join *j)
   bool ok;
   if (!file_ids (o, j->ids))
     return;
-  j->ep = map_epochs (o, false);
+  j->ep = map_epochs (o, false, false);
   j->maps = malloc (NMAPS * sizeof *j->maps);
   if (j->maps)
     for (size_t i = 0; i < NMAPS; ++i)
       j->maps[i].gi = UINT64_MAX;
-  if (j->ep && j->maps && fsc_data_open (o, &ok) == 0 && ok &&
+  j->seen = calloc (EPOCH_SLOTS, sizeof *j->seen);
+  if (j->ep && j->seen)
+    for (size_t i = 0; i < EPOCH_SLOTS; ++i)
+      j->seen[i] = __atomic_load_n (&j->ep[i], __ATOMIC_RELAXED);
+  if (j->ep && j->maps && j->seen && fsc_data_open (o, &ok) == 0 && ok &&
       (o->sfd = fsc_open_file (o, ".sums")) >= 0) {
     j->files = true;
     return;
@@ -931,6 +1287,8 @@ fsc_share_join (struct fsc_object *o, const struct fsc_object_params *p,
   if (j == NULL)
     return -1;
   pthread_mutex_init (&j->lock, NULL);
+  pthread_cond_init (&j->freed, NULL);
+  j->watch = -1;
   j->p = *p;
   j->p.key = malloc (p->key_len);
   j->p.generation = p->generation ? strdup (p->generation) : NULL;
@@ -980,7 +1338,7 @@ fsc_share_join (struct fsc_object *o, const struct fsc_object_params *p,
       return -1;
     }
     j->cap = 4;
-    j->idle[j->nidle++] = fd;
+    j->watch = fd;              /* requests open sockets of their own */
     j->owner_pid = wel.pid;
     setup_direct (o, j);
     info->owner_pid = wel.pid;
@@ -1027,6 +1385,12 @@ get_conn (struct fsc_object *o, struct fsc_object **local)
   struct fsc_join *j = o->join;
   *local = NULL;
   pthread_mutex_lock (&j->lock);
+  /* At most JOIN_MAX_CONNS requests in flight to the owner, which
+   * serves a bounded number of sockets (MAX_CONNS) for every joiner.
+   */
+  while (j->nidle == 0 && j->nbusy >= JOIN_MAX_CONNS && !j->local &&
+         !j->broken)
+    pthread_cond_wait (&j->freed, &j->lock);
   if (j->local) {
     *local = j->local;
     pthread_mutex_unlock (&j->lock);
@@ -1034,6 +1398,7 @@ get_conn (struct fsc_object *o, struct fsc_object **local)
   }
   if (j->nidle > 0) {
     int fd = j->idle[--j->nidle];
+    j->nbusy++;
     pthread_mutex_unlock (&j->lock);
     return fd;
   }
@@ -1060,8 +1425,18 @@ get_conn (struct fsc_object *o, struct fsc_object **local)
       j->direct_off = true;             /* files made anew: not ours */
     j->broken = false;
     j->owner_pid = wel.pid;
-    pthread_mutex_unlock (&j->lock);
-    return fd;
+    if (j->watch < 0) {
+      /* A new owner (or the same one after a broken link): this socket
+       * watches it, and the request gets one of its own.
+       */
+      j->watch = fd;
+      fd = join_connect (o, &j->p, &reason, &wel);
+    }
+    if (fd >= 0) {
+      j->nbusy++;
+      pthread_mutex_unlock (&j->lock);
+      return fd;
+    }
   }
   if (errno == EPERM) {
     /* The new owner holds it with settings we cannot share (or a
@@ -1111,17 +1486,16 @@ put_conn (struct fsc_object *o, int fd, bool ok)
   if (!ok) {
     close (fd);
     SCOPED_LOCK (&j->lock);
-    /* The owner went away: drop the other idle sockets too (their
-     * next request would fail the same way).
+    j->nbusy--;
+    /* The owner went away: drop the other sockets too (their next
+     * request would fail the same way) and its maps.
      */
-    for (size_t i = 0; i < j->nidle; ++i)
-      close (j->idle[i]);
-    j->nidle = 0;
-    j->broken = true;
-    j->retry_at = 0;
+    owner_gone_locked (j);
     return;
   }
   SCOPED_LOCK (&j->lock);
+  j->nbusy--;
+  pthread_cond_signal (&j->freed);
   if (j->nidle == j->cap) {
     size_t ncap = j->cap ? 2 * j->cap : 4;
     int *p = realloc (j->idle, ncap * sizeof *p);
@@ -1140,9 +1514,9 @@ put_conn (struct fsc_object *o, int fd, bool ok)
  * *ERR the owner's errno (0: done), or -1 if the link broke.
  */
 static int
-run (int fd, unsigned type, unsigned flags, uint64_t offset, uint32_t count,
-     const void *payload, uint32_t plen, void *buf,
-     const struct fsc_upstream *up, int *err, unsigned *dflags)
+run (struct fsc_object *o, int fd, unsigned type, unsigned flags,
+     uint64_t offset, uint32_t count, const void *payload, uint32_t plen,
+     void *buf, const struct fsc_upstream *up, int *err, unsigned *dflags)
 {
   struct msg m;
   unsigned char *fetched = NULL;
@@ -1154,11 +1528,16 @@ run (int fd, unsigned type, unsigned flags, uint64_t offset, uint32_t count,
                 payload, plen) == -1)
     return -1;
   for (;;) {
-    if (recv_msg (fd, &m) == -1)
+    /* An owner that says nothing for REPLY_MS (stopped, or hung) is
+     * taken for gone: the link breaks, and the request is served
+     * without it.
+     */
+    const uint64_t reply_by = now_ms () + REPLY_MS;
+    if (recv_msg_until (fd, &m, reply_by) == -1)
       goto out;
     if (m.type == MSG_DONE) {
       if (m.count && (buf == NULL || m.count != count ||
-                      recv_all (fd, buf, m.count) == -1)) {
+                      recv_all_until (fd, buf, m.count, reply_by) == -1)) {
         errno = EPROTO;
         goto out;
       }
@@ -1168,7 +1547,13 @@ run (int fd, unsigned type, unsigned flags, uint64_t offset, uint32_t count,
       r = 0;
       goto out;
     }
-    if (m.type != MSG_FETCH || up == NULL || m.count > SHARE_MAX_COUNT) {
+    /* A fetch of ours, inside the export (the upstream call would
+     * abort nbdkit on a range outside it).
+     */
+    uint64_t end;
+    if (m.type != MSG_FETCH || up == NULL || m.count > SHARE_MAX_COUNT ||
+        m.count == 0 || ADD_OVERFLOW (m.offset, (uint64_t) m.count, &end) ||
+        end > o->size) {
       errno = EPROTO;
       goto out;
     }
@@ -1203,7 +1588,7 @@ fetch_map (struct fsc_object *o, uint64_t gi)
   int fd = get_conn (o, &l), err;
   if (fd < 0)
     return -1;
-  if (run (fd, MSG_MAP, 0, gi, sizeof m, NULL, 0, &m, NULL, &err, NULL) == -1) {
+  if (run (o, fd, MSG_MAP, 0, gi, sizeof m, NULL, 0, &m, NULL, &err, NULL) == -1) {
     put_conn (o, fd, false);
     return -1;
   }
@@ -1235,6 +1620,38 @@ fetch_map (struct fsc_object *o, uint64_t gi)
  * partial end, a check failing, a map we could not get).
  */
 enum direct { DIRECT_SERVED, DIRECT_ABSENT, DIRECT_NO };
+
+/* The epochs of the object (*E0) and of groups G0..G1 (at most two,
+ * into EG).  They only grow (map_epochs): a slot lower than we saw it
+ * was rolled back (a damaged or tampered file), and a map tagged with
+ * the lower value might show blocks written since.  Then -1, and no
+ * more hits of our own from these files: the owner serves every read.
+ * Else the highest values seen are kept.  Loaded under j->lock, so
+ * that two readers' loads are ordered and a slower one is no rollback.
+ */
+static int
+load_epochs (struct fsc_join *j, uint64_t g0, uint64_t g1, uint32_t *e0,
+             uint32_t *eg)
+{
+  SCOPED_LOCK (&j->lock);
+  const size_t slots[3] = { 0, slot_of (g0), slot_of (g1) };
+  uint32_t vals[3];
+  for (int i = 0; i < 3; ++i)
+    vals[i] = __atomic_load_n (&j->ep[slots[i]], __ATOMIC_SEQ_CST);
+  for (int i = 0; i < 3; ++i)
+    if ((int32_t) (vals[i] - j->seen[slots[i]]) < 0) {
+      j->direct_off = true;
+      for (size_t k = 0; k < NMAPS; ++k)
+        j->maps[k].gi = UINT64_MAX;
+      return -1;
+    }
+  for (int i = 0; i < 3; ++i)
+    j->seen[slots[i]] = vals[i];
+  *e0 = vals[0];
+  eg[0] = vals[1];
+  eg[g1 - g0] = vals[2];
+  return 0;
+}
 static enum direct
 direct_read (struct fsc_object *o, void *buf, uint32_t count,
              uint64_t offset, unsigned flags)
@@ -1249,17 +1666,16 @@ direct_read (struct fsc_object *o, void *buf, uint32_t count,
   if (b1 - b0 >= FSC_GROUP_BLOCKS)
     return DIRECT_NO;                       /* spans at most two groups */
 
-  uint32_t e0 = __atomic_load_n (&j->ep[0], __ATOMIC_SEQ_CST);
-  uint32_t eg[2];
-  for (uint64_t gi = g0; gi <= g1; ++gi)
-    eg[gi - g0] = __atomic_load_n (&j->ep[slot_of (gi)], __ATOMIC_SEQ_CST);
+  uint32_t e0, eg[2];
+  if (load_epochs (j, g0, g1, &e0, eg) == -1)
+    return DIRECT_NO;
 
   uint64_t csum[FSC_GROUP_BLOCKS];
   bool zero[FSC_GROUP_BLOCKS];
   for (int attempt = 0; ; ++attempt) {
     bool stale = false, absent = false;
     pthread_mutex_lock (&j->lock);
-    if (j->local || j->broken || j->direct_off) {
+    if (j->local || j->broken || j->direct_off || j->watch < 0) {
       pthread_mutex_unlock (&j->lock);
       return DIRECT_NO;
     }
@@ -1338,13 +1754,22 @@ direct_read (struct fsc_object *o, void *buf, uint32_t count,
     }
   }
 
-  /* Nothing changed meanwhile (else the owner serves it). */
+  /* Nothing changed meanwhile, and the owner that gave the maps is
+   * still there (else the owner, or its successor, serves it).  Once
+   * is enough, at the end: a watch that has not ended now had not
+   * ended when the read began either.
+   */
   if (__atomic_load_n (&j->ep[0], __ATOMIC_SEQ_CST) != e0)
     return DIRECT_NO;
   for (uint64_t gi = g0; gi <= g1; ++gi)
     if (__atomic_load_n (&j->ep[slot_of (gi)], __ATOMIC_SEQ_CST) !=
         eg[gi - g0])
       return DIRECT_NO;
+  pthread_mutex_lock (&j->lock);
+  bool alive = owner_alive_locked (j);
+  pthread_mutex_unlock (&j->lock);
+  if (!alive)
+    return DIRECT_NO;
   FSC_STAT_ADD (&o->cache->stats, share_direct_bytes, count);
   FSC_STAT_ADD (&o->cache->stats, hit_bytes, count);
   /* For the owner's counters and policy: a stream's hits are no
@@ -1357,7 +1782,7 @@ direct_read (struct fsc_object *o, void *buf, uint32_t count,
   for (uint64_t b = b0; b <= b1 && !(flags & FSC_READ_SEQUENTIAL) &&
          j->nrefs < REF_BATCH; ++b)
     j->refs[j->nrefs++] = b;
-  full = j->nrefs >= REF_BATCH;
+  full = j->nrefs >= REF_BATCH || j->hit_requests >= MAX_REF_REQUESTS;
   pthread_mutex_unlock (&j->lock);
   if (full)
     report_hits (o, false);
@@ -1385,7 +1810,8 @@ report_hits (struct fsc_object *o, bool force)
   /* Closing, only on a socket already open: a report is not worth
    * connecting to, nor taking over, an owner.
    */
-  if (j->hit_requests == 0 || (!force && j->nrefs < REF_BATCH) ||
+  if (j->hit_requests == 0 ||
+      (!force && j->nrefs < REF_BATCH && j->hit_requests < MAX_REF_REQUESTS) ||
       j->local || j->broken || (force && j->nidle == 0)) {
     pthread_mutex_unlock (&j->lock);
     return;
@@ -1402,7 +1828,7 @@ report_hits (struct fsc_object *o, bool force)
   int fd = get_conn (o, &l), err;
   if (fd < 0)
     return;
-  put_conn (o, fd, run (fd, MSG_REF, 0, 0, n * 8, v, n * 8, NULL, NULL,
+  put_conn (o, fd, run (o, fd, MSG_REF, 0, 0, n * 8, v, n * 8, NULL, NULL,
                         &err, NULL) == 0);
 }
 
@@ -1446,7 +1872,7 @@ fsc_share_read (struct fsc_object *o, void *buf, uint32_t count,
       break;
     int err;
     unsigned dflags = 0;
-    if (run (fd, MSG_READ, flags, offset, count, NULL, 0, buf, up,
+    if (run (o, fd, MSG_READ, flags, offset, count, NULL, 0, buf, up,
              &err, &dflags) == 0) {
       put_conn (o, fd, true);
       if (err == 0 && d == DIRECT_ABSENT && (dflags & DONE_HIT))
@@ -1477,7 +1903,7 @@ fsc_share_prefetch (struct fsc_object *o, uint64_t offset, uint64_t count,
   int err;
   while (count > 0) {
     uint32_t n = MIN (count, (uint64_t) SHARE_MAX_COUNT);
-    if (run (fd, MSG_PREFETCH, flags, offset, n, NULL, 0, NULL, up,
+    if (run (o, fd, MSG_PREFETCH, flags, offset, n, NULL, 0, NULL, up,
              &err, NULL) == -1) {
       put_conn (o, fd, false);
       return 0;
@@ -1512,7 +1938,7 @@ fsc_share_write_begin (struct fsc_object *o, uint64_t offset, uint64_t count,
   w->join_fd = -1;
   if (fd >= 0) {
     int err;
-    if (run (fd, MSG_WBEGIN, flags, offset, (uint32_t) count, NULL, 0, NULL,
+    if (run (o, fd, MSG_WBEGIN, flags, offset, (uint32_t) count, NULL, 0, NULL,
              NULL, &err, NULL) == 0 && err == 0) {
       w->join_fd = fd;          /* held until the end */
       return 0;
@@ -1544,7 +1970,7 @@ fsc_share_write_end (struct fsc_object *o, struct fsc_write *w,
     (buf && w->keep && upstream_ok ? WEND_DATA : 0);
   uint32_t plen = (flags & WEND_DATA) ? (uint32_t) w->count : 0;
   int err;
-  put_conn (o, fd, run (fd, MSG_WEND, flags, w->offset, (uint32_t) w->count,
+  put_conn (o, fd, run (o, fd, MSG_WEND, flags, w->offset, (uint32_t) w->count,
                         buf, plen, NULL, NULL, &err, NULL) == 0);
 }
 
@@ -1558,7 +1984,7 @@ fsc_share_commit (struct fsc_object *o)
   if (fd < 0)
     return 0;                   /* nothing of ours to make durable */
   int err;
-  if (run (fd, MSG_COMMIT, 0, 0, 0, NULL, 0, NULL, NULL, &err, NULL) == -1) {
+  if (run (o, fd, MSG_COMMIT, 0, 0, 0, NULL, 0, NULL, NULL, &err, NULL) == -1) {
     put_conn (o, fd, false);
     return 0;
   }
@@ -1568,6 +1994,16 @@ fsc_share_commit (struct fsc_object *o)
     return -1;
   }
   return 0;
+}
+
+long
+fsc_share_refused_uid (struct fsc_object *o)
+{
+  struct share_server *srv = o->share;
+  if (srv == NULL)
+    return -1;
+  SCOPED_LOCK (&srv->lock);
+  return srv->refused_uid;
 }
 
 int

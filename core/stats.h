@@ -59,7 +59,10 @@
   X (share_direct_bytes)  /* joined: bytes served from the files directly */\
   X (share_fallbacks)     /* joined requests served uncached: no owner */ \
   X (share_takeovers)     /* objects taken over from a gone owner */      \
-  X (share_refused)       /* joins refused: settings or upstream differ */
+  X (share_refused)       /* joins refused: settings or upstream differ */\
+  X (share_timeouts)      /* joiners' fetches given up: past the deadline */\
+  X (share_peers_refused) /* share sockets refused: another user, too many
+                           * connections, no hello in time, bad messages */
 
 struct fsc_stats {
 #define FSC_STATS_DECL(name) uint64_t name;

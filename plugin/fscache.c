@@ -674,6 +674,11 @@ log_notices (struct handle *h)
                   "not caching new blocks for a while", h->exportname);
   if (n & FSC_NOTICE_SKIPPED)
     log_skipped_fills (h);
+  if (n & FSC_NOTICE_PEER)
+    nbdkit_error ("fscache: warning: export \"%s\": refused a process of "
+                  "uid %ld on the object's share socket: only processes of "
+                  "uid %ld (ours) or root may join it", h->exportname,
+                  fsc_share_refused_uid (h->obj), (long) geteuid ());
 }
 
 /* Say that an upstream call failed: at most one line a second per
