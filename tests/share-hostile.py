@@ -28,6 +28,14 @@
 #                           with a FETCH at SIZE (outside the export);
 #                           each hello adds "hello" to EVENTS, and each
 #                           link the joiner then closes a line saying so.
+#                           With FSC_FAKE_OWNER_UID=U:G in the
+#                           environment it binds SOCK as who started it
+#                           (root, in root's own directory) and then
+#                           becomes U:G before it listens: the peer's
+#                           credentials (SO_PEERCRED, taken at listen)
+#                           are then U's, in a directory nobody else
+#                           may write (the joiner's last line of defence
+#                           against an owner of another user).
 #                           Runs until killed.
 import os, resource, select, socket, struct, sys, time
 
@@ -212,6 +220,12 @@ def fake_owner(path, size, events):
     import threading
     l = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     l.bind(path)
+    drop = os.environ.get("FSC_FAKE_OWNER_UID")
+    if drop:
+        uid, gid = (int(x) for x in drop.split(":"))
+        os.setgroups([])
+        os.setgid(gid)
+        os.setuid(uid)
     l.listen(64)
 
     def serve(c):

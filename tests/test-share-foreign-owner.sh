@@ -44,22 +44,28 @@ user="fscfo$$"
 useradd -M -r -s /usr/sbin/nologin "$user" || fail "useradd $user failed"
 cleanup_fn "userdel $user 2>/dev/null"
 uid=$(id -u "$user"); gid=$(id -g "$user")
-# The way in for it: the fan-out directory writable, the path above
-# searchable (what a careless mode would allow), a place for its record.
-d="$sock"
-while d=$(dirname "$d"); [ "$d" != / ]; do chmod o+x "$d"; done
-chmod o+w "$(dirname "$sock")"
+# Its socket, in A's place: bound by root in root's own 0700 fan-out
+# directory (safeopen.c's rule 1 refuses a directory another user may
+# write, so a planted socket can only come this way), listening as the
+# other user: the peer's credentials (SO_PEERCRED) are its.  The event
+# record is written by the other user.
 mkdir -m 0777 "$TMP/ev"
-cp "$top_srcdir/tests/share-hostile.py" "$TMP/ev/hostile.py"
-chmod o+r "$TMP/ev/hostile.py"
 mv "$sock" "$sock.real"
-setpriv --reuid="$uid" --regid="$gid" --clear-groups \
-  "$PYTHON" "$TMP/ev/hostile.py" fake-owner "$sock" $SIZE "$TMP/ev/events" \
-  2>"$TMP/ev/fake.err" &
+FSC_FAKE_OWNER_UID="$uid:$gid" \
+  "$PYTHON" "$top_srcdir/tests/share-hostile.py" fake-owner "$sock" $SIZE \
+  "$TMP/ev/events" 2>"$TMP/ev/fake.err" &
 fake=$!
 cleanup_fn "kill $fake 2>/dev/null"
 wait_until test -S "$sock" || fail "the fake owner did not listen"
-[ "$(stat -c %u "$sock")" = "$uid" ] || fail "the socket is not $user's"
+"$PYTHON" - "$sock" "$uid" <<'PY' || fail "the fake owner's credentials are not $user's"
+import socket, struct, sys
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.connect(sys.argv[1])
+pid, uid, gid = struct.unpack("3i", s.getsockopt(socket.SOL_SOCKET,
+                                                 socket.SO_PEERCRED, 12))
+s.close()
+sys.exit(0 if uid == int(sys.argv[2]) else 1)
+PY
 
 proxy J
 "$PYTHON" -c '
