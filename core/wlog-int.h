@@ -60,7 +60,7 @@ struct wl_ext {
   struct wl_ext *l, *r;
 };
 
-/* A range under read-modify-write (unaligned writes). */
+/* The units a client write, zero or trim owns (rule 10, wlog.c). */
 struct wl_rmw {
   uint64_t start, end;
   struct wl_rmw *next;
@@ -119,7 +119,7 @@ struct fsc_wlog {
   struct wl_ext *root;
   uint32_t prng;
 
-  struct wl_rmw *rmw;
+  struct wl_rmw *rmw;                   /* owned units (range_lock) */
 
   /* Notices for the caller (FSC_WLOG_NOTICE_*). */
   unsigned notices;
