@@ -6,7 +6,8 @@
  * nests inside nothing of the object's: the object's functions are
  * called without it.  wl->punch is a rwlock held for reading by every
  * reader of log data and for writing by whoever punches or truncates
- * retired space, so a reader never reads space freed under it.
+ * retired space, so a reader never reads space freed under it.  Neither
+ * is held across upstream I/O or a read of the object (rule 11, wlog.c).
  */
 #ifndef FSC_WLOG_INT_H
 #define FSC_WLOG_INT_H

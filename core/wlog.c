@@ -742,6 +742,18 @@ read_logged (struct fsc_wlog *wl, const struct wl_entry *e, uint64_t s,
   return r;
 }
 
+/* Rule 11 (no lock across upstream I/O): a read holds wl->punch (and
+ * wl->lock) only while it reads the log, never across the misses it
+ * sends to the object (the cache or the upstream).  wl->punch prefers
+ * writers: a reader holding it across a slow miss would stall the
+ * writer's retire behind it, and every later read, of dirty and cached
+ * data too, behind the writer.  So a read works in two phases: the
+ * logged pieces from a snapshot of the map, under the lock; then the
+ * gaps between them, without it.  A gap was not dirty at the snapshot;
+ * what is written there later is a later write, which a read that
+ * overlaps it may or may not see, as on a disk.
+ * Broken by tests/test-wb-hang.sh.
+ */
 int
 fsc_wlog_read (struct fsc_wlog *wl, struct fsc_object *obj, void *buf,
                uint32_t count, uint64_t offset,
@@ -749,37 +761,51 @@ fsc_wlog_read (struct fsc_wlog *wl, struct fsc_object *obj, void *buf,
 {
   unsigned char *out = buf;
   struct wl_segs s = { 0 };
-  int r = 0;
+  int r = 0, err = 0;
   uint64_t end = offset + count;
 
+  /* Phase 1: the logged pieces. */
   pthread_rwlock_rdlock (&wl->punch);
   pthread_mutex_lock (&wl->lock);
   wl_map_visit (wl->root, offset, end, wl_collect, &s);
   pthread_mutex_unlock (&wl->lock);
   if (s.nomem) {
+    /* A partial list would serve stale upstream bytes for the rest. */
+    pthread_rwlock_unlock (&wl->punch);
+    free (s.v);
     errno = ENOMEM;
-    r = -1;
-    goto out;
+    return -1;
   }
-  uint64_t cur = offset;
   for (size_t i = 0; i < s.n && r == 0; ++i) {
     uint64_t a = MAX (s.v[i].start, offset), b = MIN (s.v[i].end, end);
+    if (read_logged (wl, s.v[i].e, a, b, out + (a - offset)) == -1) {
+      err = errno;
+      if (err != ENOMEM) {
+        pthread_mutex_lock (&wl->lock);
+        wl_notice (wl, FSC_WLOG_NOTICE_BADREAD, err, a);
+        pthread_mutex_unlock (&wl->lock);
+        err = EBADMSG;          /* ours, not the upstream's */
+      }
+      r = -1;
+    }
+  }
+  pthread_rwlock_unlock (&wl->punch);
+  if (r == -1) {
+    free (s.v);
+    errno = err;
+    return -1;
+  }
+
+  /* Phase 2: the gaps, from the object, without a lock. */
+  uint64_t cur = offset;
+  for (size_t i = 0; i <= s.n && r == 0; ++i) {
+    uint64_t a = i < s.n ? MAX (s.v[i].start, offset) : end;
     if (cur < a)
       r = fsc_object_read (obj, out + (cur - offset), a - cur, cur, up,
                            flags);
-    if (r == 0 && read_logged (wl, s.v[i].e, a, b, out + (a - offset)) == -1) {
-      pthread_mutex_lock (&wl->lock);
-      wl_notice (wl, FSC_WLOG_NOTICE_BADREAD, errno, a);
-      pthread_mutex_unlock (&wl->lock);
-      errno = EBADMSG;          /* ours, not the upstream's */
-      r = -1;
-    }
-    cur = b;
+    if (i < s.n)
+      cur = MIN (s.v[i].end, end);
   }
-  if (r == 0 && cur < end)
-    r = fsc_object_read (obj, out + (cur - offset), end - cur, cur, up, flags);
- out:
-  pthread_rwlock_unlock (&wl->punch);
   free (s.v);
   return r;
 }
