@@ -49,6 +49,9 @@ struct wl_entry {
   bool done;                    /* its bytes are in the file */
   bool bad;                     /* found damaged at recovery */
   uint64_t *hashes;             /* XXH3 of each unit (data) */
+  struct wl_ext *spare[2];      /* its map nodes, allocated by append
+                                 * so that applying it cannot fail;
+                                 * NULL once applied */
 };
 
 /* The extent map: disjoint extents, each the newest logged version of

@@ -124,40 +124,31 @@ wl_map_free (struct wl_ext *t)
   free (t);
 }
 
-static struct wl_ext *
-new_ext (struct fsc_wlog *wl, uint64_t start, uint64_t end,
-         struct wl_entry *e)
-{
-  struct wl_ext *x = malloc (sizeof *x);
-  if (x == NULL)
-    return NULL;
-  x->start = start;
-  x->end = end;
-  x->e = e;
-  x->prio = next_prio (&wl->prng);
-  x->l = x->r = NULL;
-  return x;
-}
-
-/* Make [START, END) map to E in *ROOT, cutting what was there.  Only
- * allocation can fail, and then the map would be wrong: the caller
- * marks the log failed (wl_map_insert's caller checks wl->failed).
+/* Make [START, END) map to E in *ROOT, cutting what was there, with
+ * the nodes X (the new extent) and REST (the tail of an extent the
+ * range splits; freed if not needed), both allocated by the caller: it
+ * cannot fail, so the map is never left half changed.  Caller holds
+ * wl->lock if ROOT is the log's map.
  */
-void
-wl_map_insert (struct fsc_wlog *wl, struct wl_ext **root, uint64_t start,
-               uint64_t end, struct wl_entry *e)
+static void
+map_insert_nodes (struct fsc_wlog *wl, struct wl_ext **root, uint64_t start,
+                  uint64_t end, struct wl_entry *e, struct wl_ext *x,
+                  struct wl_ext *rest)
 {
-  struct wl_ext *l, *m, *r, *rest = NULL;
+  struct wl_ext *l, *m, *r;
   bool need_rest = false;
   split (*root, start, &l, &r);
-  /* The last extent before START may reach into the range, or past it. */
+  /* The last extent before START may reach into the range, or past it.
+   * (Then nothing starts inside the range: one REST is enough.)
+   */
   struct wl_ext *last = l;
   while (last && last->r)
     last = last->r;
   if (last && last->end > start) {
     if (last->end > end) {
       need_rest = true;
-      rest = new_ext (wl, end, last->end, last->e);
+      *rest = (struct wl_ext) { .start = end, .end = last->end,
+                                .e = last->e };
     }
     last->end = start;
   }
@@ -168,22 +159,41 @@ wl_map_insert (struct fsc_wlog *wl, struct wl_ext **root, uint64_t start,
     mlast = mlast->r;
   if (mlast && mlast->end > end) {
     need_rest = true;
-    rest = new_ext (wl, end, mlast->end, mlast->e);
+    *rest = (struct wl_ext) { .start = end, .end = mlast->end,
+                              .e = mlast->e };
   }
   wl_map_free (m);
-  struct wl_ext *x = new_ext (wl, start, end, e);
-  if (x == NULL || (need_rest && rest == NULL)) {
-    /* Out of memory: the map cannot be trusted from here on, and the
-     * log refuses everything (its callers check wl->failed).
-     */
+  *x = (struct wl_ext) { .start = start, .end = end, .e = e };
+  x->prio = next_prio (&wl->prng);
+  if (need_rest)
+    rest->prio = next_prio (&wl->prng);
+  else {
+    free (rest);
+    rest = NULL;
+  }
+  *root = merge (merge (l, x), merge (rest, r));
+}
+
+/* Make [START, END) map to E in *ROOT.  Only allocation can fail: then
+ * the map is left as it was, and the log is marked failed (ENOMEM; the
+ * callers check wl->failed).  Appends never get here: their nodes are
+ * allocated with the record (wl_entry.spare), so a record that was
+ * written always enters the map.
+ */
+void
+wl_map_insert (struct fsc_wlog *wl, struct wl_ext **root, uint64_t start,
+               uint64_t end, struct wl_entry *e)
+{
+  struct wl_ext *x = malloc (sizeof *x);
+  struct wl_ext *rest = malloc (sizeof *rest);
+  if (x == NULL || rest == NULL) {
     free (x);
     free (rest);
-    *root = merge (l, r);
     wl->failed = true;
     wl->err = ENOMEM;
     return;
   }
-  *root = merge (merge (l, x), merge (rest, r));
+  map_insert_nodes (wl, root, start, end, e, x, rest);
 }
 
 void
@@ -200,30 +210,34 @@ wl_map_visit (const struct wl_ext *t, uint64_t a, uint64_t b,
     wl_map_visit (t->r, a, b, fn, opaque);
 }
 
-/* Remove the extents in E's range that still map to E (the rest of
- * the range belongs to newer records).  Returns -1 (ENOMEM) if the
- * extents could not be listed: the caller cannot trust the map then.
+/* T without its nodes that map to E (freed), as a treap: merging the
+ * two subtrees of a removed node keeps the order and the heap.
  */
-static int
+static struct wl_ext *
+prune (struct wl_ext *t, const struct wl_entry *e)
+{
+  if (t == NULL)
+    return NULL;
+  t->l = prune (t->l, e);
+  t->r = prune (t->r, e);
+  if (t->e != e)
+    return t;
+  struct wl_ext *rest = merge (t->l, t->r);
+  free (t);
+  return rest;
+}
+
+/* Remove the extents in E's range that still map to E (the rest of
+ * the range belongs to newer records).  It allocates nothing, so it
+ * cannot fail: a retired record never stays in the map.
+ */
+static void
 map_remove_entry (struct wl_ext **root, const struct wl_entry *e)
 {
-  struct wl_segs s = { 0 };
-  wl_map_visit (*root, e->off, e->off + e->len, wl_collect, &s);
-  if (s.nomem) {
-    free (s.v);
-    return -1;
-  }
-  for (size_t i = 0; i < s.n; ++i) {
-    if (s.v[i].e != e)
-      continue;
-    struct wl_ext *l, *m, *r;
-    split (*root, s.v[i].start, &l, &r);
-    split (r, s.v[i].start + 1, &m, &r);
-    wl_map_free (m);
-    *root = merge (l, r);
-  }
-  free (s.v);
-  return 0;
+  struct wl_ext *l, *m, *r;
+  split (*root, e->off, &l, &r);
+  split (r, e->off + e->len, &m, &r);
+  *root = merge (merge (l, prune (m, e)), r);
 }
 
 /*----------------------------------------------------------------------
@@ -409,6 +423,8 @@ free_entry (struct wl_entry *e)
 {
   if (e) {
     free (e->hashes);
+    free (e->spare[0]);
+    free (e->spare[1]);
     free (e);
   }
 }
@@ -468,8 +484,15 @@ apply_done (struct fsc_wlog *wl)
     struct wl_entry *e = wl_entry_at (wl, wl->applied_seq - wl->ring_seq);
     if (!e->done)
       break;
-    if (e->type != WL_FLUSH)
+    if (e->type != WL_FLUSH && e->spare[0]) {
+      map_insert_nodes (wl, &wl->root, e->off, e->off + e->len, e,
+                        e->spare[0], e->spare[1]);
+      e->spare[0] = e->spare[1] = NULL;
+    }
+    else if (e->type != WL_FLUSH)
       wl_map_insert (wl, &wl->root, e->off, e->off + e->len, e);
+    if (wl->failed)
+      break;
     wl->applied_seq++;
     any = true;
   }
@@ -555,6 +578,11 @@ append (struct fsc_wlog *wl, int type, uint64_t off, uint64_t len,
       goto nomem;
     es[i] = e;
     e->type = type;
+    /* Its map nodes now, so that applying it cannot fail. */
+    if (type != WL_FLUSH &&
+        ((e->spare[0] = malloc (sizeof (struct wl_ext))) == NULL ||
+         (e->spare[1] = malloc (sizeof (struct wl_ext))) == NULL))
+      goto nomem;
     if (type == WL_DATA) {
       uint64_t ro = i * WL_REC_UNITS * FSC_WLOG_UNIT;
       e->off = off + ro;
@@ -1017,18 +1045,24 @@ fsc_wlog_flush (struct fsc_wlog *wl)
  * Retiring (the writer's, after the tail moved durably).
  */
 
+/* Retire the N oldest records: out of the map and the ring, then
+ * freed once no reader can hold them.  Readers copy nothing of a
+ * record: they hold wl->punch while they use it, so records are freed
+ * (and their space punched) only once every read that could have found
+ * them is over.  Nothing here may fail: if the list of records to free
+ * cannot be allocated, the punch lock is taken first and they are
+ * freed as they leave (readers wait a little longer, that is all).
+ */
 void
 wl_retire (struct fsc_wlog *wl, size_t n)
 {
   struct wl_entry **gone = malloc (n * sizeof *gone);
+  if (gone == NULL)
+    pthread_rwlock_wrlock (&wl->punch);
   pthread_mutex_lock (&wl->lock);
   for (size_t i = 0; i < n; ++i) {
     struct wl_entry *e = wl_entry_at (wl, 0);
-    if (map_remove_entry (&wl->root, e) == -1) {
-      /* Its extents would keep pointing at a freed record. */
-      wl->failed = true;
-      wl->err = ENOMEM;
-    }
+    map_remove_entry (&wl->root, e);
     wl->rhead = (wl->rhead + 1) % wl->rcap;
     wl->rlen--;
     wl->ring_seq++;
@@ -1036,20 +1070,17 @@ wl_retire (struct fsc_wlog *wl, size_t n)
     if (gone)
       gone[i] = e;
     else
-      free_entry (e);           /* no reader can hold it: see below */
+      free_entry (e);           /* we hold wl->punch for writing */
   }
   if (wl->rlen)
     wl->first_epoch = wl_entry_at (wl, 0)->epoch;
   pthread_cond_broadcast (&wl->cond);
   pthread_mutex_unlock (&wl->lock);
-  /* Readers copy nothing of a record: they hold wl->punch while they
-   * use it, so records are freed (and their space punched) only once
-   * every read that could have found them is over.
-   */
-  pthread_rwlock_wrlock (&wl->punch);
-  if (gone)
+  if (gone) {
+    pthread_rwlock_wrlock (&wl->punch);
     for (size_t i = 0; i < n; ++i)
       free_entry (gone[i]);
+  }
   pthread_rwlock_unlock (&wl->punch);
   free (gone);
 }
