@@ -28,6 +28,16 @@
  * record of an earlier run can ever follow a later one.  Since a flush
  * waits for every record below it to be written before it syncs, no
  * record a flush covered lies after a torn one.
+ *
+ * Rule 10 (overlapping writes): client writes, zeroes and trims that
+ * touch the same unit are serialized, whatever their alignment: an
+ * unaligned write's read-modify-write never logs an old unit over an
+ * overlapping write (range_lock).  Broken by tests/test-wb-overlap.sh.
+ *
+ * Rule 11 (no lock across upstream I/O): neither wl->lock nor
+ * wl->punch is held while a read waits for the object or the
+ * upstream, so reads of dirty or cached data never wait for a miss
+ * (fsc_wlog_read).  Broken by tests/test-wb-hang.sh.
  */
 #include <config.h>
 
