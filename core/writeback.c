@@ -528,6 +528,18 @@ writer (void *arg)
       continue;
     sleep_ms (wl, backoff);
     backoff = MIN (backoff * 2, (unsigned) MAX_BACKOFF_MS);
+    /* A stale write from the old context (issue 25): every sender of
+     * the failed round has returned (send_all joins them), the reopen
+     * closes the old context before it opens the new one, and the
+     * next round sends the whole failed
+     * epoch again and flushes it on the new context before any later
+     * epoch.  So a write of the old context that the server still
+     * executes late carries bytes of this epoch or an earlier one, and
+     * can only be overtaken by a later epoch if the server runs it
+     * after the new context's flush: NBD has no fencing of a dead
+     * connection's requests, so what the server keeps in its queue for
+     * that long is beyond the client's reach.  design.md, "The writer".
+     */
     if (wl->up.reopen)
       (void) wl->up.reopen (wl->up.opaque);
   }
