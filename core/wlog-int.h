@@ -160,6 +160,12 @@ extern int wl_read_units (struct fsc_wlog *wl, const struct wl_entry *e,
 /* The extent map (wlog.c). */
 extern void wl_map_insert (struct fsc_wlog *wl, struct wl_ext **root,
                            uint64_t start, uint64_t end, struct wl_entry *e);
+/* The same, but out of memory it returns -1 (ENOMEM), the map as it
+ * was, and leaves the log alone: for a private map (the writer's).
+ */
+extern int wl_map_try_insert (struct fsc_wlog *wl, struct wl_ext **root,
+                              uint64_t start, uint64_t end,
+                              struct wl_entry *e);
 extern void wl_map_free (struct wl_ext *t);
 typedef void wl_visit_fn (void *opaque, const struct wl_ext *x);
 extern void wl_map_visit (const struct wl_ext *t, uint64_t a, uint64_t b,

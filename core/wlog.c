@@ -185,25 +185,36 @@ map_insert_nodes (struct fsc_wlog *wl, struct wl_ext **root, uint64_t start,
 }
 
 /* Make [START, END) map to E in *ROOT.  Only allocation can fail: then
- * the map is left as it was, and the log is marked failed (ENOMEM; the
- * callers check wl->failed).  Appends never get here: their nodes are
+ * the map is left as it was, and wl_map_try_insert returns -1 (ENOMEM)
+ * while wl_map_insert marks the log failed (its callers check
+ * wl->failed).  Appends never get here: their nodes are
  * allocated with the record (wl_entry.spare), so a record that was
  * written always enters the map.
  */
-void
-wl_map_insert (struct fsc_wlog *wl, struct wl_ext **root, uint64_t start,
-               uint64_t end, struct wl_entry *e)
+int
+wl_map_try_insert (struct fsc_wlog *wl, struct wl_ext **root,
+                   uint64_t start, uint64_t end, struct wl_entry *e)
 {
   struct wl_ext *x = malloc (sizeof *x);
   struct wl_ext *rest = malloc (sizeof *rest);
   if (x == NULL || rest == NULL) {
     free (x);
     free (rest);
-    wl->failed = true;
-    wl->err = ENOMEM;
-    return;
+    errno = ENOMEM;
+    return -1;
   }
   map_insert_nodes (wl, root, start, end, e, x, rest);
+  return 0;
+}
+
+void
+wl_map_insert (struct fsc_wlog *wl, struct wl_ext **root, uint64_t start,
+               uint64_t end, struct wl_entry *e)
+{
+  if (wl_map_try_insert (wl, root, start, end, e) == -1) {
+    wl->failed = true;
+    wl->err = ENOMEM;
+  }
 }
 
 void

@@ -372,18 +372,22 @@ round_once (struct fsc_wlog *wl)
     return 0;
   }
   uint64_t epoch = wl_entry_at (wl, 0)->epoch;
-  for (; n < avail && bytes < BATCH_BYTES; ++n) {
+  bool mapfail = false;
+  for (; n < avail && bytes < BATCH_BYTES && !mapfail; ++n) {
     struct wl_entry *e = wl_entry_at (wl, n);
     if (e->epoch != epoch && !wl->unordered)
       break;
     /* 2. Newest version of each byte (records are in sequence order). */
-    if (e->type != WL_FLUSH)
-      wl_map_insert (wl, &map, e->off, e->off + e->len, e);
+    /* Out of memory the round is retried later (never the log failed
+     * for a private map).
+     */
+    if (e->type != WL_FLUSH &&
+        wl_map_try_insert (wl, &map, e->off, e->off + e->len, e) == -1)
+      mapfail = true;
     bytes += e->rsize;
     end_pos = e->pos + e->rsize;
     end_seq = e->seq + 1;
   }
-  bool mapfail = wl->failed && wl->err == ENOMEM;
   pthread_mutex_unlock (&wl->lock);
   if (mapfail)
     goto out;
@@ -429,11 +433,24 @@ round_once (struct fsc_wlog *wl)
   if (resample (wl, &b, &s) == -1)
     goto failed;
   pthread_mutex_lock (&wl->lock);
+  struct fsc_wlog_sample old_sample = wl->sample;
+  uint64_t old_pos = wl->tail_pos, old_seq = wl->tail_seq;
   wl->sample = s;
   wl->tail_pos = end_pos;
   wl->tail_seq = end_seq;
   pthread_mutex_unlock (&wl->lock);
   if (wl_write_header (wl) == -1) {
+    if (errno == ENOMEM) {
+      /* Nothing written: the tail stays, and the round is retried
+       * later (its requests are idempotent).
+       */
+      pthread_mutex_lock (&wl->lock);
+      wl->sample = old_sample;
+      wl->tail_pos = old_pos;
+      wl->tail_seq = old_seq;
+      pthread_mutex_unlock (&wl->lock);
+      goto out;
+    }
     writer_fail (wl, errno, UINT64_MAX);
     goto out;
   }
