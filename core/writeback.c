@@ -548,9 +548,8 @@ writer (void *arg)
     /* A stale write from the old context (issue 25): every sender of
      * the failed round has returned (send_all joins them), the reopen
      * closes the old context before it opens the new one, and the
-     * next round sends the whole failed
-     * epoch again and flushes it on the new context before any later
-     * epoch.  So a write of the old context that the server still
+     * next round sends the whole failed epoch again and flushes it on
+     * the new context before any later epoch.  So a write of the old context that the server still
      * executes late carries bytes of this epoch or an earlier one, and
      * can only be overtaken by a later epoch if the server runs it
      * after the new context's flush: NBD has no fencing of a dead
