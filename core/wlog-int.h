@@ -6,7 +6,8 @@
  * nests inside nothing of the object's: the object's functions are
  * called without it.  wl->punch is a rwlock held for reading by every
  * reader of log data and for writing by whoever punches or truncates
- * retired space, so a reader never reads space freed under it.
+ * retired space, so a reader never reads space freed under it.  Neither
+ * is held across upstream I/O or a read of the object (rule 11, wlog.c).
  */
 #ifndef FSC_WLOG_INT_H
 #define FSC_WLOG_INT_H
@@ -48,6 +49,9 @@ struct wl_entry {
   bool done;                    /* its bytes are in the file */
   bool bad;                     /* found damaged at recovery */
   uint64_t *hashes;             /* XXH3 of each unit (data) */
+  struct wl_ext *spare[2];      /* its map nodes, allocated by append
+                                 * so that applying it cannot fail;
+                                 * NULL once applied */
 };
 
 /* The extent map: disjoint extents, each the newest logged version of
@@ -60,7 +64,7 @@ struct wl_ext {
   struct wl_ext *l, *r;
 };
 
-/* A range under read-modify-write (unaligned writes). */
+/* The units a client write, zero or trim owns (rule 10, wlog.c). */
 struct wl_rmw {
   uint64_t start, end;
   struct wl_rmw *next;
@@ -122,7 +126,7 @@ struct fsc_wlog {
   struct wl_ext *root;
   uint32_t prng;
 
-  struct wl_rmw *rmw;
+  struct wl_rmw *rmw;                   /* owned units (range_lock) */
 
   /* Notices for the caller (FSC_WLOG_NOTICE_*). */
   unsigned notices;
@@ -162,6 +166,12 @@ extern int wl_read_units (struct fsc_wlog *wl, const struct wl_entry *e,
 /* The extent map (wlog.c). */
 extern void wl_map_insert (struct fsc_wlog *wl, struct wl_ext **root,
                            uint64_t start, uint64_t end, struct wl_entry *e);
+/* The same, but out of memory it returns -1 (ENOMEM), the map as it
+ * was, and leaves the log alone: for a private map (the writer's).
+ */
+extern int wl_map_try_insert (struct fsc_wlog *wl, struct wl_ext **root,
+                              uint64_t start, uint64_t end,
+                              struct wl_entry *e);
 extern void wl_map_free (struct wl_ext *t);
 typedef void wl_visit_fn (void *opaque, const struct wl_ext *x);
 extern void wl_map_visit (const struct wl_ext *t, uint64_t a, uint64_t b,

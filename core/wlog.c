@@ -43,6 +43,16 @@
  * units fail with EIO), else torn (cut with what follows).  Broken by:
  * tests/test-wb-damage.sh, tests/unit-wlog.c (8b), tests/fuzz-wlog.c
  * (its oracle).
+ *
+ * Rule 10 (overlapping writes): client writes, zeroes and trims that
+ * touch the same unit are serialized, whatever their alignment: an
+ * unaligned write's read-modify-write never logs an old unit over an
+ * overlapping write (range_lock).  Broken by tests/test-wb-overlap.sh.
+ *
+ * Rule 11 (no lock across upstream I/O): neither wl->lock nor
+ * wl->punch is held while a read waits for the object or the
+ * upstream, so reads of dirty or cached data never wait for a miss
+ * (fsc_wlog_read).  Broken by tests/test-wb-hang.sh.
  */
 #include <config.h>
 
@@ -140,40 +150,31 @@ wl_map_free (struct wl_ext *t)
   free (t);
 }
 
-static struct wl_ext *
-new_ext (struct fsc_wlog *wl, uint64_t start, uint64_t end,
-         struct wl_entry *e)
-{
-  struct wl_ext *x = malloc (sizeof *x);
-  if (x == NULL)
-    return NULL;
-  x->start = start;
-  x->end = end;
-  x->e = e;
-  x->prio = next_prio (&wl->prng);
-  x->l = x->r = NULL;
-  return x;
-}
-
-/* Make [START, END) map to E in *ROOT, cutting what was there.  Only
- * allocation can fail, and then the map would be wrong: the caller
- * marks the log failed (wl_map_insert's caller checks wl->failed).
+/* Make [START, END) map to E in *ROOT, cutting what was there, with
+ * the nodes X (the new extent) and REST (the tail of an extent the
+ * range splits; freed if not needed), both allocated by the caller: it
+ * cannot fail, so the map is never left half changed.  Caller holds
+ * wl->lock if ROOT is the log's map.
  */
-void
-wl_map_insert (struct fsc_wlog *wl, struct wl_ext **root, uint64_t start,
-               uint64_t end, struct wl_entry *e)
+static void
+map_insert_nodes (struct fsc_wlog *wl, struct wl_ext **root, uint64_t start,
+                  uint64_t end, struct wl_entry *e, struct wl_ext *x,
+                  struct wl_ext *rest)
 {
-  struct wl_ext *l, *m, *r, *rest = NULL;
+  struct wl_ext *l, *m, *r;
   bool need_rest = false;
   split (*root, start, &l, &r);
-  /* The last extent before START may reach into the range, or past it. */
+  /* The last extent before START may reach into the range, or past it.
+   * (Then nothing starts inside the range: one REST is enough.)
+   */
   struct wl_ext *last = l;
   while (last && last->r)
     last = last->r;
   if (last && last->end > start) {
     if (last->end > end) {
       need_rest = true;
-      rest = new_ext (wl, end, last->end, last->e);
+      *rest = (struct wl_ext) { .start = end, .end = last->end,
+                                .e = last->e };
     }
     last->end = start;
   }
@@ -184,22 +185,52 @@ wl_map_insert (struct fsc_wlog *wl, struct wl_ext **root, uint64_t start,
     mlast = mlast->r;
   if (mlast && mlast->end > end) {
     need_rest = true;
-    rest = new_ext (wl, end, mlast->end, mlast->e);
+    *rest = (struct wl_ext) { .start = end, .end = mlast->end,
+                              .e = mlast->e };
   }
   wl_map_free (m);
-  struct wl_ext *x = new_ext (wl, start, end, e);
-  if (x == NULL || (need_rest && rest == NULL)) {
-    /* Out of memory: the map cannot be trusted from here on, and the
-     * log refuses everything (its callers check wl->failed).
-     */
-    free (x);
+  *x = (struct wl_ext) { .start = start, .end = end, .e = e };
+  x->prio = next_prio (&wl->prng);
+  if (need_rest)
+    rest->prio = next_prio (&wl->prng);
+  else {
     free (rest);
-    *root = merge (l, r);
-    wl->failed = true;
-    wl->err = ENOMEM;
-    return;
+    rest = NULL;
   }
   *root = merge (merge (l, x), merge (rest, r));
+}
+
+/* Make [START, END) map to E in *ROOT.  Only allocation can fail: then
+ * the map is left as it was, and wl_map_try_insert returns -1 (ENOMEM)
+ * while wl_map_insert marks the log failed (its callers check
+ * wl->failed).  Appends never get here: their nodes are
+ * allocated with the record (wl_entry.spare), so a record that was
+ * written always enters the map.
+ */
+int
+wl_map_try_insert (struct fsc_wlog *wl, struct wl_ext **root,
+                   uint64_t start, uint64_t end, struct wl_entry *e)
+{
+  struct wl_ext *x = malloc (sizeof *x);
+  struct wl_ext *rest = malloc (sizeof *rest);
+  if (x == NULL || rest == NULL) {
+    free (x);
+    free (rest);
+    errno = ENOMEM;
+    return -1;
+  }
+  map_insert_nodes (wl, root, start, end, e, x, rest);
+  return 0;
+}
+
+void
+wl_map_insert (struct fsc_wlog *wl, struct wl_ext **root, uint64_t start,
+               uint64_t end, struct wl_entry *e)
+{
+  if (wl_map_try_insert (wl, root, start, end, e) == -1) {
+    wl->failed = true;
+    wl->err = ENOMEM;
+  }
 }
 
 void
@@ -216,30 +247,34 @@ wl_map_visit (const struct wl_ext *t, uint64_t a, uint64_t b,
     wl_map_visit (t->r, a, b, fn, opaque);
 }
 
-/* Remove the extents in E's range that still map to E (the rest of
- * the range belongs to newer records).  Returns -1 (ENOMEM) if the
- * extents could not be listed: the caller cannot trust the map then.
+/* T without its nodes that map to E (freed), as a treap: merging the
+ * two subtrees of a removed node keeps the order and the heap.
  */
-static int
+static struct wl_ext *
+prune (struct wl_ext *t, const struct wl_entry *e)
+{
+  if (t == NULL)
+    return NULL;
+  t->l = prune (t->l, e);
+  t->r = prune (t->r, e);
+  if (t->e != e)
+    return t;
+  struct wl_ext *rest = merge (t->l, t->r);
+  free (t);
+  return rest;
+}
+
+/* Remove the extents in E's range that still map to E (the rest of
+ * the range belongs to newer records).  It allocates nothing, so it
+ * cannot fail: a retired record never stays in the map.
+ */
+static void
 map_remove_entry (struct wl_ext **root, const struct wl_entry *e)
 {
-  struct wl_segs s = { 0 };
-  wl_map_visit (*root, e->off, e->off + e->len, wl_collect, &s);
-  if (s.nomem) {
-    free (s.v);
-    return -1;
-  }
-  for (size_t i = 0; i < s.n; ++i) {
-    if (s.v[i].e != e)
-      continue;
-    struct wl_ext *l, *m, *r;
-    split (*root, s.v[i].start, &l, &r);
-    split (r, s.v[i].start + 1, &m, &r);
-    wl_map_free (m);
-    *root = merge (l, r);
-  }
-  free (s.v);
-  return 0;
+  struct wl_ext *l, *m, *r;
+  split (*root, e->off, &l, &r);
+  split (r, e->off + e->len, &m, &r);
+  *root = merge (merge (l, prune (m, e)), r);
 }
 
 /*----------------------------------------------------------------------
@@ -425,6 +460,8 @@ free_entry (struct wl_entry *e)
 {
   if (e) {
     free (e->hashes);
+    free (e->spare[0]);
+    free (e->spare[1]);
     free (e);
   }
 }
@@ -484,8 +521,15 @@ apply_done (struct fsc_wlog *wl)
     struct wl_entry *e = wl_entry_at (wl, wl->applied_seq - wl->ring_seq);
     if (!e->done)
       break;
-    if (e->type != WL_FLUSH)
+    if (e->type != WL_FLUSH && e->spare[0]) {
+      map_insert_nodes (wl, &wl->root, e->off, e->off + e->len, e,
+                        e->spare[0], e->spare[1]);
+      e->spare[0] = e->spare[1] = NULL;
+    }
+    else if (e->type != WL_FLUSH)
       wl_map_insert (wl, &wl->root, e->off, e->off + e->len, e);
+    if (wl->failed)
+      break;
     wl->applied_seq++;
     any = true;
   }
@@ -575,6 +619,11 @@ append (struct fsc_wlog *wl, int type, uint64_t off, uint64_t len,
       goto nomem;
     es[i] = e;
     e->type = type;
+    /* Its map nodes now, so that applying it cannot fail. */
+    if (type != WL_FLUSH &&
+        ((e->spare[0] = malloc (sizeof (struct wl_ext))) == NULL ||
+         (e->spare[1] = malloc (sizeof (struct wl_ext))) == NULL))
+      goto nomem;
     if (type == WL_DATA) {
       uint64_t ro = i * WL_REC_UNITS * FSC_WLOG_UNIT;
       e->off = off + ro;
@@ -777,6 +826,18 @@ read_logged (struct fsc_wlog *wl, const struct wl_entry *e, uint64_t s,
   return r;
 }
 
+/* Rule 11 (no lock across upstream I/O): a read holds wl->punch (and
+ * wl->lock) only while it reads the log, never across the misses it
+ * sends to the object (the cache or the upstream).  wl->punch prefers
+ * writers: a reader holding it across a slow miss would stall the
+ * writer's retire behind it, and every later read, of dirty and cached
+ * data too, behind the writer.  So a read works in two phases: the
+ * logged pieces from a snapshot of the map, under the lock; then the
+ * gaps between them, without it.  A gap was not dirty at the snapshot;
+ * what is written there later is a later write, which a read that
+ * overlaps it may or may not see, as on a disk.
+ * Broken by tests/test-wb-hang.sh.
+ */
 int
 fsc_wlog_read (struct fsc_wlog *wl, struct fsc_object *obj, void *buf,
                uint32_t count, uint64_t offset,
@@ -784,37 +845,51 @@ fsc_wlog_read (struct fsc_wlog *wl, struct fsc_object *obj, void *buf,
 {
   unsigned char *out = buf;
   struct wl_segs s = { 0 };
-  int r = 0;
+  int r = 0, err = 0;
   uint64_t end = offset + count;
 
+  /* Phase 1: the logged pieces. */
   pthread_rwlock_rdlock (&wl->punch);
   pthread_mutex_lock (&wl->lock);
   wl_map_visit (wl->root, offset, end, wl_collect, &s);
   pthread_mutex_unlock (&wl->lock);
   if (s.nomem) {
+    /* A partial list would serve stale upstream bytes for the rest. */
+    pthread_rwlock_unlock (&wl->punch);
+    free (s.v);
     errno = ENOMEM;
-    r = -1;
-    goto out;
+    return -1;
   }
-  uint64_t cur = offset;
   for (size_t i = 0; i < s.n && r == 0; ++i) {
     uint64_t a = MAX (s.v[i].start, offset), b = MIN (s.v[i].end, end);
+    if (read_logged (wl, s.v[i].e, a, b, out + (a - offset)) == -1) {
+      err = errno;
+      if (err != ENOMEM) {
+        pthread_mutex_lock (&wl->lock);
+        wl_notice (wl, FSC_WLOG_NOTICE_BADREAD, err, a);
+        pthread_mutex_unlock (&wl->lock);
+        err = EBADMSG;          /* ours, not the upstream's */
+      }
+      r = -1;
+    }
+  }
+  pthread_rwlock_unlock (&wl->punch);
+  if (r == -1) {
+    free (s.v);
+    errno = err;
+    return -1;
+  }
+
+  /* Phase 2: the gaps, from the object, without a lock. */
+  uint64_t cur = offset;
+  for (size_t i = 0; i <= s.n && r == 0; ++i) {
+    uint64_t a = i < s.n ? MAX (s.v[i].start, offset) : end;
     if (cur < a)
       r = fsc_object_read (obj, out + (cur - offset), a - cur, cur, up,
                            flags);
-    if (r == 0 && read_logged (wl, s.v[i].e, a, b, out + (a - offset)) == -1) {
-      pthread_mutex_lock (&wl->lock);
-      wl_notice (wl, FSC_WLOG_NOTICE_BADREAD, errno, a);
-      pthread_mutex_unlock (&wl->lock);
-      errno = EBADMSG;          /* ours, not the upstream's */
-      r = -1;
-    }
-    cur = b;
+    if (i < s.n)
+      cur = MIN (s.v[i].end, end);
   }
-  if (r == 0 && cur < end)
-    r = fsc_object_read (obj, out + (cur - offset), end - cur, cur, up, flags);
- out:
-  pthread_rwlock_unlock (&wl->punch);
   free (s.v);
   return r;
 }
@@ -823,14 +898,26 @@ fsc_wlog_read (struct fsc_wlog *wl, struct fsc_object *obj, void *buf,
  * The client's operations.
  */
 
-/* Wait until no read-modify-write overlaps [A, B), then own it. */
-static int
-rmw_begin (struct fsc_wlog *wl, uint64_t a, uint64_t b, struct wl_rmw *me)
+/* Rule 10 (overlapping writes): writes whose units overlap are
+ * serialized, whatever their alignment.  Every client write, zero and
+ * trim owns the units it touches (a range lock, wl->rmw) from before
+ * it reads anything until its records are applied, so an unaligned
+ * write's read-modify-write cannot read a unit, let an overlapping
+ * aligned write land, and then log the old unit over it.  Range locks
+ * rather than sub-unit records: the format, recovery and the writer's
+ * batches stay as they are, and the list holds at most one entry per
+ * request in flight (16 at iodepth 16), scanned under wl->lock.
+ * Broken by tests/test-wb-overlap.sh.
+ */
+
+/* Wait until no write owns a unit of [A, B), then own it. */
+static void
+range_lock (struct fsc_wlog *wl, uint64_t a, uint64_t b, struct wl_rmw *me)
 {
   pthread_mutex_lock (&wl->lock);
   for (;;) {
     bool busy = false;
-    for (struct wl_rmw *m = wl->rmw; m; m = m->next)
+    for (struct wl_rmw *m = wl->rmw; m && !busy; m = m->next)
       if (m->start < b && m->end > a)
         busy = true;
     if (!busy)
@@ -842,11 +929,10 @@ rmw_begin (struct fsc_wlog *wl, uint64_t a, uint64_t b, struct wl_rmw *me)
   me->next = wl->rmw;
   wl->rmw = me;
   pthread_mutex_unlock (&wl->lock);
-  return 0;
 }
 
 static void
-rmw_end (struct fsc_wlog *wl, struct wl_rmw *me)
+range_unlock (struct fsc_wlog *wl, struct wl_rmw *me)
 {
   pthread_mutex_lock (&wl->lock);
   for (struct wl_rmw **p = &wl->rmw; *p; p = &(*p)->next)
@@ -866,7 +952,8 @@ unit_end (const struct fsc_wlog *wl, uint64_t x)
 }
 
 /* Write BUF (NULL: zeroes) over [OFFSET, OFFSET+COUNT) as data,
- * reading the rest of partly covered units first.
+ * reading the rest of partly covered units first.  The caller owns
+ * the units (range_lock).
  */
 static int
 write_data (struct fsc_wlog *wl, struct fsc_object *obj,
@@ -878,11 +965,9 @@ write_data (struct fsc_wlog *wl, struct fsc_object *obj,
   if (a == offset && b == offset + count && buf)
     return append (wl, WL_DATA, offset, count, buf, fua);
 
-  struct wl_rmw me;
   unsigned char *tmp = malloc (b - a);
   if (tmp == NULL)
     return -1;
-  rmw_begin (wl, a, b, &me);
   int r = 0;
   /* The rest of the first and the last unit, each read once. */
   uint64_t tu = ROUND_DOWN (offset + count, (uint64_t) FSC_WLOG_UNIT);
@@ -899,11 +984,15 @@ write_data (struct fsc_wlog *wl, struct fsc_object *obj,
     r = append (wl, WL_DATA, a, b - a, tmp, fua);
   }
   int e = errno;
-  rmw_end (wl, &me);
   free (tmp);
   errno = e;
   return r;
 }
+
+/* Own the units of [OFFSET, OFFSET+COUNT) around a client operation. */
+#define UNITS_OF(wl, offset, count)                             \
+  ROUND_DOWN ((offset), (uint64_t) FSC_WLOG_UNIT),              \
+  unit_end ((wl), (offset) + (count))
 
 int
 fsc_wlog_pwrite (struct fsc_wlog *wl, struct fsc_object *obj,
@@ -912,7 +1001,13 @@ fsc_wlog_pwrite (struct fsc_wlog *wl, struct fsc_object *obj,
 {
   if (count == 0)
     return fua ? fsc_wlog_flush (wl) : 0;
-  return write_data (wl, obj, up, buf, count, offset, fua);
+  struct wl_rmw me;
+  range_lock (wl, UNITS_OF (wl, offset, count), &me);
+  int r = write_data (wl, obj, up, buf, count, offset, fua);
+  int e = errno;
+  range_unlock (wl, &me);
+  errno = e;
+  return r;
 }
 
 int
@@ -926,15 +1021,22 @@ fsc_wlog_zero (struct fsc_wlog *wl, struct fsc_object *obj,
   uint64_t a = ROUND_UP (offset, (uint64_t) FSC_WLOG_UNIT);
   uint64_t b = end == wl->size ? end
     : ROUND_DOWN (end, (uint64_t) FSC_WLOG_UNIT);
-  if (a >= b)                   /* within one unit */
-    return write_data (wl, obj, up, NULL, count, offset, fua);
+  struct wl_rmw me;
   int r = 0;
-  if (offset < a)
-    r = write_data (wl, obj, up, NULL, a - offset, offset, false);
-  if (r == 0 && b < end)
-    r = write_data (wl, obj, up, NULL, end - b, b, false);
-  if (r == 0)
-    r = append (wl, WL_ZERO, a, b - a, NULL, fua);
+  range_lock (wl, UNITS_OF (wl, offset, count), &me);
+  if (a >= b)                   /* within one unit */
+    r = write_data (wl, obj, up, NULL, count, offset, fua);
+  else {
+    if (offset < a)
+      r = write_data (wl, obj, up, NULL, a - offset, offset, false);
+    if (r == 0 && b < end)
+      r = write_data (wl, obj, up, NULL, end - b, b, false);
+    if (r == 0)
+      r = append (wl, WL_ZERO, a, b - a, NULL, fua);
+  }
+  int e = errno;
+  range_unlock (wl, &me);
+  errno = e;
   return r;
 }
 
@@ -949,7 +1051,13 @@ fsc_wlog_trim (struct fsc_wlog *wl, uint32_t count, uint64_t offset,
     : ROUND_DOWN (end, (uint64_t) FSC_WLOG_UNIT);
   if (a >= b)
     return fua ? fsc_wlog_flush (wl) : 0;
-  return append (wl, WL_TRIM, a, b - a, NULL, fua);
+  struct wl_rmw me;
+  range_lock (wl, a, b, &me);
+  int r = append (wl, WL_TRIM, a, b - a, NULL, fua);
+  int e = errno;
+  range_unlock (wl, &me);
+  errno = e;
+  return r;
 }
 
 /* After a sync that made every record below UPTO durable: say so in
@@ -993,18 +1101,24 @@ fsc_wlog_flush (struct fsc_wlog *wl)
  * Retiring (the writer's, after the tail moved durably).
  */
 
+/* Retire the N oldest records: out of the map and the ring, then
+ * freed once no reader can hold them.  Readers copy nothing of a
+ * record: they hold wl->punch while they use it, so records are freed
+ * (and their space punched) only once every read that could have found
+ * them is over.  Nothing here may fail: if the list of records to free
+ * cannot be allocated, the punch lock is taken first and they are
+ * freed as they leave (readers wait a little longer, that is all).
+ */
 void
 wl_retire (struct fsc_wlog *wl, size_t n)
 {
   struct wl_entry **gone = malloc (n * sizeof *gone);
+  if (gone == NULL)
+    pthread_rwlock_wrlock (&wl->punch);
   pthread_mutex_lock (&wl->lock);
   for (size_t i = 0; i < n; ++i) {
     struct wl_entry *e = wl_entry_at (wl, 0);
-    if (map_remove_entry (&wl->root, e) == -1) {
-      /* Its extents would keep pointing at a freed record. */
-      wl->failed = true;
-      wl->err = ENOMEM;
-    }
+    map_remove_entry (&wl->root, e);
     wl->rhead = (wl->rhead + 1) % wl->rcap;
     wl->rlen--;
     wl->ring_seq++;
@@ -1012,20 +1126,17 @@ wl_retire (struct fsc_wlog *wl, size_t n)
     if (gone)
       gone[i] = e;
     else
-      free_entry (e);           /* no reader can hold it: see below */
+      free_entry (e);           /* we hold wl->punch for writing */
   }
   if (wl->rlen)
     wl->first_epoch = wl_entry_at (wl, 0)->epoch;
   pthread_cond_broadcast (&wl->cond);
   pthread_mutex_unlock (&wl->lock);
-  /* Readers copy nothing of a record: they hold wl->punch while they
-   * use it, so records are freed (and their space punched) only once
-   * every read that could have found them is over.
-   */
-  pthread_rwlock_wrlock (&wl->punch);
-  if (gone)
+  if (gone) {
+    pthread_rwlock_wrlock (&wl->punch);
     for (size_t i = 0; i < n; ++i)
       free_entry (gone[i]);
+  }
   pthread_rwlock_unlock (&wl->punch);
   free (gone);
 }

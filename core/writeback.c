@@ -387,18 +387,22 @@ round_once (struct fsc_wlog *wl)
     return 0;
   }
   uint64_t epoch = wl_entry_at (wl, 0)->epoch;
-  for (; n < avail && bytes < BATCH_BYTES; ++n) {
+  bool mapfail = false;
+  for (; n < avail && bytes < BATCH_BYTES && !mapfail; ++n) {
     struct wl_entry *e = wl_entry_at (wl, n);
     if (e->epoch != epoch && !wl->unordered)
       break;
     /* 2. Newest version of each byte (records are in sequence order). */
-    if (e->type != WL_FLUSH)
-      wl_map_insert (wl, &map, e->off, e->off + e->len, e);
+    /* Out of memory the round is retried later (never the log failed
+     * for a private map).
+     */
+    if (e->type != WL_FLUSH &&
+        wl_map_try_insert (wl, &map, e->off, e->off + e->len, e) == -1)
+      mapfail = true;
     bytes += e->rsize;
     end_pos = e->pos + e->rsize;
     end_seq = e->seq + 1;
   }
-  bool mapfail = wl->failed && wl->err == ENOMEM;
   pthread_mutex_unlock (&wl->lock);
   if (mapfail)
     goto out;
@@ -444,11 +448,24 @@ round_once (struct fsc_wlog *wl)
   if (resample (wl, &b, &s) == -1)
     goto failed;
   pthread_mutex_lock (&wl->lock);
+  struct fsc_wlog_sample old_sample = wl->sample;
+  uint64_t old_pos = wl->tail_pos, old_seq = wl->tail_seq;
   wl->sample = s;
   wl->tail_pos = end_pos;
   wl->tail_seq = end_seq;
   pthread_mutex_unlock (&wl->lock);
   if (wl_write_header (wl) == -1) {
+    if (errno == ENOMEM) {
+      /* Nothing written: the tail stays, and the round is retried
+       * later (its requests are idempotent).
+       */
+      pthread_mutex_lock (&wl->lock);
+      wl->sample = old_sample;
+      wl->tail_pos = old_pos;
+      wl->tail_seq = old_seq;
+      pthread_mutex_unlock (&wl->lock);
+      goto out;
+    }
     writer_fail (wl, errno, UINT64_MAX);
     goto out;
   }
@@ -543,6 +560,17 @@ writer (void *arg)
       continue;
     sleep_ms (wl, backoff);
     backoff = MIN (backoff * 2, (unsigned) MAX_BACKOFF_MS);
+    /* A stale write from the old context (issue 25): every sender of
+     * the failed round has returned (send_all joins them), the reopen
+     * closes the old context before it opens the new one, and the
+     * next round sends the whole failed epoch again and flushes it on
+     * the new context before any later epoch.  So a write of the old context that the server still
+     * executes late carries bytes of this epoch or an earlier one, and
+     * can only be overtaken by a later epoch if the server runs it
+     * after the new context's flush: NBD has no fencing of a dead
+     * connection's requests, so what the server keeps in its queue for
+     * that long is beyond the client's reach.  design.md, "The writer".
+     */
     if (wl->up.reopen)
       (void) wl->up.reopen (wl->up.opaque);
   }

@@ -435,6 +435,29 @@ prepare_offline (struct handle *h, struct fsc_object_params *p)
   return 0;
 }
 
+
+/* Test knob: with NBD_FSCACHE_TEST_OPEN_GATE=DIR, an open stops
+ * between opening the object and checking the write log (in writeback
+ * mode: between the log and the object): it creates DIR/reached and
+ * waits until DIR/go exists, so tests/test-wb-open-race.sh can run
+ * another process's open in that gap.
+ */
+static void
+open_gate (void)
+{
+  const char *dir = getenv ("NBD_FSCACHE_TEST_OPEN_GATE");
+  if (dir == NULL || *dir == 0)
+    return;
+  char path[PATH_MAX];
+  snprintf (path, sizeof path, "%s/reached", dir);
+  FILE *fp = fopen (path, "w");
+  if (fp)
+    fclose (fp);
+  snprintf (path, sizeof path, "%s/go", dir);
+  while (access (path, F_OK) == -1)
+    usleep (10000);
+}
+
 /* If the object is open in this process already, join it (and its
  * writer, in writeback mode) and return true; h->obj is then NULL only
  * if joining failed (said).  LOCKED: we hold open_lock.  Without it, an
@@ -516,12 +539,27 @@ fscache_prepare (nbdkit_next *next, void *handle, int readonly)
     pthread_mutex_unlock (&open_lock);
     return h->obj ? start_readahead (h) : -1;
   }
+  /* The log and the object, in the order that leaves no gap between
+   * the check of one and the open of the other for a process in
+   * another mode (the open race, issue 25): a writeback process takes
+   * the log's flock, then the object to itself, and refuses an object
+   * another process holds.  Any other process opens (holds or joins)
+   * the object first and checks the log after: a writeback process
+   * that came first holds the log (EBUSY: refused here); one that
+   * comes later finds the object held and refuses.  Checking the log
+   * first left a gap in which a writeback process could take both, and
+   * this one would then serve the object uncached, writing around that
+   * process's dirty log.  Broken by tests/test-wb-open-race.sh.
+   */
+  bool wbmode = params.mode == MODE_WRITEBACK;
   struct fsc_wlog *wl = NULL;
-  if (wb_check_log (state.cache, h->exportname, k, klen, size, &set,
-                    &wl) == -1) {
+  if (wbmode && wb_check_log (state.cache, h->exportname, k, klen, size,
+                              &set, &wl) == -1) {
     pthread_mutex_unlock (&open_lock);
     return -1;
   }
+  if (wbmode)
+    open_gate ();
   struct fsc_open_info info;
   if (fsc_object_open (state.cache, &p, &h->obj, &info) == -1) {
     pthread_mutex_unlock (&open_lock);
@@ -540,6 +578,16 @@ fscache_prepare (nbdkit_next *next, void *handle, int readonly)
       nbdkit_error ("fscache: opening the cache object: %m");
     fsc_wlog_close (wl);
     return -1;
+  }
+  if (!wbmode) {
+    open_gate ();
+    if (wb_check_log (state.cache, h->exportname, k, klen, size, &set,
+                      &wl) == -1) {
+      pthread_mutex_unlock (&open_lock);
+      fsc_object_close (h->obj);
+      h->obj = NULL;
+      return -1;
+    }
   }
   if (wl) {
     h->wb = wb_start (state.cache, h->exportname, k, klen, wl, h->obj,
