@@ -227,6 +227,7 @@ cmp -s "$TMP/up1.img" "$TMP/orig1.img" || fail "a refused writeback wrote to the
 
 # ---- wb2: the daemon never culls a damaged log ------------------------------------
 files_of 2 > "$TMP/files2.before"
+cp "$(wlog_of 2)" "$TMP/wlog2.before"
 touch -d '1 day ago' $(files_of 2)
 cat > "$TMP/d.conf" <<EOF
 dir $cache
@@ -268,7 +269,14 @@ stop_nbdkit "$TMP/up2.pid"
 cat "$TMP/px2-wt.err"
 grep -q "kwb2=.*\.wlog is DAMAGED: record 1 (at byte 8192 of the file)" "$TMP/px2-wt.err" ||
   fail "wb2: the writethrough proxy did not say the log is damaged"
-files_of 2 | cmp -s - "$TMP/files2.before" || fail "the writethrough proxy changed wb2's files"
+# The proxy opens the object before it looks at the log (the open race
+# of plugin/fscache.c), so it may leave the object's live statistics
+# (.stats) behind; no other file comes or goes, and the log is as it
+# was, byte for byte.
+files_of 2 | grep -v '\.stats$' | cmp -s - "$TMP/files2.before" ||
+  fail "the writethrough proxy changed wb2's files"
+cmp -s "$(wlog_of 2)" "$TMP/wlog2.before" ||
+  fail "the writethrough proxy changed wb2's log"
 
 # ---- wb1: salvage ---------------------------------------------------------------
 st=0
