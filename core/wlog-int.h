@@ -104,6 +104,8 @@ struct fsc_wlog {
   bool epoch_used;                      /* a record has it: a flush
                                          * starts the next one */
   uint64_t marked_seq;                  /* a marker covers records below */
+  uint64_t last_data_seq;               /* after the newest record that
+                                         * is not a marker (rule 9) */
   uint64_t first_epoch;                 /* of the oldest record */
   bool failed;
   int err;
@@ -148,6 +150,12 @@ wl_entry_at (struct fsc_wlog *wl, size_t i)
 extern uint64_t wl_hdr_bytes (const struct wl_entry *e);
 extern int wl_write_header (struct fsc_wlog *wl);
 extern void wl_retire (struct fsc_wlog *wl, size_t n);
+/* Sync the log until every record below TARGET is durable (and every
+ * record applied when a sync starts); shared by flushers and the
+ * writer.  Caller holds wl->lock, dropped around the sync.  0, or -1
+ * EIO once the log failed.
+ */
+extern int wl_sync_upto (struct fsc_wlog *wl, uint64_t target);
 extern void wl_notice (struct fsc_wlog *wl, unsigned what, int err,
                        uint64_t off);
 extern int wl_read_units (struct fsc_wlog *wl, const struct wl_entry *e,

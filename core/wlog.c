@@ -28,6 +28,29 @@
  * record of an earlier run can ever follow a later one.  Since a flush
  * waits for every record below it to be written before it syncs, no
  * record a flush covered lies after a torn one.
+ *
+ * Writeback rules (rules 1-5 are atop commit.c, store.c and evict.c;
+ * 6 and 7 are the other writeback rules):
+ *
+ * Rule 8 (durable before acknowledged or sent): nothing the log holds
+ * is acknowledged as flushed, or sent to the upstream, before a sync
+ * of the log covers it.  Recovery syncs what it adopts before the open
+ * returns (kill -9 leaves the log in the page cache, which a power cut
+ * then loses; durable_seq starts at next_seq only because of that
+ * sync), and the writer takes only records below durable_seq (it
+ * starts the sync itself, shared with flushers through sync_upto).
+ * Broken by: tests/unit-powerloss.c run_restart (a flush after kill -9
+ * and a restart, then power loss) and sent_not_durable (every unit
+ * sent upstream was durable in the log).
+ *
+ * Rule 9 (bounded log): the bytes between tail and head never exceed
+ * dirty-max plus one marker, and the records in memory never exceed
+ * dirty-max / 4096 plus one.  A flush with nothing new since the last
+ * marker writes no marker and syncs nothing; every other append is
+ * charged its bytes, at least one unit, and one marker's worth (so a
+ * marker, which never waits, always fits in what its records
+ * reserved).  Broken by: tests/unit-wlog.c, "flush loop during an
+ * outage" and "zero records at the bound".
  */
 #include <config.h>
 
@@ -504,8 +527,8 @@ apply_wait_upto (struct fsc_wlog *wl, uint64_t target)
 /* Make every applied record durable, at least up to TARGET.  Caller
  * holds wl->lock; it is dropped around the sync.
  */
-static int
-sync_upto (struct fsc_wlog *wl, uint64_t target)
+int
+wl_sync_upto (struct fsc_wlog *wl, uint64_t target)
 {
   while (wl->durable_seq < target && !wl->failed) {
     if (wl->syncing) {
@@ -581,12 +604,20 @@ append (struct fsc_wlog *wl, int type, uint64_t off, uint64_t len,
   if (buf == NULL)
     goto nomem;
 
+  /* Rule 9: a data, zero or trim record is charged one marker besides
+   * its bytes (and at least one unit of records in memory), so that
+   * the marker of a flush or FUA after it fits in what it reserved.
+   */
+  uint64_t charge = total + nrec * rec_size (0, 0);
+  uint64_t max_recs = wl->dirty_max / FSC_WLOG_UNIT;
+
   pthread_mutex_lock (&wl->lock);
   bool said = false;
   while (!wl->failed &&
          (wl->resetting ||
-          (type != WL_FLUSH && wl->head_pos > wl->tail_pos &&
-           wl->head_pos - wl->tail_pos + total > wl->dirty_max))) {
+          (type != WL_FLUSH && wl->rlen &&
+           (wl->head_pos - wl->tail_pos + charge > wl->dirty_max ||
+            wl->rlen + 2 * nrec > max_recs)))) {
     if (!said && !wl->resetting) {
       wl_notice (wl, FSC_WLOG_NOTICE_STALLED, 0, 0);
       said = true;
@@ -619,8 +650,10 @@ append (struct fsc_wlog *wl, int type, uint64_t off, uint64_t len,
   }
   if (wl->rlen == nrec)
     wl->first_epoch = wl->epoch;
-  if (type != WL_FLUSH)
+  if (type != WL_FLUSH) {
     wl->epoch_used = true;
+    wl->last_data_seq = wl->next_seq;
+  }
   pthread_mutex_unlock (&wl->lock);
 
   /* The records' bytes, then one write. */
@@ -652,7 +685,7 @@ append (struct fsc_wlog *wl, int type, uint64_t off, uint64_t len,
     apply_wait_upto (wl, seq0 + nrec);
   r = wl->failed ? -1 : 0;
   if (r == 0 && fua)
-    r = sync_upto (wl, seq0 + nrec);
+    r = wl_sync_upto (wl, seq0 + nrec);
   pthread_mutex_unlock (&wl->lock);
   free (buf);
   free (es);
@@ -941,15 +974,26 @@ fsc_wlog_flush (struct fsc_wlog *wl)
 {
   pthread_mutex_lock (&wl->lock);
   /* A new epoch only if the current one holds a record: the epochs
-   * waiting then count real barriers.
+   * waiting then count real barriers.  (Even with nothing to sync: a
+   * FUA write's marker may have made them durable, but only a flush
+   * orders them before what comes next.)
    */
   if (wl->epoch_used) {
     wl->epoch++;
     wl->epoch_used = false;
   }
+  /* Nothing new since a marker, which a sync preceded (rule 9): no
+   * marker and no sync.  After a restart the records recovered are
+   * durable (rule 8: the open synced them).
+   */
+  if (!wl->failed && wl->last_data_seq <= wl->marked_seq &&
+      wl->last_data_seq <= wl->durable_seq) {
+    pthread_mutex_unlock (&wl->lock);
+    return 0;
+  }
   uint64_t target = wl->next_seq;
   apply_wait_upto (wl, target);
-  int r = sync_upto (wl, target);
+  int r = wl_sync_upto (wl, target);
   pthread_mutex_unlock (&wl->lock);
   return r == 0 ? mark_synced (wl, target) : r;
 }
@@ -1294,11 +1338,13 @@ fsc_wlog_open (struct fsc_cache *cache, const struct fsc_wlog_params *p,
     info->dropped_records = dropped;
     /* Cut what follows the last good record: nothing there was
      * promised, and a record of this run must never be followed by a
-     * stale one of the last run.
+     * stale one of the last run.  Then sync, cut or not (rule 8): a
+     * run killed before its flush left its records in the page cache
+     * only, and from here on they count as durable.
      */
-    if ((uint64_t) st.st_size > wl->head_pos &&
-        (ftruncate (wl->fd, wl->head_pos) == -1 ||
-         fsc_io_sync (&cache->io, FSC_FILE_WLOG, wl->fd) == -1))
+    if (((uint64_t) st.st_size > wl->head_pos &&
+         ftruncate (wl->fd, wl->head_pos) == -1) ||
+        fsc_io_sync (&cache->io, FSC_FILE_WLOG, wl->fd) == -1)
       goto err;
     if (wl->rlen) {
       info->mismatch = check_fit (wl, p);
@@ -1327,9 +1373,12 @@ fsc_wlog_open (struct fsc_cache *cache, const struct fsc_wlog_params *p,
     struct wl_entry *e = wl_entry_at (wl, i);
     if (e->bad)
       info->damaged_records++;
-    if (e->type != WL_FLUSH)
+    if (e->type != WL_FLUSH) {
       wl_map_insert (wl, &wl->root, e->off, e->off + e->len, e);
+      wl->last_data_seq = e->seq + 1;
+    }
   }
+  /* Durable: the open synced the file (rule 8). */
   wl->applied_seq = wl->durable_seq = wl->next_seq;
   if (wl->failed) {
     errno = ENOMEM;
