@@ -288,13 +288,15 @@ struct zloop {
   struct fsc_wlog *wl;
   struct fsc_object *o;
   uint64_t n, done;
+  bool stop;                            /* set: end the loop early */
 };
 
 static void *
 zero_loop (void *arg)
 {
   struct zloop *z = arg;
-  for (uint64_t i = 0; i < z->n; ++i) {
+  for (uint64_t i = 0; i < z->n && !__atomic_load_n (&z->stop,
+                                                      __ATOMIC_ACQUIRE); ++i) {
     uint64_t off = i % (SIZE / BS) * BS;
     CHECK (fsc_wlog_zero (z->wl, z->o, &up, BS, off, false) == 0);
     memset (model + off, 0, BS);
@@ -592,7 +594,7 @@ main (void)
     CHECK (fsc_wlog_open (c, &p, FSC_WLOG_CREATE, &wl, &info) == 0);
     CHECK (fsc_wlog_start_writer (wl, o, &wbup) == 0);
     up_fail = 1;
-    struct zloop z = { .wl = wl, .o = o, .n = 3000 };
+    struct zloop z = { .wl = wl, .o = o, .n = 10000 };
     pthread_t t;
     CHECK (pthread_create (&t, NULL, zero_loop, &z) == 0);
     /* Until the zero loop waits at the bound (its notice), 30 s at
@@ -613,6 +615,7 @@ main (void)
     CHECK (done < z.n);
     CHECK (info.records <= (1 << 20) / BS + 1);
     CHECK (info.log_bytes <= (1 << 20) + 64);
+    __atomic_store_n (&z.stop, true, __ATOMIC_RELEASE);
     up_fail = 0;
     CHECK (pthread_join (t, NULL) == 0);
     CHECK (fsc_wlog_flush (wl) == 0);
