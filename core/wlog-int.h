@@ -33,7 +33,12 @@
  * never promised (not covered: cut off) from a damaged one that was
  * (covered: kept, its units fail).  It covers no bytes of the export.
  */
-enum wl_type { WL_DATA = 1, WL_ZERO = 2, WL_TRIM = 3, WL_FLUSH = 4 };
+enum wl_type { WL_DATA = 1, WL_ZERO = 2, WL_TRIM = 3, WL_FLUSH = 4,
+               WL_VOID = 5 };
+/* WL_VOID fills the slot of a record whose write failed (ENOSPC, EIO):
+ * only its header is written, its length field is the slot's size, and
+ * it covers no bytes of the export.  In memory its off and len are 0.
+ */
 
 /* One record, in memory from its append (or recovery) until the writer
  * retires it.
@@ -109,6 +114,10 @@ struct fsc_wlog {
   uint64_t first_epoch;                 /* of the oldest record */
   bool failed;
   int err;
+  uint64_t holes;                       /* WL_VOID records not yet
+                                         * written: nothing applies past
+                                         * the first, appends retry them
+                                         * first (rule 9) */
 
   /* Records from ring_seq to next_seq - 1, a ring.  ring_seq is
    * tail_seq but while the writer moves the tail: it changes only when
@@ -156,6 +165,11 @@ extern void wl_retire (struct fsc_wlog *wl, size_t n);
  * EIO once the log failed.
  */
 extern int wl_sync_upto (struct fsc_wlog *wl, uint64_t target);
+/* Reserve the log's space from the head to dirty-max past the tail
+ * (fallocate, the size kept); a failure is a notice, not an error.
+ * Called without wl->lock.
+ */
+extern void wl_reserve (struct fsc_wlog *wl);
 extern void wl_notice (struct fsc_wlog *wl, unsigned what, int err,
                        uint64_t off);
 extern int wl_read_units (struct fsc_wlog *wl, const struct wl_entry *e,

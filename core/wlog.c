@@ -374,7 +374,7 @@ encode_rec (const struct fsc_wlog *wl, const struct wl_entry *e,
   put_le64 (p + 8, e->seq);
   put_le64 (p + 16, e->epoch);
   put_le64 (p + 24, e->off);
-  put_le64 (p + 32, e->len);
+  put_le64 (p + 32, e->type == WL_VOID ? e->rsize : e->len);
   put_le32 (p + 40, e->nunits);
   put_le64 (p + 48, e->time_ms);
   for (uint32_t i = 0; i < e->nunits; ++i)
@@ -405,6 +405,14 @@ decode_rec_head (const struct fsc_wlog *wl, const unsigned char *p,
    */
   if (e->type == WL_FLUSH)
     return e->off <= e->seq && e->len == 0 && e->nunits == 0;
+  /* A void record's length is its slot's: a header at least, whole
+   * 8-byte words, at most the largest record.
+   */
+  if (e->type == WL_VOID)
+    return e->off == 0 && e->nunits == 0 && e->len >= WL_REC_HDR &&
+      e->len % 8 == 0 &&
+      e->len <= rec_size (WL_REC_UNITS, (uint64_t) WL_REC_UNITS *
+                          FSC_WLOG_UNIT);
   /* Whole units, but for a range that ends at the export's end. */
   if (e->len == 0 || e->off % FSC_WLOG_UNIT || e->off >= wl->size ||
       e->len > wl->size - e->off ||
@@ -491,7 +499,7 @@ apply_done (struct fsc_wlog *wl)
     struct wl_entry *e = wl_entry_at (wl, wl->applied_seq - wl->ring_seq);
     if (!e->done)
       break;
-    if (e->type != WL_FLUSH)
+    if (e->type != WL_FLUSH && e->type != WL_VOID)
       wl_map_insert (wl, &wl->root, e->off, e->off + e->len, e);
     wl->applied_seq++;
     any = true;
@@ -517,7 +525,7 @@ apply_done (struct fsc_wlog *wl)
 static void
 apply_wait_upto (struct fsc_wlog *wl, uint64_t target)
 {
-  while (!wl->failed && wl->applied_seq < target) {
+  while (!wl->failed && !wl->holes && wl->applied_seq < target) {
     if (target < wl->apply_want)
       wl->apply_want = target;
     pthread_cond_wait (&wl->apply_cond, &wl->lock);
@@ -553,6 +561,70 @@ wl_sync_upto (struct fsc_wlog *wl, uint64_t target)
     return -1;
   }
   return 0;
+}
+
+void
+wl_reserve (struct fsc_wlog *wl)
+{
+  pthread_mutex_lock (&wl->lock);
+  uint64_t from = wl->head_pos;
+  uint64_t to = ROUND_UP (wl->tail_pos + wl->dirty_max + WL_REC_HDR,
+                          (uint64_t) 4096);
+  pthread_mutex_unlock (&wl->lock);
+  if (to <= from)
+    return;
+  /* Beyond the size (KEEP_SIZE): recovery reads no further than the
+   * file's size, and allocated space reads as zeroes anyway.
+   */
+  if (fallocate (wl->fd, FALLOC_FL_KEEP_SIZE, (off_t) from,
+                 (off_t) (to - from)) == -1) {
+    int e = errno;
+    pthread_mutex_lock (&wl->lock);
+    wl_notice (wl, FSC_WLOG_NOTICE_NORESERVE, e, 0);
+    pthread_mutex_unlock (&wl->lock);
+  }
+}
+
+/* Write the header of every void record not yet written (rule 9: a
+ * failed record's slot must become something recovery accepts before
+ * anything after it is applied), after trying the reservation again.
+ * Returns 0 once none is left, or -1 EIO.  Called without wl->lock.
+ */
+static int
+fill_holes (struct fsc_wlog *wl)
+{
+  unsigned char h[WL_REC_HDR];
+  int r = 0, err = 0;
+  wl_reserve (wl);
+  pthread_mutex_lock (&wl->lock);
+  for (uint64_t s = wl->applied_seq; wl->holes && !wl->failed &&
+         s < wl->next_seq && r == 0; ++s) {
+    /* By sequence number: the ring's index moves when the writer
+     * retires records while the lock is dropped.
+     */
+    struct wl_entry *e = wl_entry_at (wl, s - wl->ring_seq);
+    if (e->type != WL_VOID || e->done)
+      continue;
+    encode_rec (wl, e, h);
+    uint64_t pos = e->pos;
+    pthread_mutex_unlock (&wl->lock);
+    r = fsc_io_pwrite (&wl->cache->io, FSC_FILE_WLOG, wl->fd, h, sizeof h,
+                       pos);
+    err = errno;
+    pthread_mutex_lock (&wl->lock);
+    if (r == 0 && !e->done) {
+      e->done = true;
+      wl->holes--;
+    }
+  }
+  if (r == -1)
+    wl_notice (wl, FSC_WLOG_NOTICE_WRITEFAIL, err, 0);
+  apply_done (wl);
+  r = wl->holes || wl->failed ? -1 : 0;
+  pthread_mutex_unlock (&wl->lock);
+  if (r == -1)
+    errno = EIO;
+  return r;
 }
 
 /* Append one client operation: TYPE over [OFF, OFF+LEN) (unit-aligned
@@ -610,6 +682,16 @@ append (struct fsc_wlog *wl, int type, uint64_t off, uint64_t len,
    */
   uint64_t charge = total + nrec * rec_size (0, 0);
   uint64_t max_recs = wl->dirty_max / FSC_WLOG_UNIT;
+
+  /* A failed record's slot first (rule 9): nothing past it applies. */
+  pthread_mutex_lock (&wl->lock);
+  bool holes = wl->holes != 0;
+  pthread_mutex_unlock (&wl->lock);
+  if (holes && fill_holes (wl) == -1) {
+    for (uint64_t i = 0; i < nrec; ++i)
+      free_entry (es[i]);
+    goto out;
+  }
 
   pthread_mutex_lock (&wl->lock);
   bool said = false;
@@ -671,8 +753,30 @@ append (struct fsc_wlog *wl, int type, uint64_t off, uint64_t len,
   int err = errno;
 
   pthread_mutex_lock (&wl->lock);
-  if (r == -1)
-    fail (wl, err);
+  if (r == -1) {
+    /* Not fatal (rule 9): the slots become void records, this request
+     * fails, and the log goes on once a void header can be written
+     * (now, or at a later append).
+     */
+    wl_notice (wl, FSC_WLOG_NOTICE_WRITEFAIL, err, 0);
+    for (uint64_t i = 0; i < nrec; ++i) {
+      struct wl_entry *e = es[i];
+      wl->dirty_bytes -= e->len;
+      e->type = WL_VOID;
+      e->off = e->len = 0;
+      e->nunits = 0;
+      free (e->hashes);
+      e->hashes = NULL;
+    }
+    wl->holes += nrec;
+    pthread_cond_broadcast (&wl->apply_cond);
+    pthread_mutex_unlock (&wl->lock);
+    (void) fill_holes (wl);
+    free (buf);
+    free (es);
+    errno = EIO;
+    return -1;
+  }
   for (uint64_t i = 0; i < nrec; ++i)
     es[i]->done = true;
   apply_done (wl);
@@ -683,7 +787,12 @@ append (struct fsc_wlog *wl, int type, uint64_t off, uint64_t len,
    */
   if (type != WL_FLUSH)
     apply_wait_upto (wl, seq0 + nrec);
-  r = wl->failed ? -1 : 0;
+  /* Behind a failed record's slot not yet void on disk: EIO (the
+   * record is in the log, and applies once the slot is filled, as a
+   * failed write's bytes may).
+   */
+  r = wl->failed || (type != WL_FLUSH && wl->applied_seq < seq0 + nrec)
+    ? -1 : 0;
   if (r == 0 && fua)
     r = wl_sync_upto (wl, seq0 + nrec);
   pthread_mutex_unlock (&wl->lock);
@@ -973,6 +1082,11 @@ int
 fsc_wlog_flush (struct fsc_wlog *wl)
 {
   pthread_mutex_lock (&wl->lock);
+  bool holes = wl->holes != 0;
+  pthread_mutex_unlock (&wl->lock);
+  if (holes && fill_holes (wl) == -1)
+    return -1;
+  pthread_mutex_lock (&wl->lock);
   /* A new epoch only if the current one holds a record: the epochs
    * waiting then count real barriers.  (Even with nothing to sync: a
    * FUA write's marker may have made them durable, but only a flush
@@ -993,7 +1107,10 @@ fsc_wlog_flush (struct fsc_wlog *wl)
   }
   uint64_t target = wl->next_seq;
   apply_wait_upto (wl, target);
-  int r = wl_sync_upto (wl, target);
+  int r = wl->applied_seq < target && !wl->failed ? -1
+    : wl_sync_upto (wl, target);
+  if (r == -1)
+    errno = EIO;
   pthread_mutex_unlock (&wl->lock);
   return r == 0 ? mark_synced (wl, target) : r;
 }
@@ -1116,7 +1233,10 @@ scan_records (struct fsc_wlog *wl, uint64_t file_size, bool verify_data,
       break;
     if (!rec_csum_ok (wl, hb, h.nunits))
       break;
-    h.rsize = rec_size (h.nunits, h.type == WL_DATA ? h.len : 0);
+    h.rsize = h.type == WL_VOID ? h.len
+      : rec_size (h.nunits, h.type == WL_DATA ? h.len : 0);
+    if (h.type == WL_VOID)
+      h.len = 0;
     if (pos + h.rsize > file_size)
       break;
     struct wl_entry *e = malloc (sizeof *e);
@@ -1373,7 +1493,7 @@ fsc_wlog_open (struct fsc_cache *cache, const struct fsc_wlog_params *p,
     struct wl_entry *e = wl_entry_at (wl, i);
     if (e->bad)
       info->damaged_records++;
-    if (e->type != WL_FLUSH) {
+    if (e->type != WL_FLUSH && e->type != WL_VOID) {
       wl_map_insert (wl, &wl->root, e->off, e->off + e->len, e);
       wl->last_data_seq = e->seq + 1;
     }
@@ -1385,6 +1505,10 @@ fsc_wlog_open (struct fsc_cache *cache, const struct fsc_wlog_params *p,
     goto err;
   }
   wl->unordered = getenv ("NBD_FSCACHE_WB_UNORDERED") != NULL;
+  /* Rule 9: the space dirty-max may take, so that an accepted write
+   * never fails for space (a failure is a notice).
+   */
+  wl_reserve (wl);
   fsc_wlog_counters (wl, info);
   *wlp = wl;
   return 0;

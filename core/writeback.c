@@ -345,6 +345,9 @@ rewind_log (struct fsc_wlog *wl)
   wl->resetting = false;
   pthread_cond_broadcast (&wl->cond);
   pthread_mutex_unlock (&wl->lock);
+  /* The cut freed the reservation too (rule 9 of wlog.c). */
+  if (r == 0)
+    wl_reserve (wl);
 }
 
 /* One round; returns 1 if it wrote something back, 0 if there was
@@ -387,7 +390,7 @@ round_once (struct fsc_wlog *wl)
     if (e->epoch != epoch && !wl->unordered)
       break;
     /* 2. Newest version of each byte (records are in sequence order). */
-    if (e->type != WL_FLUSH)
+    if (e->type != WL_FLUSH && e->type != WL_VOID)
       wl_map_insert (wl, &map, e->off, e->off + e->len, e);
     bytes += e->rsize;
     end_pos = e->pos + e->rsize;
@@ -462,6 +465,10 @@ round_once (struct fsc_wlog *wl)
   if (a >= WL_START && z > a)
     (void) punch_hole (wl->fd, a, z - a);
   pthread_rwlock_unlock (&wl->punch);
+  /* What was punched behind the tail is reserved again ahead of it
+   * (rule 9 of wlog.c): dirty-max of space stays the log's.
+   */
+  wl_reserve (wl);
   ret = 1;
   goto out;
 
