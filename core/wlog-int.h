@@ -114,6 +114,8 @@ struct fsc_wlog {
   uint64_t first_epoch;                 /* of the oldest record */
   bool failed;
   int err;
+  bool unreserved;                      /* the last reservation failed
+                                         * (said once until one works) */
   uint64_t holes;                       /* WL_VOID records not yet
                                          * written: nothing applies past
                                          * the first, appends retry them

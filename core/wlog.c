@@ -576,13 +576,14 @@ wl_reserve (struct fsc_wlog *wl)
   /* Beyond the size (KEEP_SIZE): recovery reads no further than the
    * file's size, and allocated space reads as zeroes anyway.
    */
-  if (fallocate (wl->fd, FALLOC_FL_KEEP_SIZE, (off_t) from,
-                 (off_t) (to - from)) == -1) {
-    int e = errno;
-    pthread_mutex_lock (&wl->lock);
+  int r = fallocate (wl->fd, FALLOC_FL_KEEP_SIZE, (off_t) from,
+                     (off_t) (to - from));
+  int e = errno;
+  pthread_mutex_lock (&wl->lock);
+  if (r == -1 && !wl->unreserved)
     wl_notice (wl, FSC_WLOG_NOTICE_NORESERVE, e, 0);
-    pthread_mutex_unlock (&wl->lock);
-  }
+  wl->unreserved = r == -1;
+  pthread_mutex_unlock (&wl->lock);
 }
 
 /* Write the header of every void record not yet written (rule 9: a
