@@ -369,12 +369,13 @@ round_once (struct fsc_wlog *wl)
   /* 1. The batch: only records durable in the log (rule 8 of wlog.c:
    * a record sent before its sync could reach the upstream and be lost
    * from the log by a power cut).  The writer syncs what is applied
-   * itself, so unflushed writes are written back as promptly; a sync
-   * in progress (a flusher's) is shared.  A failed log's records that
-   * a sync covered are still written back.
+   * itself when nothing durable waits, so unflushed writes are written
+   * back as promptly; a sync in progress (a flusher's) is shared, and
+   * while flushes keep records durable the writer adds no sync.  A
+   * failed log's records that a sync covered are still written back.
    */
   pthread_mutex_lock (&wl->lock);
-  if (wl->durable_seq < wl->applied_seq)
+  if (wl->durable_seq <= wl->ring_seq && wl->durable_seq < wl->applied_seq)
     (void) wl_sync_upto (wl, wl->applied_seq);
   size_t avail = wl->durable_seq > wl->ring_seq
     ? wl->durable_seq - wl->ring_seq : 0;
