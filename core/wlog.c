@@ -45,12 +45,18 @@
  *
  * Rule 9 (bounded log): the bytes between tail and head never exceed
  * dirty-max plus one marker, and the records in memory never exceed
- * dirty-max / 4096 plus one.  A flush with nothing new since the last
- * marker writes no marker and syncs nothing; every other append is
- * charged its bytes, at least one unit, and one marker's worth (so a
- * marker, which never waits, always fits in what its records
- * reserved).  Broken by: tests/unit-wlog.c, "flush loop during an
- * outage" and "zero records at the bound".
+ * dirty-max / 4096 plus one; that space is the log's (reserved), and
+ * a failed record write costs its request, not the log.  A flush with
+ * nothing new since the last marker writes no marker and syncs
+ * nothing; every other append is charged its bytes, at least one
+ * unit, and one marker's worth (so a marker, which never waits, always
+ * fits in what its records reserved).  wl_reserve keeps dirty-max
+ * past the tail allocated (fallocate, KEEP_SIZE).  A record whose
+ * write fails becomes a void record (WL_VOID) before anything after it
+ * applies.  Broken by: tests/unit-wlog.c sections 10 (a flush loop
+ * during an outage), 11 (zero records at the bound), 13 (a failed
+ * record write, then the log goes on); tests/test-wb-diskfull.sh (the
+ * cache disk full, reserved and not).
  */
 #include <config.h>
 
