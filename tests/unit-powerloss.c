@@ -1217,6 +1217,11 @@ run_wlog (unsigned seed)
       close (dfd);
 
       wp = wparams ();
+      /* The open reserves dirty-max of space, which on /dev/shm is
+       * memory zeroed at every open: about the image's size will do
+       * (nothing here waits at the bound).
+       */
+      wp.dirty_max = im.len + (1 << 20);
       if (fsc_wlog_open (c, &wp, 0, &wl, &info) == -1) {
         fprintf (stderr, "unit-powerloss: wlog: seed %u, crash at event "
                  "%zu of %zu (image %d): fsc_wlog_open: %m\n", seed, at, nev,
@@ -1418,6 +1423,7 @@ run_restart (unsigned seed)
   fsc_cache_set_trace (c, wtrace, NULL);
   o = wopen_obj (c);
   wp = wparams ();
+  wp.dirty_max = killed.len + (1 << 20);         /* see run_wlog */
   CHECK (fsc_wlog_open (c, &wp, 0, &wl, &info) == 0);
   CHECK_EQ (info.dropped_records, 0);
   CHECK (fsc_wlog_flush (wl) == 0);
@@ -1467,6 +1473,7 @@ run_restart (unsigned seed)
   spew (klogpath, im.p, im.len);
   o = wopen_obj (c);
   wp = wparams ();
+  wp.dirty_max = im.len + (1 << 20);
   CHECK (fsc_wlog_open (c, &wp, 0, &wl, &info) == 0);
   wread_all (wl, o, &up, view);
   uint64_t diff = 0;
