@@ -34,7 +34,12 @@
  * never promised (not covered: cut off) from a damaged one that was
  * (covered: kept, its units fail).  It covers no bytes of the export.
  */
-enum wl_type { WL_DATA = 1, WL_ZERO = 2, WL_TRIM = 3, WL_FLUSH = 4 };
+enum wl_type { WL_DATA = 1, WL_ZERO = 2, WL_TRIM = 3, WL_FLUSH = 4,
+               WL_VOID = 5 };
+/* WL_VOID fills the slot of a record whose write failed (ENOSPC, EIO):
+ * only its header is written, its length field is the slot's size, and
+ * it covers no bytes of the export.  In memory its off and len are 0.
+ */
 
 /* One record, in memory from its append (or recovery) until the writer
  * retires it.
@@ -108,12 +113,20 @@ struct fsc_wlog {
   bool epoch_used;                      /* a record has it: a flush
                                          * starts the next one */
   uint64_t marked_seq;                  /* a marker covers records below */
+  uint64_t last_data_seq;               /* after the newest record that
+                                         * is not a marker (rule 9) */
   uint64_t first_epoch;                 /* of the oldest record */
   bool failed;
   int err;
   bool salvage;                         /* opened past damage (Rule 7):
                                          * nothing is appended, and the
                                          * file is never cut or rewound */
+  bool unreserved;                      /* the last reservation failed
+                                         * (said once until one works) */
+  uint64_t holes;                       /* WL_VOID records not yet
+                                         * written: nothing applies past
+                                         * the first, appends retry them
+                                         * first (rule 9) */
 
   /* Records from ring_seq to next_seq - 1, a ring.  ring_seq is
    * tail_seq but while the writer moves the tail: it changes only when
@@ -158,6 +171,17 @@ wl_entry_at (struct fsc_wlog *wl, size_t i)
 extern uint64_t wl_hdr_bytes (const struct wl_entry *e);
 extern int wl_write_header (struct fsc_wlog *wl);
 extern void wl_retire (struct fsc_wlog *wl, size_t n);
+/* Sync the log until every record below TARGET is durable (and every
+ * record applied when a sync starts); shared by flushers and the
+ * writer.  Caller holds wl->lock, dropped around the sync.  0, or -1
+ * EIO once the log failed.
+ */
+extern int wl_sync_upto (struct fsc_wlog *wl, uint64_t target);
+/* Reserve the log's space from the head to dirty-max past the tail
+ * (fallocate, the size kept); a failure is a notice, not an error.
+ * Called without wl->lock.
+ */
+extern void wl_reserve (struct fsc_wlog *wl);
 extern void wl_notice (struct fsc_wlog *wl, unsigned what, int err,
                        uint64_t off);
 extern int wl_read_units (struct fsc_wlog *wl, const struct wl_entry *e,

@@ -25,7 +25,10 @@
  * Recovery reads records from the tail, each checked (header checksum
  * seeded with the log's incarnation, every data unit's hash).  Since a
  * flush waits for every record below it to be written before it syncs,
- * no record a flush covered lies after a torn one; so:
+ * no record a flush covered lies after a torn one.
+ *
+ * Writeback rules (rules 1-5 are atop commit.c, store.c and evict.c;
+ * rule 6, flush and FUA order, atop writeback.c):
  *
  * Rule 7 (what recovery may drop): only a torn tail, which nothing
  * promised.  Where the records stop decoding (record SEQ at byte POS),
@@ -43,6 +46,32 @@
  * units fail with EIO), else torn (cut with what follows).  Broken by:
  * tests/test-wb-damage.sh, tests/unit-wlog.c (8b), tests/fuzz-wlog.c
  * (its oracle).
+ *
+ * Rule 8 (durable before acknowledged or sent): nothing the log holds
+ * is acknowledged as flushed, or sent to the upstream, before a sync
+ * of the log covers it.  Recovery syncs what it adopts before the open
+ * returns (kill -9 leaves the log in the page cache, which a power cut
+ * then loses; durable_seq starts at next_seq only because of that
+ * sync), and the writer takes only records below durable_seq (it
+ * starts the sync itself, shared with flushers through sync_upto).
+ * Broken by: tests/unit-powerloss.c run_restart (a flush after kill -9
+ * and a restart, then power loss) and sent_not_durable (every unit
+ * sent upstream was durable in the log).
+ *
+ * Rule 9 (bounded log): the bytes between tail and head never exceed
+ * dirty-max plus one marker, and the records in memory never exceed
+ * dirty-max / 4096 plus one; that space is the log's (reserved), and
+ * a failed record write costs its request, not the log.  A flush with
+ * nothing new since the last marker writes no marker and syncs
+ * nothing; every other append is charged its bytes, at least one
+ * unit, and one marker's worth (so a marker, which never waits, always
+ * fits in what its records reserved).  wl_reserve keeps dirty-max
+ * past the tail allocated (fallocate, KEEP_SIZE).  A record whose
+ * write fails becomes a void record (WL_VOID) before anything after it
+ * applies.  Broken by: tests/unit-wlog.c sections 10 (a flush loop
+ * during an outage), 11 (zero records at the bound), 13 (a failed
+ * record write, then the log goes on); tests/test-wb-diskfull.sh (the
+ * cache disk full, reserved and not).
  *
  * Rule 10 (overlapping writes): client writes, zeroes and trims that
  * touch the same unit are serialized, whatever their alignment: an
@@ -402,7 +431,7 @@ encode_rec (const struct fsc_wlog *wl, const struct wl_entry *e,
   put_le64 (p + 8, e->seq);
   put_le64 (p + 16, e->epoch);
   put_le64 (p + 24, e->off);
-  put_le64 (p + 32, e->len);
+  put_le64 (p + 32, e->type == WL_VOID ? e->rsize : e->len);
   put_le32 (p + 40, e->nunits);
   put_le64 (p + 48, e->time_ms);
   for (uint32_t i = 0; i < e->nunits; ++i)
@@ -433,6 +462,14 @@ decode_rec_head (const struct fsc_wlog *wl, const unsigned char *p,
    */
   if (e->type == WL_FLUSH)
     return e->off <= e->seq && e->len == 0 && e->nunits == 0;
+  /* A void record's length is its slot's: a header at least, whole
+   * 8-byte words, at most the largest record.
+   */
+  if (e->type == WL_VOID)
+    return e->off == 0 && e->nunits == 0 && e->len >= WL_REC_HDR &&
+      e->len % 8 == 0 &&
+      e->len <= rec_size (WL_REC_UNITS, (uint64_t) WL_REC_UNITS *
+                          FSC_WLOG_UNIT);
   /* Whole units, but for a range that ends at the export's end. */
   if (e->len == 0 || e->off % FSC_WLOG_UNIT || e->off >= wl->size ||
       e->len > wl->size - e->off ||
@@ -521,12 +558,14 @@ apply_done (struct fsc_wlog *wl)
     struct wl_entry *e = wl_entry_at (wl, wl->applied_seq - wl->ring_seq);
     if (!e->done)
       break;
-    if (e->type != WL_FLUSH && e->spare[0]) {
+    /* Void records (a failed write's slot, rule 9) map nothing. */
+    bool maps = e->type != WL_FLUSH && e->type != WL_VOID;
+    if (maps && e->spare[0]) {
       map_insert_nodes (wl, &wl->root, e->off, e->off + e->len, e,
                         e->spare[0], e->spare[1]);
       e->spare[0] = e->spare[1] = NULL;
     }
-    else if (e->type != WL_FLUSH)
+    else if (maps)
       wl_map_insert (wl, &wl->root, e->off, e->off + e->len, e);
     if (wl->failed)
       break;
@@ -554,7 +593,7 @@ apply_done (struct fsc_wlog *wl)
 static void
 apply_wait_upto (struct fsc_wlog *wl, uint64_t target)
 {
-  while (!wl->failed && wl->applied_seq < target) {
+  while (!wl->failed && !wl->holes && wl->applied_seq < target) {
     if (target < wl->apply_want)
       wl->apply_want = target;
     pthread_cond_wait (&wl->apply_cond, &wl->lock);
@@ -564,8 +603,8 @@ apply_wait_upto (struct fsc_wlog *wl, uint64_t target)
 /* Make every applied record durable, at least up to TARGET.  Caller
  * holds wl->lock; it is dropped around the sync.
  */
-static int
-sync_upto (struct fsc_wlog *wl, uint64_t target)
+int
+wl_sync_upto (struct fsc_wlog *wl, uint64_t target)
 {
   while (wl->durable_seq < target && !wl->failed) {
     if (wl->syncing) {
@@ -590,6 +629,73 @@ sync_upto (struct fsc_wlog *wl, uint64_t target)
     return -1;
   }
   return 0;
+}
+
+void
+wl_reserve (struct fsc_wlog *wl)
+{
+  pthread_mutex_lock (&wl->lock);
+  uint64_t from = wl->head_pos;
+  uint64_t to = ROUND_UP (wl->tail_pos + wl->dirty_max + WL_REC_HDR,
+                          (uint64_t) 4096);
+  bool salvage = wl->salvage;
+  pthread_mutex_unlock (&wl->lock);
+  /* A salvage leaves a damaged log's file as it is (rule 7). */
+  if (to <= from || salvage)
+    return;
+  /* Beyond the size (KEEP_SIZE): recovery reads no further than the
+   * file's size, and allocated space reads as zeroes anyway.
+   */
+  int r = fallocate (wl->fd, FALLOC_FL_KEEP_SIZE, (off_t) from,
+                     (off_t) (to - from));
+  int e = errno;
+  pthread_mutex_lock (&wl->lock);
+  if (r == -1 && !wl->unreserved)
+    wl_notice (wl, FSC_WLOG_NOTICE_NORESERVE, e, 0);
+  wl->unreserved = r == -1;
+  pthread_mutex_unlock (&wl->lock);
+}
+
+/* Write the header of every void record not yet written (rule 9: a
+ * failed record's slot must become something recovery accepts before
+ * anything after it is applied), after trying the reservation again.
+ * Returns 0 once none is left, or -1 EIO.  Called without wl->lock.
+ */
+static int
+fill_holes (struct fsc_wlog *wl)
+{
+  unsigned char h[WL_REC_HDR];
+  int r = 0, err = 0;
+  wl_reserve (wl);
+  pthread_mutex_lock (&wl->lock);
+  for (uint64_t s = wl->applied_seq; wl->holes && !wl->failed &&
+         s < wl->next_seq && r == 0; ++s) {
+    /* By sequence number: the ring's index moves when the writer
+     * retires records while the lock is dropped.
+     */
+    struct wl_entry *e = wl_entry_at (wl, s - wl->ring_seq);
+    if (e->type != WL_VOID || e->done)
+      continue;
+    encode_rec (wl, e, h);
+    uint64_t pos = e->pos;
+    pthread_mutex_unlock (&wl->lock);
+    r = fsc_io_pwrite (&wl->cache->io, FSC_FILE_WLOG, wl->fd, h, sizeof h,
+                       pos);
+    err = errno;
+    pthread_mutex_lock (&wl->lock);
+    if (r == 0 && !e->done) {
+      e->done = true;
+      wl->holes--;
+    }
+  }
+  if (r == -1)
+    wl_notice (wl, FSC_WLOG_NOTICE_WRITEFAIL, err, 0);
+  apply_done (wl);
+  r = wl->holes || wl->failed ? -1 : 0;
+  pthread_mutex_unlock (&wl->lock);
+  if (r == -1)
+    errno = EIO;
+  return r;
 }
 
 /* Append one client operation: TYPE over [OFF, OFF+LEN) (unit-aligned
@@ -650,12 +756,30 @@ append (struct fsc_wlog *wl, int type, uint64_t off, uint64_t len,
   if (buf == NULL)
     goto nomem;
 
+  /* Rule 9: a data, zero or trim record is charged one marker besides
+   * its bytes (and at least one unit of records in memory), so that
+   * the marker of a flush or FUA after it fits in what it reserved.
+   */
+  uint64_t charge = total + nrec * rec_size (0, 0);
+  uint64_t max_recs = wl->dirty_max / FSC_WLOG_UNIT;
+
+  /* A failed record's slot first (rule 9): nothing past it applies. */
+  pthread_mutex_lock (&wl->lock);
+  bool holes = wl->holes != 0;
+  pthread_mutex_unlock (&wl->lock);
+  if (holes && fill_holes (wl) == -1) {
+    for (uint64_t i = 0; i < nrec; ++i)
+      free_entry (es[i]);
+    goto out;
+  }
+
   pthread_mutex_lock (&wl->lock);
   bool said = false;
   while (!wl->failed &&
          (wl->resetting ||
-          (type != WL_FLUSH && wl->head_pos > wl->tail_pos &&
-           wl->head_pos - wl->tail_pos + total > wl->dirty_max))) {
+          (type != WL_FLUSH && wl->rlen &&
+           (wl->head_pos - wl->tail_pos + charge > wl->dirty_max ||
+            wl->rlen + 2 * nrec > max_recs)))) {
     if (!said && !wl->resetting) {
       wl_notice (wl, FSC_WLOG_NOTICE_STALLED, 0, 0);
       said = true;
@@ -689,8 +813,10 @@ append (struct fsc_wlog *wl, int type, uint64_t off, uint64_t len,
   }
   if (wl->rlen == nrec)
     wl->first_epoch = wl->epoch;
-  if (type != WL_FLUSH)
+  if (type != WL_FLUSH) {
     wl->epoch_used = true;
+    wl->last_data_seq = wl->next_seq;
+  }
   pthread_mutex_unlock (&wl->lock);
 
   /* The records' bytes, then one write. */
@@ -708,8 +834,30 @@ append (struct fsc_wlog *wl, int type, uint64_t off, uint64_t len,
   int err = errno;
 
   pthread_mutex_lock (&wl->lock);
-  if (r == -1)
-    fail (wl, err);
+  if (r == -1) {
+    /* Not fatal (rule 9): the slots become void records, this request
+     * fails, and the log goes on once a void header can be written
+     * (now, or at a later append).
+     */
+    wl_notice (wl, FSC_WLOG_NOTICE_WRITEFAIL, err, 0);
+    for (uint64_t i = 0; i < nrec; ++i) {
+      struct wl_entry *e = es[i];
+      wl->dirty_bytes -= e->len;
+      e->type = WL_VOID;
+      e->off = e->len = 0;
+      e->nunits = 0;
+      free (e->hashes);
+      e->hashes = NULL;
+    }
+    wl->holes += nrec;
+    pthread_cond_broadcast (&wl->apply_cond);
+    pthread_mutex_unlock (&wl->lock);
+    (void) fill_holes (wl);
+    free (buf);
+    free (es);
+    errno = EIO;
+    return -1;
+  }
   for (uint64_t i = 0; i < nrec; ++i)
     es[i]->done = true;
   apply_done (wl);
@@ -720,9 +868,14 @@ append (struct fsc_wlog *wl, int type, uint64_t off, uint64_t len,
    */
   if (type != WL_FLUSH)
     apply_wait_upto (wl, seq0 + nrec);
-  r = wl->failed ? -1 : 0;
+  /* Behind a failed record's slot not yet void on disk: EIO (the
+   * record is in the log, and applies once the slot is filled, as a
+   * failed write's bytes may).
+   */
+  r = wl->failed || (type != WL_FLUSH && wl->applied_seq < seq0 + nrec)
+    ? -1 : 0;
   if (r == 0 && fua) {
-    r = sync_upto (wl, seq0 + nrec);
+    r = wl_sync_upto (wl, seq0 + nrec);
     /* Rule 6: the FUA write is about to be acknowledged, so a write
      * that arrives from now on must reach the upstream after it: it
      * goes to the next epoch, which the writer sends only once this
@@ -1083,16 +1236,35 @@ int
 fsc_wlog_flush (struct fsc_wlog *wl)
 {
   pthread_mutex_lock (&wl->lock);
+  bool holes = wl->holes != 0;
+  pthread_mutex_unlock (&wl->lock);
+  if (holes && fill_holes (wl) == -1)
+    return -1;
+  pthread_mutex_lock (&wl->lock);
   /* A new epoch only if the current one holds a record: the epochs
-   * waiting then count real barriers.
+   * waiting then count real barriers.  (Even with nothing to sync: a
+   * FUA write's marker may have made them durable, but only a flush
+   * orders them before what comes next.)
    */
   if (wl->epoch_used) {
     wl->epoch++;
     wl->epoch_used = false;
   }
+  /* Nothing new since a marker, which a sync preceded (rule 9): no
+   * marker and no sync.  After a restart the records recovered are
+   * durable (rule 8: the open synced them).
+   */
+  if (!wl->failed && wl->last_data_seq <= wl->marked_seq &&
+      wl->last_data_seq <= wl->durable_seq) {
+    pthread_mutex_unlock (&wl->lock);
+    return 0;
+  }
   uint64_t target = wl->next_seq;
   apply_wait_upto (wl, target);
-  int r = sync_upto (wl, target);
+  int r = wl->applied_seq < target && !wl->failed ? -1
+    : wl_sync_upto (wl, target);
+  if (r == -1)
+    errno = EIO;
   pthread_mutex_unlock (&wl->lock);
   return r == 0 ? mark_synced (wl, target) : r;
 }
@@ -1297,7 +1469,10 @@ scan_records (struct fsc_wlog *wl, uint64_t file_size, bool verify_data,
       break;
     if (!rec_csum_ok (wl, hb, h.nunits))
       break;
-    h.rsize = rec_size (h.nunits, h.type == WL_DATA ? h.len : 0);
+    h.rsize = h.type == WL_VOID ? h.len
+      : rec_size (h.nunits, h.type == WL_DATA ? h.len : 0);
+    if (h.type == WL_VOID)
+      h.len = 0;
     if (pos + h.rsize > file_size)
       break;
     struct wl_entry *e = malloc (sizeof *e);
@@ -1547,11 +1722,13 @@ fsc_wlog_open (struct fsc_cache *cache, const struct fsc_wlog_params *p,
     info->dropped_records = dropped;
     /* Cut what follows the last good record: nothing there was
      * promised, and a record of this run must never be followed by a
-     * stale one of the last run.
+     * stale one of the last run.  Then sync, cut or not (rule 8): a
+     * run killed before its flush left its records in the page cache
+     * only, and from here on they count as durable.
      */
-    if (!wl->salvage && (uint64_t) st.st_size > wl->head_pos &&
-        (ftruncate (wl->fd, wl->head_pos) == -1 ||
-         fsc_io_sync (&cache->io, FSC_FILE_WLOG, wl->fd) == -1))
+    if ((!wl->salvage && (uint64_t) st.st_size > wl->head_pos &&
+         ftruncate (wl->fd, wl->head_pos) == -1) ||
+        fsc_io_sync (&cache->io, FSC_FILE_WLOG, wl->fd) == -1)
       goto err;
     if (wl->rlen) {
       info->mismatch = check_fit (wl, p);
@@ -1580,9 +1757,12 @@ fsc_wlog_open (struct fsc_cache *cache, const struct fsc_wlog_params *p,
     struct wl_entry *e = wl_entry_at (wl, i);
     if (e->bad)
       info->damaged_records++;
-    if (e->type != WL_FLUSH)
+    if (e->type != WL_FLUSH && e->type != WL_VOID) {
       wl_map_insert (wl, &wl->root, e->off, e->off + e->len, e);
+      wl->last_data_seq = e->seq + 1;
+    }
   }
+  /* Durable: the open synced the file (rule 8). */
   wl->applied_seq = wl->durable_seq = wl->next_seq;
   if (wl->failed) {
     errno = ENOMEM;
@@ -1590,6 +1770,10 @@ fsc_wlog_open (struct fsc_cache *cache, const struct fsc_wlog_params *p,
   }
   wl->unordered = getenv ("NBD_FSCACHE_WB_UNORDERED") != NULL;
   wl->fua_unordered = getenv ("NBD_FSCACHE_WB_FUA_UNORDERED") != NULL;
+  /* Rule 9: the space dirty-max may take, so that an accepted write
+   * never fails for space (a failure is a notice).
+   */
+  wl_reserve (wl);
   fsc_wlog_counters (wl, info);
   *wlp = wl;
   return 0;

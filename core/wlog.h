@@ -215,6 +215,12 @@ extern void fsc_wlog_counters (struct fsc_wlog *wl,
                                       * upstream, retrying */
 #define FSC_WLOG_NOTICE_BACK     8u  /* ... and reached it again */
 #define FSC_WLOG_NOTICE_STALLED 16u  /* writes wait at the dirty bound */
+#define FSC_WLOG_NOTICE_NORESERVE 32u /* the log's space (dirty-max) could
+                                       * not be reserved: writes may fail
+                                       * for space */
+#define FSC_WLOG_NOTICE_WRITEFAIL 64u /* a record's write failed: its
+                                       * request got EIO, later ones go
+                                       * on once writes succeed again */
 extern unsigned fsc_wlog_take_notices (struct fsc_wlog *wl, int *err,
                                        uint64_t *offset);
 

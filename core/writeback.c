@@ -18,7 +18,8 @@
  *
  * One round:
  *
- *   1. Take a batch: the oldest applied records, all of one epoch
+ *   1. Take a batch: the oldest records durable in the log (the
+ *      writer syncs the log first if need be), all of one epoch
  *      (the epoch may still be open: its later records come in a later
  *      round, which is still "part of the next epoch"), at most
  *      BATCH_BYTES of them.
@@ -359,6 +360,9 @@ rewind_log (struct fsc_wlog *wl)
   wl->resetting = false;
   pthread_cond_broadcast (&wl->cond);
   pthread_mutex_unlock (&wl->lock);
+  /* The cut freed the reservation too (rule 9 of wlog.c). */
+  if (r == 0)
+    wl_reserve (wl);
 }
 
 /* One round; returns 1 if it wrote something back, 0 if there was
@@ -377,9 +381,19 @@ round_once (struct fsc_wlog *wl)
   uint64_t end_pos = 0, end_seq = 0, bytes = 0;
   int ret = -1;
 
-  /* 1. The batch. */
+  /* 1. The batch: only records durable in the log (rule 8 of wlog.c:
+   * a record sent before its sync could reach the upstream and be lost
+   * from the log by a power cut).  The writer syncs what is applied
+   * itself when nothing durable waits, so unflushed writes are written
+   * back as promptly; a sync in progress (a flusher's) is shared, and
+   * while flushes keep records durable the writer adds no sync.  A
+   * failed log's records that a sync covered are still written back.
+   */
   pthread_mutex_lock (&wl->lock);
-  size_t avail = wl->applied_seq - wl->ring_seq;
+  if (wl->durable_seq <= wl->ring_seq && wl->durable_seq < wl->applied_seq)
+    (void) wl_sync_upto (wl, wl->applied_seq);
+  size_t avail = wl->durable_seq > wl->ring_seq
+    ? wl->durable_seq - wl->ring_seq : 0;
   if (avail == 0) {
     pthread_mutex_unlock (&wl->lock);
     pthread_mutex_destroy (&b.lock);
@@ -396,7 +410,7 @@ round_once (struct fsc_wlog *wl)
     /* Out of memory the round is retried later (never the log failed
      * for a private map).
      */
-    if (e->type != WL_FLUSH &&
+    if (e->type != WL_FLUSH && e->type != WL_VOID &&
         wl_map_try_insert (wl, &map, e->off, e->off + e->len, e) == -1)
       mapfail = true;
     bytes += e->rsize;
@@ -484,6 +498,10 @@ round_once (struct fsc_wlog *wl)
   if (a >= WL_START && z > a)
     (void) punch_hole (wl->fd, a, z - a);
   pthread_rwlock_unlock (&wl->punch);
+  /* What was punched behind the tail is reserved again ahead of it
+   * (rule 9 of wlog.c): dirty-max of space stays the log's.
+   */
+  wl_reserve (wl);
   ret = 1;
   goto out;
 
@@ -511,7 +529,9 @@ writer (void *arg)
   for (;;) {
     pthread_mutex_lock (&wl->lock);
     bool stop = wl->stopping, halted = wl->halted;
-    bool work = wl->applied_seq > wl->tail_seq;
+    /* A failed log syncs no more: what it had synced is the work. */
+    bool work = (wl->failed ? wl->durable_seq : wl->applied_seq) >
+      wl->tail_seq;
     pthread_mutex_unlock (&wl->lock);
     if (stop)
       break;
@@ -525,7 +545,9 @@ writer (void *arg)
     if (!work) {
       rewind_log (wl);
       pthread_mutex_lock (&wl->lock);
-      if (!wl->stopping && wl->applied_seq == wl->tail_seq) {
+      if (!wl->stopping &&
+          (wl->failed ? wl->durable_seq : wl->applied_seq) <=
+          wl->tail_seq) {
         struct timespec ts;
         deadline_ms (&ts, IDLE_MS);
         wl->writer_idle = true;       /* apply_done wakes us */
@@ -628,7 +650,7 @@ fsc_wlog_drain (struct fsc_wlog *wl, uint64_t timeout_ms)
   SCOPED_LOCK (&wl->lock);
   while (wl->rlen && timeout_ms && wl->writer_running && !wl->stopping &&
          !wl->halted &&
-         !(wl->failed && wl->applied_seq == wl->tail_seq)) {
+         !(wl->failed && wl->durable_seq <= wl->tail_seq)) {
     if (pthread_cond_timedwait (&wl->cond, &wl->lock, &end) == ETIMEDOUT)
       break;
   }

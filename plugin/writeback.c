@@ -215,6 +215,17 @@ wb_log_notices (struct wb *wb)
                   "(%s): writes and flushes now fail with EIO; what was "
                   "flushed before stays in the cache to be written back",
                   wb->exportname, strerror (err));
+  if (n & FSC_WLOG_NOTICE_NORESERVE)
+    nbdkit_error ("fscache: warning: export \"%s\": could not reserve "
+                  "fscache-dirty-max of space for the write log (%s): "
+                  "writes may fail with EIO when the cache disk is full "
+                  "(they go on once it has space again); free space or "
+                  "lower fscache-dirty-max", wb->exportname, strerror (err));
+  if (n & FSC_WLOG_NOTICE_WRITEFAIL)
+    nbdkit_error ("fscache: ERROR: export \"%s\": a write to the write "
+                  "log failed (%s): that request failed with EIO; later "
+                  "writes go on once the cache disk takes writes again",
+                  wb->exportname, strerror (err));
   pthread_mutex_lock (&list_lock);
   bool say_out = (n & FSC_WLOG_NOTICE_UPSTREAM) && !wb->outage;
   bool say_back = (n & FSC_WLOG_NOTICE_BACK) && wb->outage;

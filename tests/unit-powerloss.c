@@ -520,7 +520,8 @@ int
 fallocate (int fd, int mode, off_t off, off_t len)
 {
   int r = syscall (SYS_fallocate, fd, mode, off, len);
-  if (r == 0 && is_wlog (fd)) {
+  /* A reservation (KEEP_SIZE alone) changes no byte the log reads. */
+  if (r == 0 && is_wlog (fd) && mode != FALLOC_FL_KEEP_SIZE) {
     CHECK (mode == (FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE));
     wpush (EV_PUNCH, NULL, len, off);
   }
@@ -896,6 +897,102 @@ cmp_size (const void *a, const void *b)
   return x < y ? -1 : x > y;
 }
 
+/* One record found in a traced log write: event EV, its export range,
+ * its type and, for data, its bytes.
+ */
+struct trec {
+  size_t ev;
+  uint64_t off, len;
+  int type;
+  const unsigned char *data;
+};
+
+/* The records of every log write before the end of the trace. */
+static struct trec *
+decode_trace (size_t *np)
+{
+  size_t n = 0, cap = 1024;
+  struct trec *v = malloc (cap * sizeof *v);
+  CHECK (v != NULL);
+  for (size_t j = 0; j < nev; ++j) {
+    if (ev[j].type != EV_WRITE || ev[j].off < 2 * 4096 || !ev[j].data)
+      continue;
+    const unsigned char *p = ev[j].data;
+    size_t at = 0;
+    while (at + 64 <= ev[j].n && get_le32 (p + at) == 0x524c5746u) {
+      const unsigned char *h = p + at;
+      uint32_t nunits = get_le32 (h + 40);
+      uint64_t len = get_le64 (h + 32);
+      uint64_t hl = 64 + 8 * (uint64_t) nunits;
+      if (n == cap) {
+        cap *= 2;
+        v = realloc (v, cap * sizeof *v);
+        CHECK (v != NULL);
+      }
+      v[n].ev = j;
+      v[n].type = h[4];
+      v[n].off = get_le64 (h + 24);
+      v[n].len = h[4] == 4 ? 0 : len;
+      v[n].data = h + hl;
+      n++;
+      at += ROUND_UP (hl + (h[4] == 1 ? len : 0), (uint64_t) 8);
+    }
+  }
+  *np = n;
+  return v;
+}
+
+/* How many units of upstream writes came from a record no completed
+ * sync covered when it was sent (rule 8 of core/wlog.c).
+ */
+static uint64_t
+sent_not_durable (const ssize_t *sync_begin, unsigned seed)
+{
+  size_t nr;
+  struct trec *r = decode_trace (&nr);
+  ssize_t durable_ev = -1;              /* log events below are synced */
+  size_t ri = 0;                        /* records of events before j */
+  uint64_t bad = 0, units = 0;
+  static const unsigned char zero[WUNIT];
+  for (size_t j = 0; j < nev; ++j) {
+    if (ev[j].type == EV_SYNC && sync_begin[j] > durable_ev)
+      durable_ev = sync_begin[j];
+    while (ri < nr && r[ri].ev < j)
+      ri++;
+    if (ev[j].type != EV_UPSTREAM)
+      continue;
+    for (uint64_t u = ev[j].off; u < ev[j].off + ev[j].n;
+         u = rd_unit (u) + WUNIT) {
+      uint64_t ue = MIN (rd_unit (u) + WUNIT, ev[j].off + ev[j].n);
+      const unsigned char *want = ev[j].data + (u - ev[j].off);
+      size_t k = ri;
+      while (k-- > 0) {
+        const struct trec *t = &r[k];
+        if (t->type == 4 || t->off > u || t->off + t->len < ue)
+          continue;
+        if (t->type == 1 ? memcmp (t->data + (u - t->off), want, ue - u) == 0
+            : memcmp (zero, want, ue - u) == 0)
+          break;
+      }
+      units++;
+      if (k == (size_t) -1)
+        continue;               /* from no record: not the writer's */
+      if ((ssize_t) r[k].ev >= durable_ev) {
+        if (bad++ == 0)
+          fprintf (stderr, "unit-powerloss: wlog: seed %u: event %zu sent "
+                   "bytes %" PRIu64 "..%" PRIu64 " of the log write at event "
+                   "%zu upstream, but only events before %zd were synced\n",
+                   seed, j, u, ue, r[k].ev, durable_ev);
+      }
+    }
+  }
+  fprintf (stderr, "unit-powerloss: wlog: %" PRIu64 " units sent upstream, %"
+           PRIu64 " of them before their record was durable in the log\n",
+           units, bad);
+  free (r);
+  return bad;
+}
+
 static void
 run_wlog (unsigned seed)
 {
@@ -1013,6 +1110,14 @@ run_wlog (unsigned seed)
     }
   }
 
+  /* Rule 8: the writer sends only records durable in the log.  Each
+   * unit of each upstream write must come from a log record (the
+   * newest one before it with those bytes) whose write a completed sync
+   * had begun after: else a power cut could leave the upstream with a
+   * record the log lacks.
+   */
+  CHECK_EQ (sent_not_durable (sync_begin, seed), 0);
+
   /* Crash points: every event before the writer starts, a sample of
    * the later ones with the end and the points right after each
    * truncation and punch; sorted, so that the durable image, the
@@ -1112,6 +1217,11 @@ run_wlog (unsigned seed)
       close (dfd);
 
       wp = wparams ();
+      /* The open reserves dirty-max of space, which on /dev/shm is
+       * memory zeroed at every open: about the image's size will do
+       * (nothing here waits at the bound).
+       */
+      wp.dirty_max = im.len + (1 << 20);
       if (fsc_wlog_open (c, &wp, 0, &wl, &info) == -1) {
         fprintf (stderr, "unit-powerloss: wlog: seed %u, crash at event "
                  "%zu of %zu (image %d): fsc_wlog_open: %m\n", seed, at, nev,
@@ -1238,6 +1348,158 @@ run_wlog (unsigned seed)
   free (dur.p);
 }
 
+/* A flush after kill -9 and a restart, then a power cut.  Writes are
+ * acknowledged but not flushed, the proxy is killed (the page cache
+ * keeps the log as written: the file as it is now), it restarts
+ * (recovery) and a client flushes, which succeeds.  Then the power
+ * fails: the disk keeps what a sync covered (the log as created, plus
+ * the whole file as of each sync's start after the restart).  Every
+ * acknowledged write must then still read back (rule 8 of core/wlog.c).
+ */
+static void
+run_restart (unsigned seed)
+{
+  char dir[128], cdir[160], rdir[160], kdir[160], name[FSC_NAME_MAX + 1];
+  char fan[FSC_FAN_MAX + 1], logpath[1024], rfan[512], rlogpath[1024];
+  char kfan[512], klogpath[1024];
+  struct fsc_wlog_info info;
+  static unsigned char model[WSIZE], view[WSIZE], buf[65536];
+
+  srand (seed);
+  snprintf (dir, sizeof dir, "%s/unit-powerloss-restart-XXXXXX",
+            access ("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp");
+  CHECK (mkdtemp (dir) != NULL);
+  snprintf (cdir, sizeof cdir, "%s/run", dir);
+  snprintf (rdir, sizeof rdir, "%s/restart", dir);
+  snprintf (kdir, sizeof kdir, "%s/check", dir);
+  fsc_key_encode (WKEY, WKEYLEN, name, fan);
+  snprintf (logpath, sizeof logpath, "%s/objects/%s/%s.wlog", cdir, fan,
+            name);
+  snprintf (rfan, sizeof rfan, "%s/objects/%s", rdir, fan);
+  snprintf (rlogpath, sizeof rlogpath, "%s/%s.wlog", rfan, name);
+  snprintf (kfan, sizeof kfan, "%s/objects/%s", kdir, fan);
+  snprintf (klogpath, sizeof klogpath, "%s/%s.wlog", kfan, name);
+  for (size_t i = 0; i < WSIZE; ++i)
+    wup[i] = rand ();
+  memcpy (model, wup, WSIZE);
+
+  /* The first run: the log as created is durable, the writes are not. */
+  struct fsc_cache_config cfg = { .dir = cdir, .create = true };
+  struct fsc_cache *c;
+  CHECK (fsc_cache_open (&cfg, &c) == 0);
+  struct fsc_object *o = wopen_obj (c);
+  struct fsc_wlog *wl;
+  struct fsc_wlog_params wp = wparams ();
+  CHECK (fsc_wlog_open (c, &wp, FSC_WLOG_CREATE, &wl, &info) == 0);
+  struct image base, killed;
+  base.p = slurp (logpath, &base.len);
+  struct fsc_upstream up = { .pread = wup_pread };
+  for (int i = 0; i < 24; ++i) {
+    uint64_t n = (1 + wrnd (16)) * WUNIT;
+    uint64_t off = wrnd (WSIZE / WUNIT - 16) * WUNIT;
+    for (uint64_t k = 0; k < n; ++k)
+      buf[k] = rand ();
+    CHECK (fsc_wlog_pwrite (wl, o, &up, buf, n, off, false) == 0);
+    memcpy (model + off, buf, n);
+  }
+  /* kill -9: what the page cache holds survives it. */
+  killed.p = slurp (logpath, &killed.len);
+  CHECK (killed.len > base.len);
+  fsc_wlog_close (wl);
+  fsc_object_close (o);
+  fsc_cache_close (c);
+
+  /* The restart, on the killed file, traced; then a flush. */
+  cfg.dir = rdir;
+  CHECK (fsc_cache_open (&cfg, &c) == 0);
+  CHECK (mkdir (rfan, 0700) == 0 || errno == EEXIST);
+  spew (rlogpath, killed.p, killed.len);
+  struct stat st;
+  CHECK (stat (rlogpath, &st) == 0);
+  wl_dev = st.st_dev;
+  wl_ino = st.st_ino;
+  nev = 0;
+  __atomic_store_n (&wl_watch, true, __ATOMIC_RELEASE);
+  fsc_cache_set_trace (c, wtrace, NULL);
+  o = wopen_obj (c);
+  wp = wparams ();
+  wp.dirty_max = killed.len + (1 << 20);         /* see run_wlog */
+  CHECK (fsc_wlog_open (c, &wp, 0, &wl, &info) == 0);
+  CHECK_EQ (info.dropped_records, 0);
+  CHECK (fsc_wlog_flush (wl) == 0);
+  /* The power fails now. */
+  __atomic_store_n (&wl_watch, false, __ATOMIC_RELEASE);
+  fsc_cache_set_trace (c, NULL, NULL);
+  size_t nsync = 0;
+  ssize_t synced = -1;          /* file events before it are durable */
+  for (size_t j = 0; j < nev; ++j)
+    if (ev[j].type == EV_SYNC) {
+      nsync++;
+      for (ssize_t i = j - 1; i >= 0; --i)
+        if (ev[i].type == EV_SYNC_BEGIN &&
+            pthread_equal (ev_tid[i], ev_tid[j])) {
+          if (i > synced)
+            synced = i;
+          break;
+        }
+    }
+  struct image im;
+  if (synced >= 0) {
+    /* A sync after the restart made the whole file durable, the
+     * killed run's writes with it.
+     */
+    im.p = malloc (killed.len);
+    CHECK (im.p != NULL);
+    memcpy (im.p, killed.p, killed.len);
+    im.len = killed.len;
+    for (ssize_t j = 0; j < synced; ++j)
+      if (is_file_event (ev[j].type))
+        wapply (&im, &ev[j], true);
+  }
+  else {
+    im.p = malloc (base.len);
+    CHECK (im.p != NULL);
+    memcpy (im.p, base.p, base.len);
+    im.len = base.len;
+  }
+  fsc_wlog_close (wl);
+  fsc_object_close (o);
+  fsc_cache_close (c);
+
+  /* What the disk kept, recovered and read. */
+  cfg.dir = kdir;
+  CHECK (fsc_cache_open (&cfg, &c) == 0);
+  CHECK (mkdir (kfan, 0700) == 0 || errno == EEXIST);
+  spew (klogpath, im.p, im.len);
+  o = wopen_obj (c);
+  wp = wparams ();
+  wp.dirty_max = im.len + (1 << 20);
+  CHECK (fsc_wlog_open (c, &wp, 0, &wl, &info) == 0);
+  wread_all (wl, o, &up, view);
+  uint64_t diff = 0;
+  for (size_t i = 0; i < WSIZE; ++i)
+    diff += view[i] != model[i];
+  fprintf (stderr, "unit-powerloss: restart: seed %u, %zu log syncs after "
+           "the restart before the flush returned, %" PRIu64 " records "
+           "recovered after the power cut, %" PRIu64 " bytes differ from "
+           "the flushed writes\n", seed, nsync, info.records, diff);
+  if (diff)
+    wfail (&im, dir);
+  fsc_wlog_close (wl);
+  fsc_object_close (o);
+  fsc_cache_close (c);
+
+  char cmd[256];
+  snprintf (cmd, sizeof cmd, "rm -rf %s", dir);
+  CHECK (system (cmd) == 0);
+  for (size_t j = 0; j < nev; ++j)
+    free (ev[j].data);
+  nev = 0;
+  free (base.p);
+  free (killed.p);
+  free (im.p);
+}
+
 int
 main (int argc, char *argv[])
 {
@@ -1246,6 +1508,7 @@ main (int argc, char *argv[])
   run (seed);
   BS = 65536;
   run (seed);
+  run_restart (seed);
   run_wlog (seed);
   return 0;
 }

@@ -12,12 +12,16 @@
  * older bytes; a damaged record header before a marker refuses the
  * log and a salvage sends only what precedes it (Rule 7), after the
  * last marker it is a torn tail; writes wait at the dirty bound
- * instead of failing.
+ * instead of failing; a flush with nothing new costs no marker and no
+ * sync, and the bound holds markers and records too (rule 9 of
+ * core/wlog.c), whose memory per dirty GiB is measured.
  */
 #include <config.h>
 
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
+#include <malloc.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -298,6 +302,40 @@ path_of (char *buf, size_t n, const char *suffix)
   char name[FSC_NAME_MAX + 1], fan[FSC_FAN_MAX + 1];
   fsc_key_encode (key, key_len, name, fan);
   snprintf (buf, n, "%s/objects/%s/%s%s", dir, fan, name, suffix);
+}
+
+/* Log syncs seen (the trace of section 10). */
+static unsigned syncs;
+
+static void
+count_syncs (void *opaque, int op, int kind, const void *buf, size_t n,
+             uint64_t off)
+{
+  if (op == FSC_OP_SYNC && kind == FSC_FILE_WLOG)
+    __atomic_add_fetch (&syncs, 1, __ATOMIC_RELAXED);
+}
+
+/* Section 11's client: N zeroes of one unit, each with a flush. */
+struct zloop {
+  struct fsc_wlog *wl;
+  struct fsc_object *o;
+  uint64_t n, done;
+  bool stop;                            /* set: end the loop early */
+};
+
+static void *
+zero_loop (void *arg)
+{
+  struct zloop *z = arg;
+  for (uint64_t i = 0; i < z->n && !__atomic_load_n (&z->stop,
+                                                      __ATOMIC_ACQUIRE); ++i) {
+    uint64_t off = i % (SIZE / BS) * BS;
+    CHECK (fsc_wlog_zero (z->wl, z->o, &up, BS, off, false) == 0);
+    memset (model + off, 0, BS);
+    CHECK (fsc_wlog_flush (z->wl) == 0);
+    __atomic_store_n (&z->done, i + 1, __ATOMIC_RELEASE);
+  }
+  return NULL;
 }
 
 int
@@ -689,6 +727,174 @@ main (void)
     }
     CHECK (fsc_wlog_flush (wl) == 0);
     CHECK_EQ (fsc_wlog_drain (wl, 60000), 0);
+    fsc_wlog_close (wl);
+  }
+
+  /* 10. A flush loop during an outage (rule 9 of core/wlog.c): once
+   * the log is flushed, flushes with nothing new write no marker and
+   * sync nothing, however many; the log's size and blocks stay.
+   */
+  CHECK (unlink (logpath) == 0);
+  {
+    struct fsc_wlog_params p = params (SIZE, "g1");
+    p.dirty_max = 1 << 20;
+    CHECK (fsc_wlog_open (c, &p, FSC_WLOG_CREATE, &wl, &info) == 0);
+    CHECK (fsc_wlog_start_writer (wl, o, &wbup) == 0);
+    up_fail = 1;
+    static unsigned char buf[BS];
+    for (int i = 0; i < 20; ++i) {
+      memset (buf, 'a' + i, BS);
+      CHECK (fsc_wlog_pwrite (wl, o, &up, buf, BS, (uint64_t) i * 3 * BS,
+                              false) == 0);
+      memcpy (model + (uint64_t) i * 3 * BS, buf, BS);
+    }
+    CHECK (fsc_wlog_flush (wl) == 0);
+    struct stat st0, st1;
+    struct fsc_wlog_info i0, i1;
+    CHECK (stat (logpath, &st0) == 0);
+    fsc_wlog_counters (wl, &i0);
+    syncs = 0;
+    fsc_cache_set_trace (c, count_syncs, NULL);
+    for (int i = 0; i < 2000; ++i)
+      CHECK (fsc_wlog_flush (wl) == 0);
+    fsc_cache_set_trace (c, NULL, NULL);
+    CHECK (stat (logpath, &st1) == 0);
+    fsc_wlog_counters (wl, &i1);
+    fprintf (stderr, "unit-wlog: 2000 flushes with nothing new during an "
+             "outage: %u log syncs, log %lld -> %lld bytes (%lld -> %lld "
+             "blocks), %" PRIu64 " -> %" PRIu64 " records\n", syncs,
+             (long long) st0.st_size, (long long) st1.st_size,
+             (long long) st0.st_blocks, (long long) st1.st_blocks,
+             i0.records, i1.records);
+    CHECK_EQ (syncs, 0);
+    CHECK_EQ (st1.st_size, st0.st_size);
+    CHECK_EQ (st1.st_blocks, st0.st_blocks);
+    CHECK_EQ (i1.log_bytes, i0.log_bytes);
+    CHECK_EQ (i1.records, i0.records);
+    up_fail = 0;
+    CHECK_EQ (fsc_wlog_drain (wl, 60000), 0);
+    CHECK (memcmp (upstream, model, SIZE) == 0);
+    fsc_wlog_close (wl);
+  }
+
+  /* 11. Zero records at the bound, each followed by a flush, during an
+   * outage (rule 9): the writes wait once the records (markers
+   * included) reach dirty-max / 4096, and their bytes dirty-max plus
+   * one marker; before, 64-byte records filled 1 MiB as 16384 records
+   * in memory.
+   */
+  CHECK (unlink (logpath) == 0);
+  {
+    struct fsc_wlog_params p = params (SIZE, "g1");
+    p.dirty_max = 1 << 20;
+    CHECK (fsc_wlog_open (c, &p, FSC_WLOG_CREATE, &wl, &info) == 0);
+    CHECK (fsc_wlog_start_writer (wl, o, &wbup) == 0);
+    up_fail = 1;
+    struct zloop z = { .wl = wl, .o = o, .n = 10000 };
+    pthread_t t;
+    CHECK (pthread_create (&t, NULL, zero_loop, &z) == 0);
+    /* Until the zero loop waits at the bound (its notice), 30 s at
+     * most.
+     */
+    unsigned got = 0;
+    for (int w = 0; w < 30000 && !(got & FSC_WLOG_NOTICE_STALLED); ++w) {
+      got |= fsc_wlog_take_notices (wl, NULL, NULL);
+      if (!(got & FSC_WLOG_NOTICE_STALLED))
+        usleep (1000);
+    }
+    CHECK (got & FSC_WLOG_NOTICE_STALLED);
+    fsc_wlog_counters (wl, &info);
+    uint64_t done = __atomic_load_n (&z.done, __ATOMIC_ACQUIRE);
+    fprintf (stderr, "unit-wlog: zero records and flushes at a bound of "
+             "1 MiB: stalled after %" PRIu64 " with %" PRIu64 " records, %"
+             PRIu64 " bytes of log\n", done, info.records, info.log_bytes);
+    CHECK (done < z.n);
+    CHECK (info.records <= (1 << 20) / BS + 1);
+    CHECK (info.log_bytes <= (1 << 20) + 64);
+    __atomic_store_n (&z.stop, true, __ATOMIC_RELEASE);
+    up_fail = 0;
+    CHECK (pthread_join (t, NULL) == 0);
+    CHECK (fsc_wlog_flush (wl) == 0);
+    CHECK_EQ (fsc_wlog_drain (wl, 60000), 0);
+    CHECK (memcmp (upstream, model, SIZE) == 0);
+    fsc_wlog_close (wl);
+  }
+
+  /* 12. Memory per dirty GiB (docs/design.md, "Writeback"): records of
+   * 4 KiB writes, and of zeroes, each a unit of its own, no writer.
+   */
+  CHECK (unlink (logpath) == 0);
+  {
+    const uint64_t big = UINT64_C (1) << 30, nrec = 2048;
+    struct fsc_wlog_params p = params (big, "g1");
+    p.dirty_max = 64 << 20;
+    CHECK (fsc_wlog_open (c, &p, FSC_WLOG_CREATE, &wl, &info) == 0);
+    static unsigned char buf[BS];
+    struct mallinfo2 m0 = mallinfo2 ();
+    for (uint64_t i = 0; i < nrec; ++i) {
+      memset (buf, (int) i, BS);
+      CHECK (fsc_wlog_pwrite (wl, o, &up, buf, BS, i * 2 * BS, false) == 0);
+    }
+    struct mallinfo2 m1 = mallinfo2 ();
+    for (uint64_t i = 0; i < nrec; ++i)
+      CHECK (fsc_wlog_zero (wl, o, &up, BS, (2 * i + 1) * BS, false) == 0);
+    struct mallinfo2 m2 = mallinfo2 ();
+    double wr = (double) (m1.uordblks - m0.uordblks) / nrec;
+    double zr = (double) (m2.uordblks - m1.uordblks) / nrec;
+    /* A GiB of dirty-max holds at most 2^18 records (rule 9). */
+    fprintf (stderr, "unit-wlog: memory per record: %.0f bytes (4 KiB "
+             "write), %.0f bytes (zero); per GiB of dirty-max at most %.1f "
+             "MiB (4 KiB writes), %.1f MiB (zero records)\n", wr, zr,
+             wr * 262144 / 1048576, zr * 262144 / 1048576);
+    CHECK (wr * 262144 <= 64.0 * 1048576 && zr * 262144 <= 64.0 * 1048576);
+    fsc_wlog_close (wl);
+  }
+
+  /* 13. A record write that fails (ENOSPC, then EIO for its void
+   * header too) fails that request only: the next write fills the
+   * slot with a void record and goes on, without a restart; recovery
+   * accepts the void record; all is written back (rule 9).
+   */
+  fsc_object_close (o);
+  fsc_cache_close (c);
+  CHECK (unlink (logpath) == 0);
+  /* Log writes 1 and 2 are its header slots: 12 is the tenth record. */
+  c = open_cache ("write:wlog:12:ENOSPC,write:wlog:13:EIO");
+  o = open_obj (c);
+  {
+    struct fsc_wlog_params p = params (SIZE, "g1");
+    CHECK (fsc_wlog_open (c, &p, FSC_WLOG_CREATE, &wl, &info) == 0);
+    static unsigned char buf[BS];
+    int failed = -1, nfailed = 0;
+    for (int i = 0; i < 40; ++i) {
+      memset (buf, 'A' + i, BS);
+      uint64_t off = (uint64_t) (i * 5 % 200) * BS;
+      if (fsc_wlog_pwrite (wl, o, &up, buf, BS, off, false) == 0)
+        memcpy (model + off, buf, BS);
+      else {
+        CHECK_EQ (errno, EIO);
+        failed = i;
+        nfailed++;
+      }
+    }
+    unsigned nt = fsc_wlog_take_notices (wl, NULL, NULL);
+    fprintf (stderr, "unit-wlog: 40 writes, the 10th record's write and "
+             "its void header failing: %d failed (write %d), notices %#x\n",
+             nfailed, failed, nt);
+    CHECK_EQ (nfailed, 1);
+    CHECK_EQ (failed, 9);
+    CHECK (nt & FSC_WLOG_NOTICE_WRITEFAIL);
+    CHECK (!(nt & FSC_WLOG_NOTICE_FAILED));
+    CHECK (fsc_wlog_flush (wl) == 0);
+    check_reads (wl, o);
+    fsc_wlog_close (wl);
+    CHECK (fsc_wlog_open (c, &p, 0, &wl, &info) == 0);
+    CHECK_EQ (info.dropped_records, 0);
+    CHECK_EQ (info.damaged_records, 0);
+    check_reads (wl, o);
+    CHECK (fsc_wlog_start_writer (wl, o, &wbup) == 0);
+    CHECK_EQ (fsc_wlog_drain (wl, 60000), 0);
+    CHECK (memcmp (upstream, model, SIZE) == 0);
     fsc_wlog_close (wl);
   }
 
