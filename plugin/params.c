@@ -360,9 +360,11 @@ params_config_complete (void)
   }
   /* A key given by hand is the identity the user says it is, whatever
    * serves it; only a sample of the data would tell two upstreams of one
-   * size apart.
+   * size apart.  With fscache-generation too, the user versions the
+   * upstream by hand, as the warning itself advises: nothing to say.
    */
-  if (params.key && params.validate != FSC_VALIDATE_SAMPLE)
+  if (params.key && params.validate != FSC_VALIDATE_SAMPLE &&
+      params.generation == NULL)
     nbdkit_error ("fscache: warning: fscache-key=%s with fscache-validate=%s: "
                   "any upstream of the same size served with this key "
                   "(another plugin, other filters, another image) shares "

@@ -416,7 +416,11 @@ start_proxy ()
   else
     [ "$how" = fresh ] && rm -rf "$FSC_DIR"
     rm -f "$FSC_STATS"          # the counters restart with the process
+    # The image's own version: its size and mtime (it is made once per
+    # run), so that a key given by hand is not taken for any upstream
+    # of that size.
     args=(fscache-dir="$FSC_DIR" fscache-key="bench:$IMG"
+          fscache-generation="$(stat -c %s-%Y "$IMG")"
           fscache-stats="$FSC_STATS")
     [ -n "$BLOCK_SIZE" ] && args+=(fscache-block-size="$BLOCK_SIZE")
     [ -n "$READAHEAD" ] && args+=(fscache-readahead="$READAHEAD")
