@@ -59,6 +59,21 @@ if [ -x /usr/bin/python3 ]; then
   python3 () { /usr/bin/python3 "$@"; }
 fi
 
+# nbdkit discards its stderr when it forks: while NBDKIT_STDERR names a
+# file, nbdkit runs in the foreground (-f) as a background job, its
+# stderr appended there (a test that wants another way defines its own
+# nbdkit function after sourcing this file).
+NBDKIT_STDERR=
+nbdkit ()
+{
+  if [ -n "$NBDKIT_STDERR" ]; then
+    command nbdkit -f "$@" 2>>"$NBDKIT_STDERR" &
+    disown $!
+  else
+    command nbdkit "$@"
+  fi
+}
+
 _cleanup_cmds=()
 cleanup_fn ()
 {

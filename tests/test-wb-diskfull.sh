@@ -32,17 +32,6 @@ requires nbdkit --filter="$FILTER" null --dump-plugin
 requires python3 -c 'import nbd'
 requires cmp --version
 
-NBDKIT_STDERR=
-nbdkit ()
-{
-  if [ -n "$NBDKIT_STDERR" ]; then
-    command nbdkit -f "$@" 2>>"$NBDKIT_STDERR" &
-    disown $!
-  else
-    command nbdkit "$@"
-  fi
-}
-
 CLIENT="$top_srcdir/tests/wb-client.py"
 uri="nbd+unix:///?socket=$TMP/px.sock"
 size=$((16 * 1024 * 1024))

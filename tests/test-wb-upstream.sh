@@ -42,19 +42,6 @@ requires nbdkit --filter="$FILTER" null --dump-plugin
 requires python3 -c 'import nbd'
 requires cmp --version
 
-# nbdkit discards its stderr when it forks: while NBDKIT_STDERR names a
-# file, run it in the foreground (-f) as a background job, stderr there.
-NBDKIT_STDERR=
-nbdkit ()
-{
-  if [ -n "$NBDKIT_STDERR" ]; then
-    command nbdkit -f "$@" 2>>"$NBDKIT_STDERR" &
-    disown $!
-  else
-    command nbdkit "$@"
-  fi
-}
-
 CLIENT="$top_srcdir/tests/wb-client.py"
 uri="nbd+unix:///?socket=$TMP/px.sock"
 size=$((16 * 1024 * 1024))
