@@ -305,24 +305,6 @@ send_all (int fd, const void *buf, size_t len)
   return 0;
 }
 
-static int
-recv_all (int fd, void *buf, size_t len)
-{
-  char *p = buf;
-  while (len > 0) {
-    ssize_t r = recv (fd, p, len, 0);
-    if (r == -1 && errno == EINTR)
-      continue;
-    if (r == 0)
-      errno = ECONNRESET;
-    if (r <= 0)
-      return -1;
-    p += r;
-    len -= r;
-  }
-  return 0;
-}
-
 /* Wait until FD is readable, or the monotonic time DEADLINE (ms).
  * -1 with ETIMEDOUT past it.
  */
@@ -363,6 +345,13 @@ recv_all_until (int fd, void *buf, size_t len, uint64_t deadline)
     len -= r;
   }
   return 0;
+}
+
+/* recv_all_until with no deadline (a link that has its own). */
+static int
+recv_all (int fd, void *buf, size_t len)
+{
+  return recv_all_until (fd, buf, len, UINT64_MAX);
 }
 
 /* A send that a peer reading nothing cannot block for ever: past
