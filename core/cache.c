@@ -232,7 +232,10 @@ fsc_cache_open (const struct fsc_cache_config *config,
   pthread_cond_init (&c->fill_cond, NULL);
   pthread_cond_init (&c->fill_idle_cond, NULL);
   pthread_mutex_init (&c->budget_lock, NULL);
-  c->test_budget = getenv ("NBD_FSCACHE_TEST_BUDGET") != NULL;
+  {
+    const char *tb = getenv ("NBD_FSCACHE_TEST_BUDGET");
+    c->test_budget = tb == NULL ? -1 : strcmp (tb, "0") != 0;
+  }
   fsc_meter_init (&c->up_meter, &c->stats.upstream_busy_us);
   fsc_meter_init (&c->fill_meter, &c->stats.fill_busy_us);
   c->fill_tail = &c->fill_head;

@@ -110,8 +110,10 @@ struct fsc_cache {
    */
   pthread_mutex_t budget_lock;
   uint64_t budget_bytes, budget_ns;
-  bool test_budget;                     /* engaged whatever the rates
-                                         * (NBD_FSCACHE_TEST_BUDGET) */
+  int test_budget;                      /* NBD_FSCACHE_TEST_BUDGET: 1
+                                         * engaged whatever the rates,
+                                         * 0 never (nor the full
+                                         * queue's skip), -1 unset */
 
   /* Is the cache disk the bottleneck (fill.c, fsc_fill_slower)? */
   struct fsc_meter up_meter;            /* every upstream read */

@@ -48,7 +48,7 @@ main (void)
   struct fsc_cache_config cfg = { .dir = dir, .create = true };
   struct fsc_cache *c;
   CHECK (fsc_cache_open (&cfg, &c) == 0);
-  CHECK (!c->test_budget);      /* NBD_FSCACHE_TEST_BUDGET must be unset */
+  CHECK (c->test_budget == -1); /* NBD_FSCACHE_TEST_BUDGET must be unset */
 
   /* Nothing measured yet: 64 MiB in all, then nothing, whoever asks. */
   CHECK (!fsc_fill_budgeted (c));
