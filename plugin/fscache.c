@@ -91,6 +91,8 @@ struct handle {
   bool traced;                  /* its reads go into the trace */
   struct wb *wb;                /* writeback mode: the export's writer
                                  * and log (the process's, shared) */
+  bool wbmode;                  /* writeback mode, and the upstream
+                                 * can write (wb_wanted) */
 };
 
 /* Held while a connection opens an object not yet open in this
@@ -472,7 +474,7 @@ join_open (struct handle *h, const struct fsc_object_params *p,
   h->obj = fsc_object_get (state.cache, p);
   if (h->obj == NULL)
     return false;
-  if (params.mode == MODE_WRITEBACK) {
+  if (h->wbmode) {
     h->wb = wb_find (k, klen);
     if (h->wb == NULL && !locked) {
       fsc_object_close (h->obj);
@@ -493,6 +495,32 @@ join_open (struct handle *h, const struct fsc_object_params *p,
   return true;
 }
 
+/* Writeback for H?  Only in writeback mode, and only if the upstream
+ * can write: over one that cannot (pattern, a read-only server) the
+ * plugin alone, writethrough and nbdkit's cache filter all serve the
+ * export read-only, and so does writeback, said once per process;
+ * writing it back would fail anyway.  An upstream whose can_write
+ * fails is refused, as the plugin alone would be.  Sets h->wbmode.
+ * Returns 0 or -1.  (Issue 29, item 1: tests/test-transparent.sh.)
+ */
+static int
+wb_wanted (struct handle *h)
+{
+  static bool said;
+  h->wbmode = false;
+  if (params.mode != MODE_WRITEBACK)
+    return 0;
+  int w = upstream_can_write (&h->upstream);
+  if (w == -1)
+    return -1;
+  h->wbmode = w == 1;
+  if (w == 0 && !__atomic_test_and_set (&said, __ATOMIC_RELAXED))
+    nbdkit_error ("fscache: warning: export \"%s\": fscache-mode=writeback, "
+                  "but the upstream cannot write: serving it read-only, "
+                  "cached as in writethrough mode", h->exportname);
+  return 0;
+}
+
 static int
 fscache_prepare (nbdkit_next *next, void *handle, int readonly)
 {
@@ -511,11 +539,13 @@ fscache_prepare (nbdkit_next *next, void *handle, int readonly)
     .verify = params.verify, .validate = params.validate,
     .generation = params.generation, .max_size = params.max_size,
     .resident_groups = params.resident_groups,
-    /* The write log is one process's: never shared (share.c). */
-    .exclusive = params.mode == MODE_WRITEBACK,
   };
   if (!upstream_available (&h->upstream))
     return prepare_offline (h, &p);
+  if (wb_wanted (h) == -1)
+    return -1;
+  /* The write log is one process's: never shared (share.c). */
+  p.exclusive = h->wbmode;
 
   int64_t size = upstream_get_size (&h->upstream);
   if (size == -1)
@@ -551,10 +581,10 @@ fscache_prepare (nbdkit_next *next, void *handle, int readonly)
    * this one would then serve the object uncached, writing around that
    * process's dirty log.  Broken by tests/test-wb-open-race.sh.
    */
-  bool wbmode = params.mode == MODE_WRITEBACK;
+  bool wbmode = h->wbmode;
   struct fsc_wlog *wl = NULL;
   if (wbmode && wb_check_log (state.cache, h->exportname, k, klen, size,
-                              &set, &wl) == -1) {
+                              &set, wbmode, &wl) == -1) {
     pthread_mutex_unlock (&open_lock);
     return -1;
   }
@@ -582,7 +612,7 @@ fscache_prepare (nbdkit_next *next, void *handle, int readonly)
   if (!wbmode) {
     open_gate ();
     if (wb_check_log (state.cache, h->exportname, k, klen, size, &set,
-                      &wl) == -1) {
+                      wbmode, &wl) == -1) {
       pthread_mutex_unlock (&open_lock);
       fsc_object_close (h->obj);
       h->obj = NULL;
@@ -943,16 +973,21 @@ QUERY (is_rotational)
  * and trims are ours (written back later, or emulated, by the writer),
  * every connection sees the one log (multi-conn holds), and extents
  * are not offered, since the upstream's would call freshly written
- * data holes.
+ * data holes.  The upstream is still asked first: where its answer is
+ * an error (a failing can_flush, a can_fua nbdkit finds invalid), the
+ * connection is refused, as it would be with the plugin alone,
+ * instead of the writer finding the broken upstream later (issue 29,
+ * item 7: tests/test-transparent.sh).
  */
 #define WB_QUERY(name, wbval)                                           \
   static int                                                            \
   fscache_##name (nbdkit_next *next, void *handle)                      \
   {                                                                     \
     struct handle *h = handle;                                          \
-    if (h->wb)                                                          \
+    int r = upstream_##name (&h->upstream);                             \
+    if (h->wb && r != -1)                                               \
       return (wbval);                                                   \
-    return upstream_##name (&h->upstream);                              \
+    return r;                                                           \
   }
 WB_QUERY (can_flush, 1)
 WB_QUERY (can_trim, 1)

@@ -298,9 +298,9 @@ say_damaged (const char *exportname, const void *k, size_t klen,
 int
 wb_check_log (struct fsc_cache *cache, const char *exportname,
               const void *k, size_t klen, uint64_t size,
-              const struct fscache_sample_set *set, struct fsc_wlog **wlp)
+              const struct fscache_sample_set *set, bool wbmode,
+              struct fsc_wlog **wlp)
 {
-  bool wbmode = params.mode == MODE_WRITEBACK;
   struct fsc_wlog_params p = {
     .key = k, .key_len = klen, .size = size,
     .generation = params.generation, .dirty_max = params.dirty_max,

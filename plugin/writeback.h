@@ -37,14 +37,14 @@ extern void wb_set_backend (nbdkit_backend *backend);
 
 /* .prepare of a connection whose object is not open in this process
  * yet, before fsc_object_open, in any mode: refuse (-1, said) if the
- * object's write log forbids this proxy to open it (see above).  In
- * writeback mode, open the log into *WLP (the caller passes it to
- * wb_start).  SET: the upstream's sample regions now (n = 0 if not
- * sampled).
+ * object's write log forbids this proxy to open it (see above).  If
+ * WBMODE (writeback mode over an upstream that can write), open the
+ * log, creating it, into *WLP (the caller passes it to wb_start).
+ * SET: the upstream's sample regions now (n = 0 if not sampled).
  */
 extern int wb_check_log (struct fsc_cache *cache, const char *exportname,
                          const void *k, size_t klen, uint64_t size,
-                         const struct fscache_sample_set *set,
+                         const struct fscache_sample_set *set, bool wbmode,
                          struct fsc_wlog **wlp);
 
 /* Writeback mode, after fsc_object_open: start the writer of WL for
