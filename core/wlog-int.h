@@ -35,7 +35,15 @@
  * (covered: kept, its units fail).  It covers no bytes of the export.
  */
 enum wl_type { WL_DATA = 1, WL_ZERO = 2, WL_TRIM = 3, WL_FLUSH = 4,
-               WL_VOID = 5 };
+               WL_VOID = 5, WL_ZERO_ALLOC = 6 };
+/* WL_ZERO is a zero the client let trim (NBD_CMD_FLAG_NO_HOLE clear:
+ * written back with may_trim), WL_ZERO_ALLOC one it asked to keep
+ * allocated (NO_HOLE: written back without may_trim).  Both read as
+ * zeroes.  (Logs from before WL_ZERO_ALLOC hold only WL_ZERO; a binary
+ * from before it finds a WL_ZERO_ALLOC record undecodable, as in
+ * docs/format.md, "Zero records".)
+ */
+#define WL_IS_ZERO(t) ((t) == WL_ZERO || (t) == WL_ZERO_ALLOC)
 /* WL_VOID fills the slot of a record whose write failed (ENOSPC, EIO):
  * only its header is written, its length field is the slot's size, and
  * it covers no bytes of the export.  In memory its off and len are 0.

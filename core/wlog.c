@@ -479,7 +479,7 @@ decode_rec_head (const struct fsc_wlog *wl, const unsigned char *p,
   if (e->type == WL_DATA)
     return e->len <= (uint64_t) WL_REC_UNITS * FSC_WLOG_UNIT &&
       e->nunits == DIV_ROUND_UP (e->len, FSC_WLOG_UNIT);
-  return (e->type == WL_ZERO || e->type == WL_TRIM) && e->nunits == 0;
+  return (WL_IS_ZERO (e->type) || e->type == WL_TRIM) && e->nunits == 0;
 }
 
 static bool
@@ -1166,8 +1166,14 @@ fsc_wlog_pwrite (struct fsc_wlog *wl, struct fsc_object *obj,
 int
 fsc_wlog_zero (struct fsc_wlog *wl, struct fsc_object *obj,
                const struct fsc_upstream *up, uint32_t count,
-               uint64_t offset, bool fua)
+               uint64_t offset, unsigned flags)
 {
+  const bool fua = flags & FSC_WLOG_FUA;
+  /* The ragged ends are written as data, which keeps them allocated
+   * either way.
+   */
+  const enum wl_type type = flags & FSC_WLOG_NO_HOLE ? WL_ZERO_ALLOC
+    : WL_ZERO;
   if (count == 0)
     return fua ? fsc_wlog_flush (wl) : 0;
   uint64_t end = offset + count;
@@ -1185,7 +1191,7 @@ fsc_wlog_zero (struct fsc_wlog *wl, struct fsc_object *obj,
     if (r == 0 && b < end)
       r = write_data (wl, obj, up, NULL, end - b, b, false);
     if (r == 0)
-      r = append (wl, WL_ZERO, a, b - a, NULL, fua);
+      r = append (wl, type, a, b - a, NULL, fua);
   }
   int e = errno;
   range_unlock (wl, &me);

@@ -152,9 +152,16 @@ extern bool fsc_wlog_dirty (struct fsc_wlog *wl);
 extern int fsc_wlog_pwrite (struct fsc_wlog *wl, struct fsc_object *obj,
                             const struct fsc_upstream *up, const void *buf,
                             uint32_t count, uint64_t offset, bool fua);
+/* FLAGS of a zero: FSC_WLOG_FUA (1, as the bool FUA of the others),
+ * FSC_WLOG_NO_HOLE (the client's NBD_CMD_FLAG_NO_HOLE: written back
+ * as a zero that keeps the range allocated, never merged with a zero
+ * that may trim).
+ */
+#define FSC_WLOG_FUA 1u
+#define FSC_WLOG_NO_HOLE 2u
 extern int fsc_wlog_zero (struct fsc_wlog *wl, struct fsc_object *obj,
                           const struct fsc_upstream *up, uint32_t count,
-                          uint64_t offset, bool fua);
+                          uint64_t offset, unsigned flags);
 extern int fsc_wlog_trim (struct fsc_wlog *wl, uint32_t count,
                           uint64_t offset, bool fua);
 /* End the current epoch and make everything before it durable. */
@@ -177,6 +184,10 @@ struct fsc_wb_upstream {
   int (*pwrite) (void *opaque, const void *buf, uint32_t count,
                  uint64_t offset);
   int (*zero) (void *opaque, uint32_t count, uint64_t offset);
+  /* A zero that must leave the range allocated (NO_HOLE); NULL:
+   * zeroes are written as data for it.
+   */
+  int (*zero_keep) (void *opaque, uint32_t count, uint64_t offset);
   int (*trim) (void *opaque, uint32_t count, uint64_t offset);
   int (*flush) (void *opaque);
   int (*pread) (void *opaque, void *buf, uint32_t count, uint64_t offset);

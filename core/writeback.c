@@ -160,7 +160,7 @@ update_obj (struct batch *b, const struct req *r, const unsigned char *data)
     for (uint64_t done = 0; done < r->len;) {
       uint32_t n = MIN (r->len - done, (uint64_t) 1 << 30);
       unsigned f = FSC_WRITE_NOSYNC |
-        (r->type == WL_ZERO ? FSC_WRITE_KEEP : 0);
+        (WL_IS_ZERO (r->type) ? FSC_WRITE_KEEP : 0);
       if (fsc_object_write_begin_flags (o, r->off + done, n, f, &w) == 0)
         fsc_object_write_end (o, &w, NULL, true);
       done += n;
@@ -196,8 +196,12 @@ send_req (struct batch *b, const struct req *r)
       uint64_t off = r->off + done;
       if (r->type == WL_ZERO && up->can_zero)
         ret = up->zero (up->opaque, n, off);
-      else if (r->type == WL_ZERO) {
-        /* No zero upstream: write zeroes, a slice at a time. */
+      else if (r->type == WL_ZERO_ALLOC && up->can_zero && up->zero_keep)
+        ret = up->zero_keep (up->opaque, n, off);
+      else if (WL_IS_ZERO (r->type)) {
+        /* No zero upstream (or none that keeps the range allocated):
+         * write zeroes, a slice at a time.
+         */
         unsigned char *z = calloc (1, MIN ((uint64_t) n, MAX_REQ));
         if (z == NULL)
           ret = -1;

@@ -106,6 +106,19 @@ w_zero (void *opaque, uint32_t count, uint64_t offset)
   return 0;
 }
 
+/* A zero the client sent with NO_HOLE: without may_trim, so that the
+ * upstream keeps the range allocated (issue 29, item 3).
+ */
+static int
+w_zero_keep (void *opaque, uint32_t count, uint64_t offset)
+{
+  struct wb *wb = opaque;
+  int err = 0;
+  if (upstream_zero (&wb->up, count, offset, 0, &err) == -1)
+    return set_errno (err);
+  return 0;
+}
+
 static int
 w_trim (void *opaque, uint32_t count, uint64_t offset)
 {
@@ -412,7 +425,8 @@ wb_start (struct fsc_cache *cache, const char *exportname, const void *k,
     goto err_up;
   }
   struct fsc_wb_upstream wup = {
-    .pwrite = w_pwrite, .zero = w_zero, .trim = w_trim, .flush = w_flush,
+    .pwrite = w_pwrite, .zero = w_zero, .zero_keep = w_zero_keep,
+    .trim = w_trim, .flush = w_flush,
     .pread = w_pread, .reopen = w_reopen, .opaque = wb,
     .nparallel = upstream_parallel (&wb->up) ? 8 : 1,
     .can_trim = wb->can_trim,
@@ -525,8 +539,9 @@ int
 wb_zero (struct wb *wb, struct fsc_object *obj, const struct fsc_upstream *up,
          uint32_t count, uint64_t offset, uint32_t flags, int *err)
 {
-  return done (wb, fsc_wlog_zero (wb->wl, obj, up, count, offset,
-                                  flags & NBDKIT_FLAG_FUA), err);
+  unsigned f = (flags & NBDKIT_FLAG_FUA ? FSC_WLOG_FUA : 0) |
+    (flags & NBDKIT_FLAG_MAY_TRIM ? 0 : FSC_WLOG_NO_HOLE);
+  return done (wb, fsc_wlog_zero (wb->wl, obj, up, count, offset, f), err);
 }
 
 int

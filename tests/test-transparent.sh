@@ -9,6 +9,11 @@
 #     included, with the same bytes (md5 of a full copy).  Writeback
 #     used to refuse every connection ("opening the writer's connection
 #     to the upstream: Read-only file system").
+#  3. NBD_CMD_FLAG_NO_HOLE reaches the plugin: a zero sent with it,
+#     beside a zero sent without, reaches a log filter below the cache
+#     as trim=0 in every mode, as with the plugin alone (writeback used
+#     to merge it with its neighbour and send trim=1), and the file
+#     behind keeps that range allocated (st_blocks).
 #  7. A plugin whose can_flush fails (an sh plugin): the plugin alone
 #     refuses the connection, and so does the filter in every mode.
 #     Writeback used to serve it with can_flush: true.
@@ -24,6 +29,8 @@ requires nbdcopy --version
 requires nbdkit pattern --dump-plugin
 requires nbdkit sh --dump-plugin
 requires nbdkit nbd --dump-plugin
+requires nbdkit --filter=log null --dump-plugin
+requires "$PYTHON" -c 'import nbd'
 requires test -r "$FILTER"
 
 modes="writethrough writearound writeback"
@@ -76,6 +83,63 @@ grep -q "fscache-mode=writeback, but the upstream cannot write" \
 make_random "$TMP/ro.img" $((4 * 1024 * 1024))
 start_nbdkit -P "$TMP/ro.pid" -U "$TMP/ro.sock" -r file "$TMP/ro.img"
 same "nbd to a read-only server" nbd socket="$TMP/ro.sock"
+
+# ---- 3. NO_HOLE passes through -------------------------------------------
+# Two neighbouring zeroes, the first with NO_HOLE, then a flush; the
+# log filter below says how each reached the plugin, and the file's
+# allocation afterwards how the plugin took them.
+cat > "$TMP/zeroes.py" <<'EOF'
+import sys, nbd
+h = nbd.NBD()
+h.connect_uri(sys.argv[1])
+h.zero(1 << 20, 0, nbd.CMD_FLAG_NO_HOLE)
+h.zero(1 << 20, 1 << 20)
+h.flush()
+h.shutdown()
+EOF
+cat > "$TMP/allocated.py" <<'EOF'
+import os, sys
+# Whole MiB allocated (st_blocks): a zero that keeps its range
+# allocated leaves it counted (ext4 and XFS allocate unwritten extents,
+# which SEEK_DATA calls holes), a trimming one does not.
+print("%d MiB allocated" % (os.stat(sys.argv[1]).st_blocks * 512 >> 20))
+EOF
+# nohole LABEL [MODE]: how the zeroes reached the plugin (offset,
+# count and trim of each Zero, in order), and the file's allocation
+# afterwards; through the filter in MODE, or the plugin alone.
+nohole ()
+{
+  local label=$1 mode=${2:-}
+  local filter=()
+  if [ -n "$mode" ]; then
+    filter=(--filter="$FILTER")
+    set -- fscache-dir="$TMP/zc-$mode" fscache-mode="$mode"
+  else
+    set --
+  fi
+  rm -f "$TMP/z.log"
+  make_random "$TMP/z.img" $((2 * 1024 * 1024))
+  start_nbdkit -P "$TMP/z.pid" -U "$TMP/z.sock" "${filter[@]}" \
+    --filter=log file "$TMP/z.img" logfile="$TMP/z.log" "$@"
+  $PYTHON "$TMP/zeroes.py" "nbd+unix:///?socket=$TMP/z.sock"
+  stop_nbdkit "$TMP/z.pid"          # writeback: drained at the stop
+  local got
+  got="$(grep -o ' Zero id=[0-9]* offset=0x[0-9a-f]* count=0x[0-9a-f]* trim=[0-9]' \
+           "$TMP/z.log" | sed 's/ id=[0-9]*//' | tr '\n' ' ')"
+  got="$got$($PYTHON "$TMP/allocated.py" "$TMP/z.img")"
+  echo "$label: $got" >&2
+  echo "$got"
+}
+alone=$(nohole "NO_HOLE, alone")
+case "$alone" in
+  *"offset=0x0 count=0x100000 trim=0"*"1 MiB allocated") ;;
+  *) fail "test bug: the plugin alone shows '$alone'" ;;
+esac
+for m in $modes; do
+  got=$(nohole "NO_HOLE, $m" "$m")
+  [ "$got" = "$alone" ] ||
+    fail "NO_HOLE, $m: '$got' where the plugin alone gives '$alone'"
+done
 
 # ---- 7. a plugin whose can_flush fails ----------------------------------
 cat > "$TMP/badflush.sh" <<'EOF'
