@@ -168,6 +168,8 @@ struct fsc_wlog {
                                          * or could not move the tail:
                                          * it sends nothing more */
   unsigned outage;                      /* consecutive failed rounds */
+  int last_err;                         /* errno of the last failed
+                                         * round, 0 after a good one */
 };
 
 /* wlog.c, for writeback.c. */

@@ -211,7 +211,9 @@ extern int fsc_wlog_start_writer (struct fsc_wlog *wl, struct fsc_object *obj,
                                   const struct fsc_wb_upstream *up);
 
 /* Wait until everything logged so far is written back, or TIMEOUT_MS
- * passed (0: do not wait).  Returns the dirty bytes left.
+ * passed (0: do not wait).  Returns the dirty bytes left, with errno
+ * ESHUTDOWN if the wait ended early because the upstream refuses
+ * requests until the process exits (else errno 0).
  */
 extern uint64_t fsc_wlog_drain (struct fsc_wlog *wl, uint64_t timeout_ms);
 

@@ -471,10 +471,18 @@ wb_shutdown_all (void)
     all = wb->next;
     uint64_t left = fsc_wlog_drain (wb->wl,
                                     (uint64_t) params.writeback_drain * 1000);
+    bool refused = left && errno == ESHUTDOWN;
     wb_log_notices (wb);
     struct fsc_wlog_info info;
     fsc_wlog_counters (wb->wl, &info);
-    if (left)
+    if (refused)
+      nbdkit_error ("fscache: export \"%s\": %" PRIu64 " bytes of dirty "
+                    "data in %" PRIu64 " epochs left in the cache: the "
+                    "upstream refuses requests while nbdkit shuts down (a "
+                    "filter below this one sleeps, such as delay or rate), "
+                    "so the writeback stops now; the next proxy on it "
+                    "writes them back", wb->exportname, left, info.epochs);
+    else if (left)
       nbdkit_error ("fscache: export \"%s\": %" PRIu64 " bytes of dirty "
                     "data in %" PRIu64 " epochs left in the cache after "
                     "%u s of writeback (fscache-writeback-drain); the next "

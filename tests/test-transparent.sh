@@ -14,6 +14,11 @@
 #     as trim=0 in every mode, as with the plugin alone (writeback used
 #     to merge it with its neighbour and send trim=1), and the file
 #     behind keeps that range allocated (st_blocks).
+#  5. A clean stop in writeback mode below the delay filter: the drain
+#     ends at once with a log line saying why (the upstream refuses
+#     requests while nbdkit shuts down), instead of retrying for the
+#     whole fscache-writeback-drain, and the next proxy writes the
+#     backlog back (cmp with what was written).
 #  7. A plugin whose can_flush fails (an sh plugin): the plugin alone
 #     refuses the connection, and so does the filter in every mode.
 #     Writeback used to serve it with can_flush: true.
@@ -30,6 +35,7 @@ requires nbdkit pattern --dump-plugin
 requires nbdkit sh --dump-plugin
 requires nbdkit nbd --dump-plugin
 requires nbdkit --filter=log null --dump-plugin
+requires nbdkit --filter=delay null --dump-plugin
 requires "$PYTHON" -c 'import nbd'
 requires test -r "$FILTER"
 
@@ -140,6 +146,38 @@ for m in $modes; do
   [ "$got" = "$alone" ] ||
     fail "NO_HOLE, $m: '$got' where the plugin alone gives '$alone'"
 done
+
+# ---- 5. a clean stop below a filter that sleeps --------------------------
+# Writeback over the delay filter: 16 MiB written, then SIGTERM while
+# the writer is busy.  nbdkit 1.32 aborts every sleep once it shuts
+# down, so nothing more reaches the file: the drain must end at once,
+# saying why (it used to retry for all of fscache-writeback-drain and
+# say only that time was up), and the next proxy writes the backlog
+# back: the file then equals what was written.  (One fscache-key for
+# both: a derived key names the filters below the cache.)
+make_random "$TMP/d.data" $((16 * 1024 * 1024))
+truncate -s 64M "$TMP/d.img"
+rm -f "$TMP/d.err"
+NBDKIT_STDERR="$TMP/d.err" start_nbdkit -P "$TMP/d.pid" -U "$TMP/d.sock" \
+  --filter="$FILTER" \
+  --filter=delay file "$TMP/d.img" delay-write=1000ms \
+  fscache-dir="$TMP/dc" fscache-key=d fscache-mode=writeback \
+  fscache-writeback-drain=5
+nbdcopy -- "$TMP/d.data" "nbd+unix:///?socket=$TMP/d.sock"
+stop_nbdkit "$TMP/d.pid"
+grep -v debug "$TMP/d.err" | tail -3 >&2
+grep -q "the upstream refuses requests while nbdkit shuts down" \
+  "$TMP/d.err" || fail "the drain below the delay filter did not say why it" \
+                       "stopped"
+NBDKIT_STDERR="$TMP/d.err" start_nbdkit -P "$TMP/d.pid" -U "$TMP/d.sock" \
+  --filter="$FILTER" \
+  file "$TMP/d.img" fscache-dir="$TMP/dc" fscache-key=d \
+  fscache-mode=writeback fscache-writeback-drain=60
+# A connection opens the object and its log, whose writer then starts.
+nbdinfo "nbd+unix:///?socket=$TMP/d.sock" > /dev/null
+stop_nbdkit "$TMP/d.pid"
+cmp -n $((16 * 1024 * 1024)) "$TMP/d.data" "$TMP/d.img" ||
+  fail "the next proxy did not write the backlog back"
 
 # ---- 7. a plugin whose can_flush fails ----------------------------------
 cat > "$TMP/badflush.sh" <<'EOF'
