@@ -33,6 +33,13 @@ struct fsc_cache;
 struct fsc_object;
 
 #define FSC_MAX_BLOCK_SIZE (4u << 20)
+
+/* The largest export cached (1 EiB).  A larger one, up to nbdkit's
+ * largest (2^63 - 1), is opened as a withdrawn object (the lookup
+ * fails with EFBIG): it is served uncached, its group table a single
+ * empty entry so that its memory does not grow with the size.
+ */
+#define FSC_OBJECT_SIZE_MAX (UINT64_C (1) << 60)
 _Static_assert (FSC_MAX_BLOCK_SIZE == FSC_INDEX_BLOCK_MAX,
                 "the index reads exactly the block sizes objects take");
 

@@ -57,7 +57,12 @@
 int
 fsc_gtable_init (struct fsc_object *o)
 {
-  o->ntop = DIV_ROUND_UP (o->ngroups, (uint64_t) GT_LEAF * GT_MID);
+  /* An object too large to cache never has a group: one entry, so
+   * that an 8 EiB export does not take 2^26 of them (or 2^30 with
+   * 4 KiB blocks).  grp and fsc_grp_alloc check the range.
+   */
+  o->ntop = o->size > FSC_OBJECT_SIZE_MAX ? 1
+    : DIV_ROUND_UP (o->ngroups, (uint64_t) GT_LEAF * GT_MID);
   if (o->ntop == 0)
     o->ntop = 1;
   o->gtop = calloc (o->ntop, sizeof *o->gtop);
@@ -68,6 +73,10 @@ fsc_gtable_init (struct fsc_object *o)
 struct group *
 fsc_grp_alloc (struct fsc_object *o, uint64_t gi)
 {
+  if (gi >> (GT_LEAF_SHIFT + GT_MID_SHIFT) >= o->ntop) {
+    errno = EFBIG;              /* too large to cache (fsc_gtable_init) */
+    return NULL;
+  }
   struct gmid **mp = &o->gtop[gi >> (GT_LEAF_SHIFT + GT_MID_SHIFT)];
   if (*mp == NULL && (*mp = calloc (1, sizeof **mp)) == NULL)
     return NULL;
@@ -102,6 +111,8 @@ uint64_t
 fsc_grp_next (const struct fsc_object *o, uint64_t gi)
 {
   while (gi < o->ngroups) {
+    if (gi >> (GT_LEAF_SHIFT + GT_MID_SHIFT) >= o->ntop)
+      break;
     const struct gmid *m = o->gtop[gi >> (GT_LEAF_SHIFT + GT_MID_SHIFT)];
     if (m == NULL) {
       gi = ((gi >> (GT_LEAF_SHIFT + GT_MID_SHIFT)) + 1)

@@ -624,6 +624,8 @@ extern int fsc_groups_census (struct fsc_object *o);
 static inline struct group *
 grp (const struct fsc_object *o, uint64_t gi)
 {
+  if (gi >> (GT_LEAF_SHIFT + GT_MID_SHIFT) >= o->ntop)
+    return NULL;                /* too large to cache: none */
   const struct gmid *m = o->gtop[gi >> (GT_LEAF_SHIFT + GT_MID_SHIFT)];
   if (m == NULL)
     return NULL;

@@ -291,6 +291,13 @@ lookup (struct fsc_object *o, const struct fsc_object_params *p,
   struct fsc_cache *c = o->cache;
   struct fsc_stats *st = &c->stats;
 
+  /* Too large to cache: served uncached, as any object whose lookup
+   * fails, and nothing is created on disk.
+   */
+  if (p->size > FSC_OBJECT_SIZE_MAX) {
+    errno = EFBIG;
+    return -1;
+  }
   fsc_key_encode (p->key, p->key_len, o->name, o->fan);
   /* Ours alone, or someone else could plant files, the share socket
    * or the epochs beside ours (safeopen.c rule 1).
@@ -614,8 +621,7 @@ fsc_object_open (struct fsc_cache *c, const struct fsc_object_params *p,
   if (p->key_len == 0 || !is_power_of_2 (p->block_size) ||
       p->block_size < SUB_SIZE || p->block_size > FSC_MAX_BLOCK_SIZE ||
       p->validate < FSC_VALIDATE_NONE || p->validate > FSC_VALIDATE_SAMPLE ||
-      (p->generation && strlen (p->generation) > FSC_GEN_MAX) ||
-      p->size > (UINT64_C (1) << 60)) {
+      (p->generation && strlen (p->generation) > FSC_GEN_MAX)) {
     errno = EINVAL;
     return -1;
   }

@@ -19,6 +19,9 @@
 #     requests while nbdkit shuts down), instead of retrying for the
 #     whole fscache-writeback-drain, and the next proxy writes the
 #     backlog back (cmp with what was written).
+#  6. Exports of 4 EiB and more (pattern 4E, 2^62 + 4096, and nbdkit's
+#     largest, 2^63 - 1) are served as the plugin alone serves them,
+#     uncached with a warning, in every mode; they used to be refused.
 #  7. A plugin whose can_flush fails (an sh plugin): the plugin alone
 #     refuses the connection, and so does the filter in every mode.
 #     Writeback used to serve it with can_flush: true.
@@ -178,6 +181,44 @@ nbdinfo "nbd+unix:///?socket=$TMP/d.sock" > /dev/null
 stop_nbdkit "$TMP/d.pid"
 cmp -n $((16 * 1024 * 1024)) "$TMP/d.data" "$TMP/d.img" ||
   fail "the next proxy did not write the backlog back"
+
+# ---- 6. exports of 4 EiB and more -----------------------------------------
+# Served as by the plugin alone (size, and reads at the start, past
+# 4 EiB and at the end), uncached with the warning, in every mode.  The
+# filter used to refuse them ("opening the cache object: Invalid
+# argument").
+cat > "$TMP/ends.py" <<'EOF'
+import sys, nbd
+h = nbd.NBD()
+h.connect_uri(sys.argv[1])
+s = h.get_size()
+print(s, *(h.pread(4096, o).hex()[:32]
+           for o in (0, min(1 << 62, s - 8192) + 512, s - 4096)))
+EOF
+huge ()                         # LABEL SIZE [MODE]
+{
+  local label=$1 size=$2 mode=${3:-} out
+  local args=(pattern "$size")
+  if [ -n "$mode" ]; then
+    args=(--filter="$FILTER" pattern "$size" fscache-dir="$TMP/hc-$mode"
+          fscache-mode="$mode")
+  fi
+  out=$(nbdkit -U - "${args[@]}" \
+          --run "$PYTHON $TMP/ends.py \"\$uri\"" 2>>"$TMP/huge.err") || true
+  echo "$label: ${out:-refused}" >&2
+  echo "${out:-refused}"
+}
+for size in 4E $(( (1 << 62) + 4096 )) 9223372036854775807; do
+  alone=$(huge "$size, alone" "$size")
+  [ "$alone" != refused ] || fail "test bug: pattern $size refused alone"
+  for m in $modes; do
+    got=$(huge "$size, $m" "$size" "$m")
+    [ "$got" = "$alone" ] ||
+      fail "pattern $size, $m: '$got' where the plugin alone gives '$alone'"
+  done
+done
+grep -q "cache unusable (File too large); serving it uncached" \
+  "$TMP/huge.err" || fail "pattern 4E: no warning that it is served uncached"
 
 # ---- 7. a plugin whose can_flush fails ----------------------------------
 cat > "$TMP/badflush.sh" <<'EOF'
