@@ -45,6 +45,7 @@
 #include "keyenc.h"
 #include "readahead.h"
 #include "trace.h"
+#include "blocksize.h"
 #include "upstream.h"
 #include "utils.h"
 
@@ -551,6 +552,7 @@ fscache_prepare (nbdkit_next *next, void *handle, int readonly)
   if (size == -1)
     return -1;
   h->size = p.size = size;
+  bs_check_block_size (&h->upstream, params.block_size);
 
   /* Another connection has the object open: it was validated then. */
   if (join_open (h, &p, k, klen, false))

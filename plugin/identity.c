@@ -27,6 +27,7 @@
 
 #include "utils.h"
 
+#include "blocksize.h"
 #include "identity.h"
 #include "params.h"
 
@@ -212,7 +213,7 @@ read_sample (void *arg)
 {
   struct sample *sm = arg;
   int err = 0;
-  if (upstream_pread (sm->up, sm->buf, sm->n, sm->off, 0, &err) == -1)
+  if (bs_pread (sm->up, sm->buf, sm->n, sm->off, 0, &err) == -1)
     sm->err = err ? err : EIO;
   return NULL;
 }

@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <pthread.h>
 
+#include "blocksize.h"
 #include "readahead.h"
 #include "upstream.h"
 
@@ -82,6 +83,7 @@ open_gated (struct upstream *u, nbdkit_backend *backend, int readonly,
   u->next = NULL;
   u->prepared = false;
   u->offline_said = false;
+  u->bs_min = u->bs_max = 0;
   pthread_mutex_init (&u->own, NULL);
   if (thread_model >= NBDKIT_THREAD_MODEL_PARALLEL)
     u->gate = NULL;
@@ -317,7 +319,8 @@ int
 upstream_fsc_pread (void *opaque, void *buf, uint32_t count, uint64_t offset)
 {
   int err = 0;
-  if (upstream_pread (opaque, buf, count, offset, 0, &err) == -1) {
+  /* Fills, pieces and prefetches: shapes of ours, kept legal. */
+  if (bs_pread (opaque, buf, count, offset, 0, &err) == -1) {
     errno = err ? err : EIO;
     return -1;
   }

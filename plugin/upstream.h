@@ -57,6 +57,8 @@ struct upstream {
   bool offline_said;            /* the first offline miss was logged */
   pthread_mutex_t *gate;        /* NULL (parallel), &own or the server's */
   pthread_mutex_t own;          /* this connection's gate */
+  uint32_t bs_min, bs_max;      /* its block-size constraints, 0 until
+                                 * asked (blocksize.c) */
 };
 
 /* Record the server's final thread model (from .get_ready). */

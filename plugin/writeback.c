@@ -26,6 +26,7 @@
 #include "keyenc.h"
 #include "utils.h"
 
+#include "blocksize.h"
 #include "params.h"
 #include "writeback.h"
 
@@ -91,7 +92,7 @@ w_pwrite (void *opaque, const void *buf, uint32_t count, uint64_t offset)
 {
   struct wb *wb = opaque;
   int err = 0;
-  if (upstream_pwrite (&wb->up, buf, count, offset, 0, &err) == -1)
+  if (bs_pwrite (&wb->up, buf, count, offset, 0, &err) == -1)
     return set_errno (err);
   return 0;
 }
@@ -101,7 +102,7 @@ w_zero (void *opaque, uint32_t count, uint64_t offset)
 {
   struct wb *wb = opaque;
   int err = 0;
-  if (upstream_zero (&wb->up, count, offset, NBDKIT_FLAG_MAY_TRIM, &err) == -1)
+  if (bs_zero (&wb->up, count, offset, NBDKIT_FLAG_MAY_TRIM, &err) == -1)
     return set_errno (err);
   return 0;
 }
@@ -114,7 +115,7 @@ w_zero_keep (void *opaque, uint32_t count, uint64_t offset)
 {
   struct wb *wb = opaque;
   int err = 0;
-  if (upstream_zero (&wb->up, count, offset, 0, &err) == -1)
+  if (bs_zero (&wb->up, count, offset, 0, &err) == -1)
     return set_errno (err);
   return 0;
 }
@@ -124,7 +125,7 @@ w_trim (void *opaque, uint32_t count, uint64_t offset)
 {
   struct wb *wb = opaque;
   int err = 0;
-  if (upstream_trim (&wb->up, count, offset, 0, &err) == -1)
+  if (bs_trim (&wb->up, count, offset, 0, &err) == -1)
     return set_errno (err);
   return 0;
 }
@@ -144,7 +145,7 @@ w_pread (void *opaque, void *buf, uint32_t count, uint64_t offset)
 {
   struct wb *wb = opaque;
   int err = 0;
-  if (upstream_pread (&wb->up, buf, count, offset, 0, &err) == -1)
+  if (bs_pread (&wb->up, buf, count, offset, 0, &err) == -1)
     return set_errno (err);
   return 0;
 }

@@ -9,6 +9,11 @@
 #     included, with the same bytes (md5 of a full copy).  Writeback
 #     used to refuse every connection ("opening the writer's connection
 #     to the upstream: Read-only file system").
+#  2. Behind an upstream that enforces its block sizes (blocksize-policy
+#     with errors on: a 64K minimum, a 32K maximum), a client obeying
+#     them reads and writes the same bytes as with the plugin alone, in
+#     every mode: the filter's own requests (the sample, fills, pieces,
+#     readahead, writeback) keep the constraints too.
 #  3. NBD_CMD_FLAG_NO_HOLE reaches the plugin: a zero sent with it,
 #     beside a zero sent without, reaches a log filter below the cache
 #     as trim=0 in every mode, as with the plugin alone (writeback used
@@ -39,6 +44,7 @@ requires nbdkit sh --dump-plugin
 requires nbdkit nbd --dump-plugin
 requires nbdkit --filter=log null --dump-plugin
 requires nbdkit --filter=delay null --dump-plugin
+requires nbdkit --filter=blocksize-policy null --dump-plugin
 requires "$PYTHON" -c 'import nbd'
 requires test -r "$FILTER"
 
@@ -92,6 +98,64 @@ grep -q "fscache-mode=writeback, but the upstream cannot write" \
 make_random "$TMP/ro.img" $((4 * 1024 * 1024))
 start_nbdkit -P "$TMP/ro.pid" -U "$TMP/ro.sock" -r file "$TMP/ro.img"
 same "nbd to a read-only server" nbd socket="$TMP/ro.sock"
+
+# ---- 2. the upstream's block-size constraints ---------------------------
+# Behind blocksize-policy with errors on, a minimum of 64K, then a
+# maximum of 32K: a client that obeys them writes (aligned, within the
+# maximum), flushes, reads everything in its smallest legal requests
+# and 50 random ones; the md5 of what it read, and of the file once the
+# proxy has stopped (writeback: drained), equal the plugin alone's.
+# The filter's own requests (the sample, fills, pieces, readahead, the
+# writer's) used to break them: every connection refused, or EIO.
+cat > "$TMP/bsdrive.py" <<'EOF'
+import sys, nbd, hashlib, random
+h = nbd.NBD()
+h.connect_uri(sys.argv[1])
+mn = max(h.get_block_size(nbd.SIZE_MINIMUM), 1)
+mx = min(h.get_block_size(nbd.SIZE_MAXIMUM), 32 << 20)
+size = h.get_size()
+rnd = random.Random(1)
+step = max(mn, 4096)
+for i in range(20):
+    n = min(mx, step * rnd.randrange(1, 4))
+    h.pwrite(bytes([i + 1]) * n, rnd.randrange(0, (size - n) // mn) * mn)
+h.flush()
+dig = hashlib.md5()
+for o in range(0, size, min(mx, step)):
+    dig.update(h.pread(min(mx, step, size - o), o))
+for i in range(50):
+    k = min(mx, step * rnd.randrange(1, 8))
+    dig.update(h.pread(k, rnd.randrange(0, (size - k) // mn + 1) * mn))
+h.shutdown()
+print(mn, mx, dig.hexdigest())
+EOF
+make_random "$TMP/bs0.img" $((8 * 1024 * 1024))
+bsrun ()                        # LABEL POLICY [MODE]
+{
+  local label=$1 policy=$2 mode=${3:-} out
+  local filter=()
+  cp "$TMP/bs0.img" "$TMP/bs.img"
+  [ -z "$mode" ] || filter=(--filter="$FILTER")
+  # shellcheck disable=SC2086
+  out=$(nbdkit -U - "${filter[@]}" --filter=blocksize-policy \
+          file "$TMP/bs.img" $policy blocksize-error-policy=error \
+          ${mode:+fscache-dir="$TMP/bsc-$mode" fscache-mode="$mode"} \
+          --run "$PYTHON $TMP/bsdrive.py \"\$uri\"" 2>>"$TMP/bs.err") ||
+    out="failed"
+  out="$out $(md5sum < "$TMP/bs.img" | cut -d' ' -f1)"
+  echo "$label: $out" >&2
+  echo "$out"
+}
+for policy in "blocksize-minimum=64K blocksize-preferred=64K" \
+              "blocksize-maximum=32K"; do
+  alone=$(bsrun "$policy, alone" "$policy")
+  case "$alone" in failed*) fail "test bug: $policy fails alone" ;; esac
+  for m in $modes; do
+    got=$(bsrun "$policy, $m" "$policy" "$m")
+    [ "$got" = "$alone" ] ||
+      fail "$policy, $m: '$got' where the plugin alone gives '$alone'"
+  done
+done
 
 # ---- 3. NO_HOLE passes through -------------------------------------------
 # Two neighbouring zeroes, the first with NO_HOLE, then a flush; the
