@@ -46,6 +46,7 @@
 #include "readahead.h"
 #include "trace.h"
 #include "blocksize.h"
+#include "pool.h"
 #include "upstream.h"
 #include "utils.h"
 
@@ -92,6 +93,8 @@ struct handle {
   bool traced;                  /* its reads go into the trace */
   struct wb *wb;                /* writeback mode: the export's writer
                                  * and log (the process's, shared) */
+  struct pool *pool;            /* its reads' pool of upstream contexts,
+                                 * or NULL (pool.c) */
   bool wbmode;                  /* writeback mode, and the upstream
                                  * can write (wb_wanted) */
 };
@@ -216,6 +219,7 @@ fscache_after_fork (nbdkit_backend *nxdata)
     return -1;
   }
   wb_set_backend (nxdata);
+  pool_set_backend (nxdata);
   return 0;
 }
 
@@ -293,6 +297,22 @@ fscache_cleanup (nbdkit_backend *nxdata)
  * .close, each through the connection's gate.  nbdkit therefore passes
  * NEXT == NULL to every callback, which use h->upstream instead.
  */
+/* The core's upstream reads (misses, pieces, prefetches) of connection
+ * OPAQUE: through its pool if it has one, else its own context; in
+ * shapes the upstream accepts (blocksize.c).
+ */
+static int
+fill_pread (void *opaque, void *buf, uint32_t count, uint64_t offset)
+{
+  struct handle *h = opaque;
+  int err = 0;
+  if (pool_pread (h->pool, &h->upstream, buf, count, offset, &err) == -1) {
+    errno = err ? err : EIO;
+    return -1;
+  }
+  return 0;
+}
+
 static void *
 fscache_open (nbdkit_next_open *next, nbdkit_context *nxdata,
               int readonly, const char *exportname, int is_tls)
@@ -303,8 +323,8 @@ fscache_open (nbdkit_next_open *next, nbdkit_context *nxdata,
     free (h);
     return NULL;
   }
-  h->up.pread = upstream_fsc_pread;
-  h->up.opaque = &h->upstream;
+  h->up.pread = fill_pread;
+  h->up.opaque = h;
   if (upstream_open (&h->upstream, nxdata, readonly, exportname) == -1 &&
       !params.offline) {
     nbdkit_error ("fscache: export \"%s\": cannot open the upstream "
@@ -326,6 +346,7 @@ fscache_close (void *handle)
   fsc_readahead_free (h->ra);
   if (h->obj)
     fsc_object_close (h->obj);
+  pool_put (h->pool);
   upstream_close (&h->upstream);
   free (h->exportname);
   free (h);
@@ -371,8 +392,10 @@ start_readahead (struct handle *h)
       fsc_object_state (h->obj) != FSC_OBJ_AVAILABLE ||
       !upstream_available (&h->upstream))
     return 0;
+  /* With a pool, prefetches run side by side on its contexts. */
   h->ra = fsc_readahead_new (h->obj, params.readahead,
-                            upstream_max_background (), &h->up);
+                            h->pool ? FSC_RA_THREADS
+                            : upstream_max_background (), &h->up);
   if (h->ra == NULL) {
     nbdkit_error ("fscache: readahead: %m");
     return -1;
@@ -534,6 +557,9 @@ fscache_prepare (nbdkit_next *next, void *handle, int readonly)
   }
   if (upstream_prepare (&h->upstream) == -1)
     return -1;
+  if (h->pool == NULL && upstream_available (&h->upstream) &&
+      pool_wanted (&h->upstream))
+    h->pool = pool_get (h->exportname);
 
   struct fsc_object_params p = {
     .key = k, .key_len = klen, .block_size = params.block_size,

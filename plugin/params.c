@@ -54,6 +54,10 @@ struct fscache_params params = {
    * left stays on disk for the next proxy.
    */
   .writeback_drain = 30,
+  /* See the man page, fscache-upstream-connections: measured in
+   * docs/benchmarks.md.
+   */
+  .upstream_connections = 8,
 };
 
 const char params_help[] =
@@ -65,6 +69,7 @@ const char params_help[] =
   "fscache-validate=sample|size|none       Coherency check at open.\n"
   "fscache-verify=BOOL        Verify checksums of hits (default true).\n"
   "fscache-readahead=SIZE     Sequential readahead window (default 4M, 0 off).\n"
+  "fscache-upstream-connections=N  Contexts for a serial upstream (default 8).\n"
   "fscache-max-size=SIZE      Cap on each export's cached bytes (default none).\n"
   "fscache-min-free=N%        Cache nothing below N% free space (default 1%).\n"
   "fscache-min-free-inodes=N% The same for free inodes (default 1%).\n"
@@ -205,6 +210,17 @@ params_config (const char *k, const char *value)
       return -1;
     }
     params.readahead = r;
+    return 0;
+  }
+  if (strcmp (k, "fscache-upstream-connections") == 0) {
+    unsigned n;
+    if (nbdkit_parse_unsigned (k, value, &n) == -1)
+      return -1;
+    if (n > 64) {
+      nbdkit_error ("fscache-upstream-connections=%s: at most 64", value);
+      return -1;
+    }
+    params.upstream_connections = n;
     return 0;
   }
   if (strcmp (k, "fscache-max-size") == 0) {

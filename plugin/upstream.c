@@ -113,6 +113,12 @@ upstream_open_shared (struct upstream *u, nbdkit_backend *backend,
 }
 
 bool
+upstream_serial_requests (void)
+{
+  return thread_model == NBDKIT_THREAD_MODEL_SERIALIZE_REQUESTS;
+}
+
+bool
 upstream_model_allows_shared (void)
 {
   return thread_model != NBDKIT_THREAD_MODEL_SERIALIZE_CONNECTIONS;

@@ -88,6 +88,11 @@ extern int upstream_open (struct upstream *u, nbdkit_context *context,
 extern int upstream_open_shared (struct upstream *u, nbdkit_backend *backend,
                                  const char *exportname);
 
+/* True under serialize_requests: one call at a time per connection,
+ * connections in parallel (where a pool of contexts helps, pool.c).
+ */
+extern bool upstream_serial_requests (void);
+
 /* False under serialize_connections, where a context of our own beside
  * the client's would be a second connection the upstream forbids.
  */

@@ -17,7 +17,8 @@
 # sees the reply), so a call can never be blamed for its predecessor.
 #
 # Each call also appends "method offset count" to DIR/calls, so a test
-# can count what really reached the upstream.
+# can count what really reached the upstream (a pread adds its
+# connection and its start and end times in ns).
 set -u
 img="${SERIAL_IMG:?}"
 dir="${SERIAL_DIR:?}"
@@ -70,11 +71,14 @@ case "$method" in
     echo emulate ;;
   pread)
     lock "$(scope "$2")" "$4+$3"
-    echo "pread $4 $3" >> "$dir/calls"
+    t0=$(date +%s%N)
     # Widen the window in which an overlapping call would be caught.
     sleep 0.002
     dd if="$img" bs=64K skip="$4" count="$3" \
-       iflag=skip_bytes,count_bytes status=none ;;
+       iflag=skip_bytes,count_bytes status=none
+    # Its connection (handle) and when it ran, in ns: tests measure how
+    # many calls were in flight at once (on different connections).
+    echo "pread $4 $3 ${2##*/} $t0 $(date +%s%N)" >> "$dir/calls" ;;
   pwrite)
     lock "$(scope "$2")" "$4+$3"
     echo "pwrite $4 $3" >> "$dir/calls"

@@ -1,0 +1,374 @@
+/* nbdkit-fscache-filter: a pool of upstream contexts for serial plugins
+ * (fscache-upstream-connections=N).
+ *
+ * Why.  nbdkit 1.32's curl and ssh plugins are serialize_requests: one
+ * call at a time per connection.  The filter used to read every miss
+ * and prefetch of a client connection on that connection's one
+ * context, so a cold read paid one round trip per request, whatever
+ * the client's queue depth and whatever the link could carry (0.12x
+ * of what a 10 ms link allows for 1 MiB reads at iodepth 8).
+ *
+ * What.  Per export, up to N contexts of the filter's own
+ * (nbdkit_next_context_open, as the writeback writer opens its own),
+ * each owned by one worker thread, which is the only caller on it: a
+ * context still carries one call at a time.  A miss's read (a run of
+ * blocks, up to a few MiB) is cut into chunks of at least CHUNK_MIN
+ * bytes, spread over the workers and waited for; readahead runs up to
+ * FSC_RA_THREADS prefetches at once, each spread the same way.  So a
+ * sequential stream keeps enough requests in flight to cover the
+ * round trip.  What the pool cannot change: nbdkit itself dispatches
+ * one request at a time per client connection under
+ * serialize_requests (a filter's thread model can only be stricter
+ * than the plugin's), so small random misses of one connection stay
+ * one at a time; several client connections (multi-conn) share the
+ * pool.
+ *
+ * Only under serialize_requests.  Under parallel, a context carries
+ * many calls at once and the connection's own is enough; under
+ * serialize_all_requests and serialize_connections one call at a time
+ * is the whole server's rule, which a pool would break.  (An upstream
+ * that can write and offers no multi-conn gives each context a view
+ * of its own, and fills through several views can mix a block's
+ * versions once clients write: issue 29, item 4, which the pool does
+ * not make worse than each connection's own context did, and does not
+ * solve either.  curl, the pool's main user, is such an upstream, and
+ * most often read only.)
+ *
+ * Lifetime.  Workers start on demand, up to N; a worker opens its
+ * context at its first job and closes it after IDLE_MS without one (the
+ * thread then ends), and after a failed call (the next job opens a new
+ * one: the failure itself goes to the caller, as it would have from
+ * the connection's context).  A context that cannot be opened (the
+ * upstream refuses more connections) lowers the pool's size to the
+ * workers that have one, said once; with none at all, reads go to the
+ * connection's own context.  The pool of an export lives while a
+ * connection uses it.
+ *
+ * Locking: pool->lock guards the queue, the counts and the chunks'
+ * completion; it is never held across an upstream call.
+ */
+#include <config.h>
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "readahead.h"
+#include "utils.h"
+
+#include "blocksize.h"
+#include "params.h"
+#include "pool.h"
+#include "upstream.h"
+
+/* A chunk is at least this: fewer, larger requests where they are as
+ * fast (one round trip either way), and the cache's block size.
+ */
+#define CHUNK_MIN (64 * 1024)
+
+/* A worker without a job this long closes its context and ends. */
+#define IDLE_MS 10000
+
+struct job {
+  unsigned char *buf;
+  uint32_t count;
+  uint64_t offset;
+  int err;                      /* 0, an errno, or -1: no context */
+  bool done;
+  struct job *next;
+};
+
+struct pool {
+  struct pool *next;            /* in the process's list */
+  char *exportname;
+  unsigned refs;                /* connections using it */
+  pthread_mutex_t lock;
+  pthread_cond_t work;          /* a job queued, or stopping */
+  pthread_cond_t done;          /* a job done */
+  struct job *head, **tail;
+  unsigned max;                 /* workers at most: N, or fewer once
+                                 * the upstream refused one */
+  unsigned workers;             /* running */
+  unsigned idle;                /* waiting for a job */
+  unsigned with_ctx;            /* holding an open context */
+  bool refused_said;
+  bool stopping;
+};
+
+static nbdkit_backend *backend;
+static pthread_mutex_t list_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct pool *list;
+
+void
+pool_set_backend (nbdkit_backend *b)
+{
+  backend = b;
+}
+
+static void
+deadline (struct timespec *ts, unsigned ms)
+{
+  clock_gettime (CLOCK_REALTIME, ts);
+  ts->tv_sec += ms / 1000;
+  ts->tv_nsec += (long) (ms % 1000) * 1000000;
+  if (ts->tv_nsec >= 1000000000) {
+    ts->tv_sec++;
+    ts->tv_nsec -= 1000000000;
+  }
+}
+
+/* Open U for P's export.  Returns 0 or -1. */
+static int
+open_ctx (struct pool *p, struct upstream *u)
+{
+  if (upstream_open_shared (u, backend, p->exportname) == -1 ||
+      upstream_prepare (u) == -1 || upstream_get_size (u) == -1) {
+    upstream_close (u);
+    return -1;
+  }
+  return 0;
+}
+
+static void *
+worker (void *arg)
+{
+  struct pool *p = arg;
+  struct upstream u;
+  bool have = false;
+
+  pthread_mutex_lock (&p->lock);
+  for (;;) {
+    while (p->head == NULL && !p->stopping) {
+      struct timespec ts;
+      deadline (&ts, IDLE_MS);
+      p->idle++;
+      int r = pthread_cond_timedwait (&p->work, &p->lock, &ts);
+      p->idle--;
+      if (r == ETIMEDOUT && p->head == NULL)
+        goto out;
+    }
+    if (p->head == NULL)        /* stopping */
+      goto out;
+    struct job *j = p->head;
+    p->head = j->next;
+    if (p->head == NULL)
+      p->tail = &p->head;
+
+    if (!have) {
+      pthread_mutex_unlock (&p->lock);
+      int r = open_ctx (p, &u);
+      pthread_mutex_lock (&p->lock);
+      if (r == -1) {
+        /* Refused: the pool is as large as the contexts it has.  The
+         * job goes back for another worker, or to the caller's own
+         * context if there is none.
+         */
+        p->max = p->with_ctx;
+        if (!p->refused_said) {
+          p->refused_said = true;
+          nbdkit_error ("fscache: export \"%s\": the upstream refused "
+                        "another connection; the pool goes on with %u "
+                        "(fscache-upstream-connections=%u)",
+                        p->exportname, p->with_ctx,
+                        params.upstream_connections);
+        }
+        if (p->with_ctx == 0) {
+          j->err = -1;
+          j->done = true;
+          pthread_cond_broadcast (&p->done);
+        }
+        else {
+          j->next = p->head;
+          p->head = j;
+          if (j->next == NULL)
+            p->tail = &j->next;
+          pthread_cond_signal (&p->work);
+        }
+        goto out;
+      }
+      have = true;
+      p->with_ctx++;
+    }
+    pthread_mutex_unlock (&p->lock);
+    int err = 0;
+    int r = bs_pread (&u, j->buf, j->count, j->offset, 0, &err);
+    if (r == -1) {
+      /* A failed call: the next job opens a new context. */
+      upstream_close (&u);
+      have = false;
+    }
+    pthread_mutex_lock (&p->lock);
+    if (r == -1)
+      p->with_ctx--;
+    j->err = r == -1 ? (err ? err : EIO) : 0;
+    j->done = true;
+    pthread_cond_broadcast (&p->done);
+  }
+ out:
+  if (have)
+    p->with_ctx--;
+  p->workers--;
+  pthread_cond_broadcast (&p->done);
+  pthread_mutex_unlock (&p->lock);
+  if (have)
+    upstream_close (&u);
+  return NULL;
+}
+
+bool
+pool_wanted (struct upstream *u)
+{
+  (void) u;
+  return params.upstream_connections > 0 && upstream_serial_requests ();
+}
+
+struct pool *
+pool_get (const char *exportname)
+{
+  SCOPED_LOCK (&list_lock);
+  for (struct pool *p = list; p; p = p->next)
+    if (strcmp (p->exportname, exportname) == 0) {
+      p->refs++;
+      return p;
+    }
+  struct pool *p = calloc (1, sizeof *p);
+  if (p == NULL || (p->exportname = strdup (exportname)) == NULL) {
+    free (p);
+    return NULL;
+  }
+  p->refs = 1;
+  p->max = params.upstream_connections;
+  p->tail = &p->head;
+  pthread_mutex_init (&p->lock, NULL);
+  pthread_cond_init (&p->work, NULL);
+  pthread_cond_init (&p->done, NULL);
+  p->next = list;
+  list = p;
+  return p;
+}
+
+void
+pool_put (struct pool *p)
+{
+  if (p == NULL)
+    return;
+  pthread_mutex_lock (&list_lock);
+  if (--p->refs > 0) {
+    pthread_mutex_unlock (&list_lock);
+    return;
+  }
+  for (struct pool **pp = &list; *pp; pp = &(*pp)->next)
+    if (*pp == p) {
+      *pp = p->next;
+      break;
+    }
+  pthread_mutex_unlock (&list_lock);
+
+  /* No connection uses it: no job can be queued any more. */
+  pthread_mutex_lock (&p->lock);
+  p->stopping = true;
+  pthread_cond_broadcast (&p->work);
+  while (p->workers > 0)
+    pthread_cond_wait (&p->done, &p->lock);
+  pthread_mutex_unlock (&p->lock);
+  pthread_mutex_destroy (&p->lock);
+  pthread_cond_destroy (&p->work);
+  pthread_cond_destroy (&p->done);
+  free (p->exportname);
+  free (p);
+}
+
+int
+pool_pread (struct pool *p, struct upstream *own, void *buf, uint32_t count,
+            uint64_t offset, int *err)
+{
+  if (p == NULL || __atomic_load_n (&p->max, __ATOMIC_RELAXED) == 0)
+    return bs_pread (own, buf, count, offset, 0, err);
+
+  /* The chunks: as many as the pool has workers, none under CHUNK_MIN,
+   * cut at multiples of it.
+   */
+  unsigned n = DIV_ROUND_UP (count, CHUNK_MIN);
+  unsigned max = __atomic_load_n (&p->max, __ATOMIC_RELAXED);
+  if (n > max)
+    n = max;
+  uint32_t per = ROUND_UP (DIV_ROUND_UP (count, n), (uint32_t) CHUNK_MIN);
+  n = DIV_ROUND_UP (count, per);
+  struct job small[16];
+  struct job *jobs = n <= 16 ? small : calloc (n, sizeof *jobs);
+  if (jobs == NULL) {
+    *err = ENOMEM;
+    return -1;
+  }
+  for (unsigned i = 0; i < n; ++i) {
+    uint32_t off = i * per;
+    jobs[i] = (struct job) {
+      .buf = (unsigned char *) buf + off, .offset = offset + off,
+      .count = MIN (per, count - off),
+    };
+  }
+
+  pthread_mutex_lock (&p->lock);
+  for (unsigned i = 0; i < n; ++i) {
+    *p->tail = &jobs[i];
+    p->tail = &jobs[i].next;
+  }
+  /* Workers for what the idle ones cannot take, up to the size. */
+  unsigned want = n > p->idle ? n - p->idle : 0;
+  while (want > 0 && p->workers < p->max) {
+    pthread_t t;
+    pthread_attr_t attr;
+    pthread_attr_init (&attr);
+    pthread_attr_setdetachstate (&attr, PTHREAD_CREATE_DETACHED);
+    int e = pthread_create (&t, &attr, worker, p);
+    pthread_attr_destroy (&attr);
+    if (e)
+      break;
+    p->workers++;
+    want--;
+  }
+  pthread_cond_broadcast (&p->work);
+  for (;;) {
+    bool all = true;
+    for (unsigned i = 0; i < n; ++i)
+      all &= jobs[i].done;
+    if (all)
+      break;
+    /* No worker left to run what is queued (all refused, or none could
+     * start): take the queued ones back.
+     */
+    if (p->workers == 0) {
+      struct job **jp = &p->head;
+      while (*jp) {
+        if (*jp >= jobs && *jp < jobs + n) {
+          (*jp)->err = -1;
+          (*jp)->done = true;
+          *jp = (*jp)->next;
+        }
+        else
+          jp = &(*jp)->next;
+      }
+      p->tail = &p->head;
+      while (*p->tail)
+        p->tail = &(*p->tail)->next;
+      continue;
+    }
+    pthread_cond_wait (&p->done, &p->lock);
+  }
+  pthread_mutex_unlock (&p->lock);
+
+  int r = 0;
+  for (unsigned i = 0; i < n && r == 0; ++i) {
+    if (jobs[i].err == -1)      /* no context in the pool: our own */
+      r = bs_pread (own, jobs[i].buf, jobs[i].count, jobs[i].offset, 0, err);
+    else if (jobs[i].err) {
+      *err = jobs[i].err;
+      r = -1;
+    }
+  }
+  if (jobs != small)
+    free (jobs);
+  return r;
+}
