@@ -32,7 +32,7 @@ struct fsc_readahead {
   bool stop;
   unsigned max_threads;
   unsigned nthreads;
-  pthread_t threads[FSC_RA_THREADS];
+  pthread_t threads[FSC_RA_THREADS_MAX];
 };
 
 static void *
@@ -75,7 +75,7 @@ struct fsc_readahead *
 fsc_readahead_new (struct fsc_object *obj, uint64_t window,
                    unsigned max_threads, const struct fsc_upstream *up)
 {
-  if (max_threads < 1 || max_threads > FSC_RA_THREADS) {
+  if (max_threads < 1 || max_threads > FSC_RA_THREADS_MAX) {
     errno = EINVAL;
     return NULL;
   }

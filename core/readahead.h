@@ -21,14 +21,16 @@
 
 #include "fscache.h"
 
-#define FSC_RA_THREADS 4
+#define FSC_RA_THREADS 4         /* over a parallel upstream */
+#define FSC_RA_THREADS_MAX 16     /* over a pool of contexts (the
+                                   * filter's pool.c), one per context */
 #define FSC_RA_CHUNK (1024 * 1024)
 
 struct fsc_readahead;
 
 /* A stream reading OBJ through UP (which must stay valid until
  * fsc_readahead_free).  WINDOW is how far ahead to read; 0 disables.
- * At most MAX_THREADS (1 .. FSC_RA_THREADS) prefetches run at once:
+ * At most MAX_THREADS (1 .. FSC_RA_THREADS_MAX) prefetches run at once:
  * an upstream that takes one request at a time gains nothing from
  * more.  Returns NULL with errno on error.
  */

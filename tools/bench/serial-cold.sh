@@ -1,0 +1,165 @@
+#!/usr/bin/env bash
+# tools/bench/serial-cold.sh: cold reads from a serial upstream, with
+# and without the pool of upstream contexts (fscache-upstream-connections).
+#
+# nginx on 127.0.0.1 serves a random image, reached through nbdkit's
+# curl plugin (one request at a time per connection in nbdkit 1.32),
+# with the delay filter adding DELAY_MS to every read, as a remote:
+#
+#   nocache     nbdkit --filter=delay curl
+#   cachefilter nbdkit --filter=cache --filter=delay curl
+#   poolN       nbdkit --filter=fscache --filter=delay curl
+#                 fscache-upstream-connections=N (N in POOLS)
+#   ceiling     nbdkit --filter=delay file: the same delay on a plugin
+#                 that takes requests in parallel (what the link allows)
+#
+# Each configuration runs, on a fresh cache and a fresh server, two
+# cold workloads from one fio job (nbd engine, one connection):
+#
+#   seq1m     sequential 1 MiB reads, iodepth 8, MiB/s
+#   rand4k    random 4 KiB reads, iodepth 16, IOPS
+#
+# for RUNTIME seconds each (time_based within the image, so nothing is
+# read twice: the image is larger than what RUNTIME covers at the
+# ceiling's seq1m rate, else the number is capped by the image).
+# ROUNDS rounds, configurations interleaved; prints the median and the
+# spread (min..max) of each.
+#
+# Options (or environment): --size=SIZE (SIZE, default 1G),
+# --delay-ms=N (DELAY_MS, default 10), --runtime=S (RUNTIME, default
+# 8), --rounds=N (ROUNDS, default 3), --pools="0 1 4 8 16" (POOLS),
+# --out=DIR (OUT, default a new /tmp/fscache-serial-cold.XXXXXX).
+
+set -euo pipefail
+BENCH_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+: "${top_srcdir:=$(cd "$BENCH_DIR/../.." && pwd)}"
+: "${top_builddir:=$top_srcdir}"
+FILTER="${FSCACHE_FILTER:-$top_builddir/plugin/.libs/nbdkit-fscache-filter.so}"
+SIZE="${SIZE:-1G}" DELAY_MS="${DELAY_MS:-10}" RUNTIME="${RUNTIME:-8}"
+ROUNDS="${ROUNDS:-3}" POOLS="${POOLS:-0 1 4 8 16}" OUT="${OUT:-}"
+for a in "$@"; do
+  case "$a" in
+    --size=*) SIZE="${a#*=}" ;;
+    --delay-ms=*) DELAY_MS="${a#*=}" ;;
+    --runtime=*) RUNTIME="${a#*=}" ;;
+    --rounds=*) ROUNDS="${a#*=}" ;;
+    --pools=*) POOLS="${a#*=}" ;;
+    --out=*) OUT="${a#*=}" ;;
+    -h|--help) sed -n '2,31p' "$0"; exit 0 ;;
+    *) echo "serial-cold.sh: unknown option: $a" >&2; exit 2 ;;
+  esac
+done
+for c in nginx nbdkit fio curl; do
+  command -v "$c" >/dev/null ||
+    { echo "serial-cold.sh: $c: not installed" >&2; exit 1; }
+done
+[ -f "$FILTER" ] ||
+  { echo "serial-cold.sh: $FILTER: not built (./build.sh build)" >&2; exit 1; }
+PY=python3; [ -x /usr/bin/python3 ] && PY=/usr/bin/python3
+
+[ -n "$OUT" ] || OUT="$(mktemp -d /tmp/fscache-serial-cold.XXXXXX)"
+mkdir -p "$OUT/raw" "$OUT/www" "$OUT/nginx"
+pids=()
+cleanup () { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; }
+trap cleanup EXIT
+
+bytes=$(numfmt --from=iec "$SIZE")
+head -c "$bytes" /dev/urandom > "$OUT/www/img"
+port=$($PY -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+cat > "$OUT/nginx/nginx.conf" <<EOF
+daemon off;
+user root;
+worker_processes 2;
+pid $OUT/nginx/nginx.pid;
+error_log $OUT/nginx/error.log;
+events { worker_connections 1024; }
+http {
+  access_log off;
+  client_body_temp_path $OUT/nginx;
+  proxy_temp_path $OUT/nginx;
+  fastcgi_temp_path $OUT/nginx;
+  uwsgi_temp_path $OUT/nginx;
+  scgi_temp_path $OUT/nginx;
+  server { listen 127.0.0.1:$port; root $OUT/www; }
+}
+EOF
+nginx -c "$OUT/nginx/nginx.conf" -p "$OUT/nginx" &
+pids+=($!)
+for i in $(seq 100); do
+  curl -sfI "http://127.0.0.1:$port/img" >/dev/null 2>&1 && break
+  sleep 0.1
+done
+url="http://127.0.0.1:$port/img"
+
+# serve CONFIG: start the server of CONFIG on $OUT/s.sock, fresh cache.
+serve () {
+  local c=$1 args
+  rm -rf "$OUT/cache" "$OUT/s.sock" "$OUT/s.pid"
+  case $c in
+    nocache) args=(--filter=delay curl url="$url") ;;
+    cachefilter) args=(--filter=cache --filter=delay curl url="$url"
+                       cache-min-block-size=64K) ;;
+    pool*) args=(--filter="$FILTER" --filter=delay curl url="$url"
+                 fscache-dir="$OUT/cache" fscache-validate=size
+                 fscache-upstream-connections="${c#pool}") ;;
+    ceiling) args=(--filter=delay file "$OUT/www/img") ;;
+  esac
+  nbdkit -U "$OUT/s.sock" -P "$OUT/s.pid" "${args[@]}" \
+    delay-read="${DELAY_MS}ms" 2>>"$OUT/raw/$c.log"
+  for i in $(seq 100); do [ -s "$OUT/s.pid" ] && break; sleep 0.1; done
+}
+stop () {
+  local p; p=$(cat "$OUT/s.pid")
+  kill "$p"; while kill -0 "$p" 2>/dev/null; do sleep 0.1; done
+}
+
+# run CONFIG ROUND: both workloads, each on a fresh server and cache.
+run () {
+  local c=$1 r=$2 w
+  for w in seq1m rand4k; do
+    serve "$c"
+    if [ $w = seq1m ]; then
+      fio --name=$w --ioengine=nbd --uri="nbd+unix:///?socket=$OUT/s.sock" \
+          --rw=read --bs=1M --iodepth=8 --runtime="$RUNTIME" --time_based \
+          --size="$bytes" --output-format=json \
+          --output="$OUT/raw/$c-$w-$r.json" >/dev/null
+    else
+      fio --name=$w --ioengine=nbd --uri="nbd+unix:///?socket=$OUT/s.sock" \
+          --rw=randread --bs=4k --iodepth=16 --runtime="$RUNTIME" \
+          --time_based --norandommap --size="$bytes" --output-format=json \
+          --output="$OUT/raw/$c-$w-$r.json" >/dev/null
+    fi
+    stop
+  done
+}
+
+configs="nocache cachefilter"
+for n in $POOLS; do configs="$configs pool$n"; done
+configs="$configs ceiling"
+for r in $(seq "$ROUNDS"); do
+  for c in $configs; do
+    run "$c" "$r"
+    echo "round $r: $c done" >&2
+  done
+done
+
+$PY - "$OUT/raw" "$ROUNDS" $configs <<'EOF' | tee "$OUT/results.txt"
+import json, statistics, sys
+raw, rounds, configs = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+def val(c, w, r):
+    j = json.load(open("%s/%s-%s-%d.json" % (raw, c, w, r)))["jobs"][0]["read"]
+    return j["bw"] / 1024 if w == "seq1m" else j["iops"]
+print("%-12s %22s %22s" % ("config", "seq1m MiB/s", "rand4k IOPS"))
+ceil = {}
+for c in configs[::-1]:
+    row = []
+    for w in ("seq1m", "rand4k"):
+        v = [val(c, w, r) for r in range(1, rounds + 1)]
+        m = statistics.median(v)
+        if c == "ceiling":
+            ceil[w] = m
+        row.append("%7.0f (%.0f..%.0f) %4.2fx" % (m, min(v), max(v),
+                                                 m / ceil[w]))
+    print("%-12s %s %s" % (c, row[0], row[1]))
+EOF
+echo "raw results in $OUT"
