@@ -262,6 +262,13 @@ struct fsc_object {
   bool marked;                  /* busy, and the stale mark is made */
   unsigned notices;             /* FSC_NOTICE_* not yet taken */
 
+  /* Skipped fills to make up (catchup.c), under their own leaf lock. */
+  pthread_mutex_t cu_lock;
+  struct cu_range *cu;          /* a ring of ranges */
+  size_t cu_head, cu_len, cu_cap;
+  uint64_t cu_pending;          /* their bytes */
+  bool cu_on;                   /* noting (fsc_catchup_enable) */
+
   /* Size cap (evict.c), under lock unless said otherwise. */
   uint64_t max_size;            /* fscache-max-size; 0: none */
   uint64_t quota;               /* from NAME.quota; 0: none */
@@ -864,6 +871,14 @@ extern int fsc_reclaim_unnamed (struct fsc_object *o);
  */
 extern int fsc_reclaim_start (struct fsc_object *o, bool unclean);
 extern bool fsc_reclaim_finish (struct fsc_object *o);
+
+/* catchup.c: note a skipped fill of [OFFSET, OFFSET + LEN) (whole
+ * blocks around it), and free the ranges when the object goes.
+ */
+struct cu_range;
+extern void fsc_catchup_note (struct fsc_object *o, uint64_t offset,
+                              uint64_t len);
+extern void fsc_catchup_free (struct fsc_object *o);
 
 /* evict.c: may O linger when its last reference goes (stay open,
  * unreferenced, o->lingering, while its walk runs on; the reclaimer

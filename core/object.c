@@ -272,6 +272,7 @@ free_object (struct fsc_object *o)
   free (o->gq);
   free (o->scache);
   free (o->key);
+  fsc_catchup_free (o);
   fsc_data_close (o);
   if (o->sfd >= 0) close (o->sfd);
   if (o->ifd >= 0) close (o->ifd);
@@ -537,6 +538,7 @@ new_object (struct fsc_cache *c, const struct fsc_object_params *p)
   o->test_no_claim = nc && strcmp (nc, "1") == 0;
   pthread_mutex_init (&o->lock, NULL);
   pthread_cond_init (&o->cond, NULL);
+  pthread_mutex_init (&o->cu_lock, NULL);
   o->key = malloc (p->key_len);
   if (o->key == NULL || fsc_gtable_init (o) == -1) {
     free_object (o);

@@ -455,6 +455,7 @@ fetch_run (struct fsc_object *o, uint64_t b, uint64_t n, void *buf,
     FSC_STAT_ADD (st, fill_skipped, 1);
     FSC_STAT_ADD (st, fill_skipped_bytes, len);
     FSC_OSTAT_ADD (o, fill_skipped_bytes, len);
+    fsc_catchup_note (o, start, len);
     pthread_mutex_lock (&o->lock);
     o->notices |= FSC_NOTICE_SKIPPED;
     pthread_mutex_unlock (&o->lock);
@@ -794,6 +795,7 @@ read_pinned (struct fsc_object *o, void *buf, uint32_t count,
           FSC_STAT_ADD (st, fill_skipped, 1);
           FSC_STAT_ADD (st, fill_skipped_bytes, hi - lo);
           FSC_OSTAT_ADD (o, fill_skipped_bytes, hi - lo);
+          fsc_catchup_note (o, lo, hi - lo);
         }
       }
       b += n;

@@ -47,6 +47,7 @@
 #include "trace.h"
 #include "blocksize.h"
 #include "pool.h"
+#include "catchup.h"
 #include "upstream.h"
 #include "utils.h"
 
@@ -220,6 +221,7 @@ fscache_after_fork (nbdkit_backend *nxdata)
   }
   wb_set_backend (nxdata);
   pool_set_backend (nxdata);
+  catchup_set_backend (nxdata);
   return 0;
 }
 
@@ -267,6 +269,7 @@ static void
 fscache_cleanup (nbdkit_backend *nxdata)
 {
   /* Writers first: they write back through the cache's objects. */
+  catchup_stop_all ();
   wb_shutdown_all ();
   if (state.cache) {
     /* The fills still queued count in the stats written below. */
@@ -385,17 +388,32 @@ validate_name (int v)
   }
 }
 
+/* After a connection's object is ready: its readahead, and the noting
+ * of skipped fills for the catch-up worker (catchup.c; not in
+ * writeback mode, nor with fscache-catchup=false).
+ */
 static int
 start_readahead (struct handle *h)
 {
+  if (params.catchup && !h->wbmode &&
+      fsc_object_state (h->obj) == FSC_OBJ_AVAILABLE)
+    fsc_catchup_enable (h->obj, true);
   if (params.readahead == 0 ||
       fsc_object_state (h->obj) != FSC_OBJ_AVAILABLE ||
       !upstream_available (&h->upstream))
     return 0;
-  /* With a pool, prefetches run side by side on its contexts. */
-  h->ra = fsc_readahead_new (h->obj, params.readahead,
-                            h->pool ? FSC_RA_THREADS
-                            : upstream_max_background (), &h->up);
+  /* With a pool, one prefetch per context runs at a time, and the
+   * window is at least two chunks per context, so that a stream keeps
+   * them all busy (a serial upstream's round trip is per request: only
+   * requests in flight at once cover it).
+   */
+  unsigned threads = upstream_max_background ();
+  uint64_t window = params.readahead;
+  if (h->pool) {
+    threads = MIN (params.upstream_connections, FSC_RA_THREADS_MAX);
+    window = MAX (window, (uint64_t) threads * 2 * FSC_RA_CHUNK);
+  }
+  h->ra = fsc_readahead_new (h->obj, window, threads, &h->up);
   if (h->ra == NULL) {
     nbdkit_error ("fscache: readahead: %m");
     return -1;
@@ -824,6 +842,7 @@ fscache_pread (nbdkit_next *next, void *handle, void *buf, uint32_t count,
                uint64_t offset, uint32_t flags, int *err)
 {
   struct handle *h = handle;
+  catchup_client_request ();
   /* A read that starts where this connection's last one ended is part
    * of a stream: its hits do not protect blocks from eviction.
    */
@@ -850,6 +869,7 @@ fscache_pread (nbdkit_next *next, void *handle, void *buf, uint32_t count,
     return -1;
   }
   fsc_readahead_observe (h->ra, offset, count);
+  catchup_maybe_start (h->obj, h->exportname);
   if (h->traced)
     fsc_trace_note (state.trace, offset, count);
   return 0;
@@ -859,6 +879,7 @@ static int
 fscache_cache (nbdkit_next *next, void *handle, uint32_t count,
                uint64_t offset, uint32_t flags, int *err)
 {
+  catchup_client_request ();
   struct handle *h = handle;
   /* Exactly what is asked, in pieces at the ends: a client that
    * names the ranges it will read (nbd-fscache warm --trace) should
@@ -878,6 +899,7 @@ static int
 fscache_pwrite (nbdkit_next *next, void *handle, const void *buf,
                 uint32_t count, uint64_t offset, uint32_t flags, int *err)
 {
+  catchup_client_request ();
   struct handle *h = handle;
   if (h->wb)
     return wb_pwrite (h->wb, h->obj, &h->up, buf, count, offset, flags, err);
@@ -929,6 +951,7 @@ static int
 fscache_zero (nbdkit_next *next, void *handle, uint32_t count,
               uint64_t offset, uint32_t flags, int *err)
 {
+  catchup_client_request ();
   struct handle *h = handle;
   if (h->wb)
     return wb_zero (h->wb, h->obj, &h->up, count, offset, flags, err);
@@ -940,6 +963,7 @@ static int
 fscache_trim (nbdkit_next *next, void *handle, uint32_t count,
               uint64_t offset, uint32_t flags, int *err)
 {
+  catchup_client_request ();
   struct handle *h = handle;
   if (h->wb)
     return wb_trim (h->wb, count, offset, flags, err);
@@ -950,6 +974,7 @@ fscache_trim (nbdkit_next *next, void *handle, uint32_t count,
 static int
 fscache_flush (nbdkit_next *next, void *handle, uint32_t flags, int *err)
 {
+  catchup_client_request ();
   struct handle *h = handle;
   /* Writeback: one local sync, never the upstream. */
   if (h->wb)

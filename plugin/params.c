@@ -58,6 +58,7 @@ struct fscache_params params = {
    * docs/benchmarks.md.
    */
   .upstream_connections = 8,
+  .catchup = true,
 };
 
 const char params_help[] =
@@ -70,6 +71,7 @@ const char params_help[] =
   "fscache-verify=BOOL        Verify checksums of hits (default true).\n"
   "fscache-readahead=SIZE     Sequential readahead window (default 4M, 0 off).\n"
   "fscache-upstream-connections=N  Contexts for a serial upstream (default 8).\n"
+  "fscache-catchup=BOOL       Fill skipped reads later, when idle (default true).\n"
   "fscache-max-size=SIZE      Cap on each export's cached bytes (default none).\n"
   "fscache-min-free=N%        Cache nothing below N% free space (default 1%).\n"
   "fscache-min-free-inodes=N% The same for free inodes (default 1%).\n"
@@ -210,6 +212,15 @@ params_config (const char *k, const char *value)
       return -1;
     }
     params.readahead = r;
+    return 0;
+  }
+  if (strcmp (k, "fscache-catchup") == 0) {
+    int r = nbdkit_parse_bool (value);
+    if (r == -1) {
+      nbdkit_error ("fscache-catchup=%s: not a boolean", value);
+      return -1;
+    }
+    params.catchup = r;
     return 0;
   }
   if (strcmp (k, "fscache-upstream-connections") == 0) {

@@ -53,6 +53,8 @@ struct fscache_params {
   uint64_t trace_max;           /* fscache-trace-max, bytes */
   uint64_t dirty_max;           /* fscache-dirty-max, bytes */
   unsigned writeback_drain;     /* fscache-writeback-drain, seconds */
+  bool catchup;                 /* fscache-catchup: make up skipped
+                                 * fills when idle (catchup.c) */
   unsigned upstream_connections; /* fscache-upstream-connections: the
                                  * pool's size (pool.c), 0: none */
   bool dynamic_export;          /* the plugin got dynamic-export=true */
