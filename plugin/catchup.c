@@ -9,9 +9,11 @@
  * writeback writer and the pool do), so that it never shares one with
  * a client: a serial upstream still sees one call at a time on each.
  *
- * Yielding to clients.  It works only while no client request has
- * arrived for IDLE_MS (any connection, any export: they share the
- * disk and, often, the link), one CHUNK at a time, and looks again
+ * Yielding to clients.  It works only while no client request is in
+ * flight and none began or ended for IDLE_MS (any connection, any
+ * export: they share the disk and, often, the link; a request that
+ * waits long for an inline fill on a slow disk is not idleness), one
+ * CHUNK at a time, and looks again
  * between chunks: a client request that arrives waits at most for the
  * chunk in flight (1 MiB: 10 ms over a 1 Gbit/s link, less from a
  * local upstream).  A chunk is filled with fsc_object_prefetch, so
@@ -60,7 +62,8 @@ static pthread_mutex_t list_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t list_cond = PTHREAD_COND_INITIALIZER;
 static struct cu_worker *list;
 static bool stopping;
-static uint64_t last_request_ms;        /* atomic */
+static uint64_t last_request_ms;        /* atomic: last start or end */
+static unsigned inflight;               /* atomic: client requests */
 
 static uint64_t
 now_ms (void)
@@ -79,7 +82,15 @@ catchup_set_backend (nbdkit_backend *b)
 void
 catchup_client_request (void)
 {
+  __atomic_add_fetch (&inflight, 1, __ATOMIC_RELAXED);
   __atomic_store_n (&last_request_ms, now_ms (), __ATOMIC_RELAXED);
+}
+
+void
+catchup_client_done (void)
+{
+  __atomic_store_n (&last_request_ms, now_ms (), __ATOMIC_RELAXED);
+  __atomic_sub_fetch (&inflight, 1, __ATOMIC_RELAXED);
 }
 
 static int
@@ -108,8 +119,11 @@ wait_idle (void)
       return false;
     uint64_t last = __atomic_load_n (&last_request_ms, __ATOMIC_RELAXED);
     uint64_t now = now_ms ();
-    if (now - last >= IDLE_MS)
+    if (now - last >= IDLE_MS &&
+        __atomic_load_n (&inflight, __ATOMIC_RELAXED) == 0)
       return true;
+    if (now - last >= IDLE_MS)
+      last = now;               /* a request is in flight: look again */
     struct timespec ts = { 0, (long) (IDLE_MS - (now - last)) * 1000000 };
     nanosleep (&ts, NULL);
   }

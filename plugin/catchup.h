@@ -14,8 +14,22 @@ struct fsc_object;
 /* .after_fork: the backend its contexts are opened from. */
 extern void catchup_set_backend (nbdkit_backend *backend);
 
-/* Every client request: clients are not idle now. */
+/* A client request begins and ends: clients are idle only with none
+ * in flight and none for a while.  CATCHUP_REQUEST () at the top of a
+ * callback does both (the end when the scope is left).
+ */
 extern void catchup_client_request (void);
+extern void catchup_client_done (void);
+static inline void
+catchup_request_end_ (int *unused)
+{
+  (void) unused;
+  catchup_client_done ();
+}
+#define CATCHUP_REQUEST()                                               \
+  catchup_client_request ();                                            \
+  int catchup_req_ __attribute__ ((cleanup (catchup_request_end_),      \
+                                   unused)) = 0
 
 /* After a read of OBJ (export EXPORTNAME): start its worker if it has
  * skipped fills pending and none runs (and catch-up applies).

@@ -842,7 +842,7 @@ fscache_pread (nbdkit_next *next, void *handle, void *buf, uint32_t count,
                uint64_t offset, uint32_t flags, int *err)
 {
   struct handle *h = handle;
-  catchup_client_request ();
+  CATCHUP_REQUEST ();
   /* A read that starts where this connection's last one ended is part
    * of a stream: its hits do not protect blocks from eviction.
    */
@@ -879,7 +879,7 @@ static int
 fscache_cache (nbdkit_next *next, void *handle, uint32_t count,
                uint64_t offset, uint32_t flags, int *err)
 {
-  catchup_client_request ();
+  CATCHUP_REQUEST ();
   struct handle *h = handle;
   /* Exactly what is asked, in pieces at the ends: a client that
    * names the ranges it will read (nbd-fscache warm --trace) should
@@ -899,7 +899,7 @@ static int
 fscache_pwrite (nbdkit_next *next, void *handle, const void *buf,
                 uint32_t count, uint64_t offset, uint32_t flags, int *err)
 {
-  catchup_client_request ();
+  CATCHUP_REQUEST ();
   struct handle *h = handle;
   if (h->wb)
     return wb_pwrite (h->wb, h->obj, &h->up, buf, count, offset, flags, err);
@@ -951,7 +951,7 @@ static int
 fscache_zero (nbdkit_next *next, void *handle, uint32_t count,
               uint64_t offset, uint32_t flags, int *err)
 {
-  catchup_client_request ();
+  CATCHUP_REQUEST ();
   struct handle *h = handle;
   if (h->wb)
     return wb_zero (h->wb, h->obj, &h->up, count, offset, flags, err);
@@ -963,7 +963,7 @@ static int
 fscache_trim (nbdkit_next *next, void *handle, uint32_t count,
               uint64_t offset, uint32_t flags, int *err)
 {
-  catchup_client_request ();
+  CATCHUP_REQUEST ();
   struct handle *h = handle;
   if (h->wb)
     return wb_trim (h->wb, count, offset, flags, err);
@@ -974,7 +974,7 @@ fscache_trim (nbdkit_next *next, void *handle, uint32_t count,
 static int
 fscache_flush (nbdkit_next *next, void *handle, uint32_t flags, int *err)
 {
-  catchup_client_request ();
+  CATCHUP_REQUEST ();
   struct handle *h = handle;
   /* Writeback: one local sync, never the upstream. */
   if (h->wb)
