@@ -48,6 +48,7 @@
 #include "blocksize.h"
 #include "pool.h"
 #include "catchup.h"
+#include "view.h"
 #include "upstream.h"
 #include "utils.h"
 
@@ -96,6 +97,10 @@ struct handle {
                                  * and log (the process's, shared) */
   struct pool *pool;            /* its reads' pool of upstream contexts,
                                  * or NULL (pool.c) */
+  bool need_view;               /* an upstream without multi-conn: once
+                                 * written, one view for all (view.c) */
+  struct view *view;            /* that view, once this connection has
+                                 * seen it open, or NULL (atomic) */
   bool wbmode;                  /* writeback mode, and the upstream
                                  * can write (wb_wanted) */
 };
@@ -221,6 +226,7 @@ fscache_after_fork (nbdkit_backend *nxdata)
   }
   wb_set_backend (nxdata);
   pool_set_backend (nxdata);
+  view_set_backend (nxdata);
   catchup_set_backend (nxdata);
   return 0;
 }
@@ -271,6 +277,7 @@ fscache_cleanup (nbdkit_backend *nxdata)
   /* Writers first: they write back through the cache's objects. */
   catchup_stop_all ();
   wb_shutdown_all ();
+  view_close_all ();
   if (state.cache) {
     /* The fills still queued count in the stats written below. */
     fsc_cache_drain (state.cache);
@@ -304,12 +311,55 @@ fscache_cleanup (nbdkit_backend *nxdata)
  * OPAQUE: through its pool if it has one, else its own context; in
  * shapes the upstream accepts (blocksize.c).
  */
+/* The view of H's export, if it needs one (view.c): opened if WRITING
+ * (the first write makes it), else only found if already open.  NULL
+ * if none: the connection's own context (or the pool) then.
+ */
+static struct view *
+view_of (struct handle *h, bool writing)
+{
+  if (!h->need_view)
+    return NULL;
+  struct view *v = __atomic_load_n (&h->view, __ATOMIC_ACQUIRE);
+  if (v)
+    return v;
+  v = writing ? view_get (h->exportname) : view_find (h->exportname);
+  if (v == NULL)
+    return NULL;
+  struct view *none = NULL;
+  if (!__atomic_compare_exchange_n (&h->view, &none, v, false,
+                                    __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+    view_put (v);               /* another thread of ours was first */
+    v = none;
+  }
+  return v;
+}
+
+/* Where H's data calls go: its export's view once there is one, else
+ * its own context.  A write that cannot open the view fails (EIO,
+ * said by view_get) rather than write through a second view.
+ */
+static struct upstream *
+data_upstream (struct handle *h, bool writing, int *err)
+{
+  struct view *v = view_of (h, writing);
+  if (v)
+    return view_upstream (v);
+  if (writing && h->need_view) {
+    *err = EIO;
+    return NULL;
+  }
+  return &h->upstream;
+}
+
 static int
 fill_pread (void *opaque, void *buf, uint32_t count, uint64_t offset)
 {
   struct handle *h = opaque;
   int err = 0;
-  if (pool_pread (h->pool, &h->upstream, buf, count, offset, &err) == -1) {
+  struct view *v = view_of (h, false);
+  if (v ? bs_pread (view_upstream (v), buf, count, offset, 0, &err)
+      : pool_pread (h->pool, &h->upstream, buf, count, offset, &err)) {
     errno = err ? err : EIO;
     return -1;
   }
@@ -350,6 +400,7 @@ fscache_close (void *handle)
   if (h->obj)
     fsc_object_close (h->obj);
   pool_put (h->pool);
+  view_put (h->view);
   upstream_close (&h->upstream);
   free (h->exportname);
   free (h);
@@ -575,6 +626,8 @@ fscache_prepare (nbdkit_next *next, void *handle, int readonly)
   }
   if (upstream_prepare (&h->upstream) == -1)
     return -1;
+  h->need_view = params.mode != MODE_WRITEBACK &&
+    upstream_available (&h->upstream) && view_wanted (&h->upstream);
   if (h->pool == NULL && upstream_available (&h->upstream) &&
       pool_wanted (&h->upstream))
     h->pool = pool_get (h->exportname);
@@ -911,7 +964,8 @@ fscache_pwrite (nbdkit_next *next, void *handle, const void *buf,
     nbdkit_error ("fscache: write: %m");
     return -1;
   }
-  int r = upstream_pwrite (&h->upstream, buf, count, offset, flags, err);
+  struct upstream *u = data_upstream (h, true, err);
+  int r = u ? upstream_pwrite (u, buf, count, offset, flags, err) : -1;
   fsc_object_write_end (h->obj, &w, buf, r == 0);
   log_notices (h);
   if (r == -1)
@@ -939,7 +993,8 @@ drop_then (struct handle *h, upstream_range_op *op, bool keep,
     nbdkit_error ("fscache: %s: %m", what);
     return -1;
   }
-  int r = op (&h->upstream, count, offset, flags, err);
+  struct upstream *u = data_upstream (h, true, err);
+  int r = u ? op (u, count, offset, flags, err) : -1;
   fsc_object_write_end (h->obj, &w, NULL, r == 0);
   log_notices (h);
   if (r == -1)
@@ -979,7 +1034,7 @@ fscache_flush (nbdkit_next *next, void *handle, uint32_t flags, int *err)
   /* Writeback: one local sync, never the upstream. */
   if (h->wb)
     return wb_flush (h->wb, err);
-  if (upstream_flush (&h->upstream, flags, err) == -1)
+  if (upstream_flush (data_upstream (h, false, err), flags, err) == -1)
     return -1;
   /* A cache failure only withdraws the object: not the client's error. */
   fsc_object_commit (h->obj);
@@ -1079,7 +1134,8 @@ fscache_extents (nbdkit_next *next, void *handle, uint32_t count,
                  struct nbdkit_extents *extents, int *err)
 {
   struct handle *h = handle;
-  return upstream_extents (&h->upstream, count, offset, flags, extents, err);
+  return upstream_extents (data_upstream (h, false, err), count, offset,
+                           flags, extents, err);
 }
 
 static int

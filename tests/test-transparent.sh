@@ -19,6 +19,12 @@
 #     as trim=0 in every mode, as with the plugin alone (writeback used
 #     to merge it with its neighbour and send trim=1), and the file
 #     behind keeps that range allocated (st_blocks).
+#  4. An upstream that can write and offers no multi-conn
+#     (tests/multi-conn-plugin.sh, a connection's writes visible to
+#     others only after its flush): in writethrough and writearound, a
+#     connection opened after every connection flushed reads what it
+#     reads with the plugin alone.  (Writeback keeps its writer's own
+#     connection: not covered, see the man page.)
 #  5. A clean stop in writeback mode below the delay filter: the drain
 #     ends at once with a log line saying why (the upstream refuses
 #     requests while nbdkit shuts down), instead of retrying for the
@@ -212,6 +218,54 @@ for m in $modes; do
   got=$(nohole "NO_HOLE, $m" "$m")
   [ "$got" = "$alone" ] ||
     fail "NO_HOLE, $m: '$got' where the plugin alone gives '$alone'"
+done
+
+# ---- 4. an upstream without multi-conn -------------------------------------
+# tests/multi-conn-plugin.sh: each connection its own view, published by
+# its flushes.  Two scenarios, each ending with a new connection opened
+# after every connection flushed, which must read what the plugin alone
+# shows it.  (A) A opens (the coherency sample makes its view), B writes
+# "Hello " and flushes, A reads (its view predates B's write), C writes
+# "world." and flushes, A flushes, D reads.  (B) A opens, B writes and
+# flushes, A reads, A flushes, D reads.  The filter used to cache A's
+# view and merge C's write into it: D read "Initiaworld.".
+cat > "$TMP/mc.py" <<'EOF'
+import sys, nbd
+uri, which = sys.argv[1], sys.argv[2]
+def c():
+    h = nbd.NBD()
+    h.connect_uri(uri)
+    return h
+a = c()
+b = c(); b.pwrite(b"Hello ", 0); b.flush(); b.shutdown()
+a.pread(32, 0)
+if which == "A":
+    cc = c(); cc.pwrite(b"world.", 6); cc.flush(); cc.shutdown()
+a.flush(); a.shutdown()
+d = c()
+print(bytes(d.pread(32, 0)).decode().rstrip())
+EOF
+mcrun ()                        # LABEL SCENARIO [MODE]
+{
+  local label=$1 which=$2 mode=${3:-} out
+  local filter=()
+  [ -z "$mode" ] || filter=(--filter="$FILTER")
+  # shellcheck disable=SC2086
+  out=$(nbdkit -U - "${filter[@]}" sh "$top_srcdir/tests/multi-conn-plugin.sh" \
+          ${mode:+fscache-dir="$TMP/mcc-$mode-$which" fscache-mode="$mode"} \
+          --run "$PYTHON $TMP/mc.py \"\$uri\" $which" 2>>"$TMP/mc.err") ||
+    out=failed
+  echo "$label: '$out'" >&2
+  echo "$out"
+}
+for which in A B; do
+  alone=$(mcrun "multi-conn $which, alone" $which)
+  case "$alone" in "Hello "*) ;; *) fail "test bug: alone, $which: '$alone'" ;; esac
+  for m in writethrough writearound; do
+    got=$(mcrun "multi-conn $which, $m" $which $m)
+    [ "$got" = "$alone" ] ||
+      fail "multi-conn $which, $m: '$got' where the plugin alone reads '$alone'"
+  done
 done
 
 # ---- 5. a clean stop below a filter that sleeps --------------------------
