@@ -38,6 +38,9 @@
 #                              with READYFILE, return once connected (it
 #                              has read 4 KiB at 0), and create READYFILE
 #   tool ARGS...               nbd-fscache ARGS ($TOOL)
+#   start_nginx ROOT FORMAT    nginx serving ROOT on 127.0.0.1:$PORT,
+#                              access log $TMP/access.log; http_get PATH
+#   free_port                  a free TCP port on 127.0.0.1
 #
 # $FILTER is the fscache filter to pass to --filter=, $PYTHON the python3
 # with the libnbd bindings, $TMP a private
@@ -390,4 +393,69 @@ stop_sampler ()
 {
   touch "$TMP/stop-sampler"
   wait "$sampler"
+}
+
+# free_port: a free TCP port on 127.0.0.1.
+free_port ()
+{
+  $PYTHON -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+}
+
+# start_nginx ROOT FORMAT: nginx serving ROOT on 127.0.0.1:$PORT (set
+# here), its access log in $TMP/access.log in log_format FORMAT (nginx
+# variables, quoted so that the shell leaves them alone), /status its
+# stub_status (not logged); waited for (ROOT/ready is created for it),
+# stopped at exit.  Sets PORT and nginx_pid.
+start_nginx ()
+{
+  local root=$1 format=$2
+  mkdir -p "$TMP/nginx-tmp"
+  : > "$root/ready"
+  PORT=$(free_port)
+  cat > "$TMP/nginx.conf" <<EOF
+daemon off;
+master_process on;
+worker_processes 2;
+user root;
+pid $TMP/nginx.pid;
+error_log $TMP/nginx-error.log info;
+events { worker_connections 256; }
+http {
+  default_type application/octet-stream;
+  log_format fmt '$format';
+  access_log $TMP/access.log fmt;
+  client_body_temp_path $TMP/nginx-tmp/body;
+  proxy_temp_path $TMP/nginx-tmp/proxy;
+  fastcgi_temp_path $TMP/nginx-tmp/fastcgi;
+  uwsgi_temp_path $TMP/nginx-tmp/uwsgi;
+  scgi_temp_path $TMP/nginx-tmp/scgi;
+  server {
+    listen 127.0.0.1:$PORT;
+    root $root;
+    location = /status { stub_status; access_log off; }
+  }
+}
+EOF
+  nginx -e "$TMP/nginx-error.log" -c "$TMP/nginx.conf" -p "$TMP/" \
+    > "$TMP/nginx.out" 2>&1 &
+  nginx_pid=$!
+  cleanup_fn "kill -TERM $nginx_pid 2>/dev/null; wait $nginx_pid 2>/dev/null"
+  if ! wait_until _nginx_up; then
+    cat "$TMP/nginx.out" "$TMP/nginx-error.log" >&2 || true
+    fail "nginx did not start on port $PORT"
+  fi
+}
+_nginx_up () { kill -0 "$nginx_pid" 2>/dev/null && http_get /ready >/dev/null; }
+
+# http_get PATH: the body of nginx's answer to GET PATH on $PORT, or
+# fail unless it is a 200 (HTTP/1.0 over bash's /dev/tcp: no HTTP
+# client needed).
+http_get ()
+{
+  local resp
+  resp=$(exec 2>/dev/null && exec 3<>"/dev/tcp/127.0.0.1/$PORT" &&
+         printf 'GET %s HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n' "$1" >&3 &&
+         cat <&3) || return 1
+  [[ $resp == "HTTP/1."?" 200 "* ]] || return 1
+  printf '%s\n' "${resp#*$'\r\n\r\n'}"
 }

@@ -149,43 +149,9 @@ else
   echo "$0: SKIP: part 3 needs nginx and nbdkit's curl plugin" >&2
   exit 77
 fi
-mkdir -p "$TMP/www" "$TMP/nginx-tmp"
+mkdir -p "$TMP/www"
 cp "$img" "$TMP/www/img.raw"
-: > "$TMP/www/ready"
-PORT=$($PYTHON -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-cat > "$TMP/nginx.conf" <<EOF
-daemon off;
-master_process on;
-worker_processes 2;
-user root;
-pid $TMP/nginx.pid;
-error_log $TMP/nginx-error.log info;
-events { worker_connections 256; }
-http {
-  default_type application/octet-stream;
-  log_format bytes '\$status \$request_method \$uri \$body_bytes_sent';
-  access_log $TMP/access.log bytes;
-  client_body_temp_path $TMP/nginx-tmp/body;
-  proxy_temp_path $TMP/nginx-tmp/proxy;
-  fastcgi_temp_path $TMP/nginx-tmp/fastcgi;
-  uwsgi_temp_path $TMP/nginx-tmp/uwsgi;
-  scgi_temp_path $TMP/nginx-tmp/scgi;
-  server {
-    listen 127.0.0.1:$PORT;
-    root $TMP/www;
-  }
-}
-EOF
-nginx -e "$TMP/nginx-error.log" -c "$TMP/nginx.conf" -p "$TMP/" \
-  > "$TMP/nginx.out" 2>&1 &
-nginx_pid=$!
-cleanup_fn "kill -TERM $nginx_pid 2>/dev/null; wait $nginx_pid 2>/dev/null"
-nginx_up ()
-{
-  kill -0 "$nginx_pid" 2>/dev/null &&
-    (exec 3<>"/dev/tcp/127.0.0.1/$PORT") 2>/dev/null
-}
-wait_until nginx_up || fail "nginx did not start on port $PORT"
+start_nginx "$TMP/www" '$status $request_method $uri $body_bytes_sent'
 # The log filter between the cache and curl sees each upstream read
 # start and end, with its connection.
 start_nbdkit -P "$TMP/hp.pid" -U "$TMP/hp.sock" --filter="$FILTER" \

@@ -49,10 +49,9 @@ requires nbdkit --filter="$FILTER" null --dump-plugin
 SAMPLE_MAX=32768                # 8 x 4 KiB per upstream connection
 size=$((24 * 1024 * 1024 + 12345))
 img="$TMP/www/img.raw"          # what nginx serves
-mkdir -p "$TMP/www" "$TMP/nginx-tmp"
+mkdir -p "$TMP/www"
 make_random "$TMP/v1.raw" "$size"
 cp "$TMP/v1.raw" "$img"
-: > "$TMP/www/ready"
 
 ra_args=()
 if [ -n "${FSCACHE_UP_READAHEAD:-}" ]; then
@@ -60,57 +59,8 @@ if [ -n "${FSCACHE_UP_READAHEAD:-}" ]; then
 fi
 echo "readahead: ${FSCACHE_UP_READAHEAD:-default}"
 
-free_port ()
-{
-  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
-}
-
 # ---- nginx ---------------------------------------------------------------
-PORT=$(free_port)
-cat > "$TMP/nginx.conf" <<EOF
-daemon off;
-master_process on;
-worker_processes 2;
-user root;
-pid $TMP/nginx.pid;
-error_log $TMP/nginx-error.log info;
-events { worker_connections 256; }
-http {
-  default_type application/octet-stream;
-  log_format bytes '\$status \$body_bytes_sent "\$http_range" \$request_method \$uri';
-  access_log $TMP/access.log bytes;
-  client_body_temp_path $TMP/nginx-tmp/body;
-  proxy_temp_path $TMP/nginx-tmp/proxy;
-  fastcgi_temp_path $TMP/nginx-tmp/fastcgi;
-  uwsgi_temp_path $TMP/nginx-tmp/uwsgi;
-  scgi_temp_path $TMP/nginx-tmp/scgi;
-  server {
-    listen 127.0.0.1:$PORT;
-    root $TMP/www;
-    location = /status { stub_status; access_log off; }
-  }
-}
-EOF
-nginx -e "$TMP/nginx-error.log" -c "$TMP/nginx.conf" -p "$TMP/" \
-  > "$TMP/nginx.out" 2>&1 &
-nginx_pid=$!
-cleanup_fn "kill -TERM $nginx_pid 2>/dev/null; wait $nginx_pid 2>/dev/null"
-# http_get PATH: the body of nginx's answer to GET PATH, or fail unless
-# it is a 200 (HTTP/1.0 over bash's /dev/tcp: no HTTP client needed).
-http_get ()
-{
-  local resp
-  resp=$(exec 2>/dev/null && exec 3<>"/dev/tcp/127.0.0.1/$PORT" &&
-         printf 'GET %s HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n' "$1" >&3 &&
-         cat <&3) || return 1
-  [[ $resp == "HTTP/1."?" 200 "* ]] || return 1
-  printf '%s\n' "${resp#*$'\r\n\r\n'}"
-}
-nginx_up () { kill -0 "$nginx_pid" 2>/dev/null && http_get /ready >/dev/null; }
-if ! wait_until nginx_up; then
-  cat "$TMP/nginx.out" "$TMP/nginx-error.log" >&2 || true
-  fail "nginx did not start on port $PORT"
-fi
+start_nginx "$TMP/www" '$status $body_bytes_sent "$http_range" $request_method $uri'
 
 nginx_active ()
 {
