@@ -295,6 +295,25 @@ budget_engaged (struct fsc_cache *c, uint64_t *fill)
   return fill_under (c, BUDGET_SLOWER_PCT, true, fill);
 }
 
+/* An upstream whose reads take this long each is a link: requests in
+ * flight at once (readahead) are what covers its round trip.
+ */
+#define REMOTE_NS 1000000
+
+void
+fsc_upstream_latency (struct fsc_cache *c, uint64_t ns)
+{
+  uint64_t old = __atomic_load_n (&c->up_latency_ns, __ATOMIC_RELAXED);
+  __atomic_store_n (&c->up_latency_ns, old ? old - old / 8 + ns / 8 : ns,
+                    __ATOMIC_RELAXED);
+}
+
+bool
+fsc_upstream_remote (struct fsc_cache *c)
+{
+  return __atomic_load_n (&c->up_latency_ns, __ATOMIC_RELAXED) >= REMOTE_NS;
+}
+
 bool
 fsc_fill_budgeted (struct fsc_cache *c)
 {

@@ -117,6 +117,9 @@ struct fsc_cache {
 
   /* Is the cache disk the bottleneck (fill.c, fsc_fill_slower)? */
   struct fsc_meter up_meter;            /* every upstream read */
+  uint64_t up_latency_ns;               /* a moving average of one
+                                         * upstream read's time (relaxed
+                                         * atomics; fsc_upstream_remote) */
   struct fsc_meter fill_meter;          /* fills written (thread and
                                          * inline) and synced */
 
@@ -420,6 +423,12 @@ extern bool fsc_fill_budget (struct fsc_cache *cache, uint64_t len,
  * reads fill only within the budget above.  No lock.
  */
 extern bool fsc_fill_budgeted (struct fsc_cache *cache);
+
+/* fill.c: note one upstream read's time; and is the upstream remote,
+ * its reads taking REMOTE_NS (1 ms) or more on average?  No lock.
+ */
+extern void fsc_upstream_latency (struct fsc_cache *cache, uint64_t ns);
+extern bool fsc_upstream_remote (struct fsc_cache *cache);
 
 /* fill.c: true if the fill queue is more than half full, i.e. the
  * cache disk is behind the upstream (whether it is also the bottleneck

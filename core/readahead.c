@@ -35,6 +35,22 @@ struct fsc_readahead {
   pthread_t threads[FSC_RA_THREADS_MAX];
 };
 
+/* Does the fill budget pause readahead?  Only for a local upstream
+ * (reads under REMOTE_NS each: nbdkit null, a page-cached file, an NBD
+ * server next door), whose bytes the client reads itself as fast as
+ * the cache would give them, and whose fills would take the CPUs the
+ * reads need.  Over a link (curl with 10 ms per request) readahead is
+ * what keeps several requests in flight: paused, a stream fell to one
+ * round trip per request, 136 MiB/s at pool 8 where running on (its
+ * prefetches stored at the disk's speed) gave 260 and cached it all
+ * (docs/benchmarks.md, issue 27).
+ */
+static bool
+ra_budget_pause (struct fsc_cache *c)
+{
+  return fsc_fill_budgeted (c) && !fsc_upstream_remote (c);
+}
+
 static void *
 worker (void *arg)
 {
@@ -65,7 +81,7 @@ worker (void *arg)
      * misses.
      */
     struct fsc_cache *c = ra->obj->cache;
-    if (!fsc_fill_congested (c) && !fsc_fill_budgeted (c))
+    if (!fsc_fill_congested (c) && !ra_budget_pause (c))
       fsc_object_prefetch (ra->obj, r.offset, r.count, &ra->up,
                            FSC_PREFETCH_SPECULATIVE);
   }
@@ -127,7 +143,7 @@ fsc_readahead_observe (struct fsc_readahead *ra, uint64_t offset,
    * they found cost it three context switches a request.
    */
   struct fsc_cache *c = ra->obj->cache;
-  if (fsc_fill_congested (c) || fsc_fill_budgeted (c))
+  if (fsc_fill_congested (c) || ra_budget_pause (c))
     return;
 
   /* Never further ahead than an eighth of a capped object's budget:
