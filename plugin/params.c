@@ -85,6 +85,21 @@ const char params_help[] =
   "fscache-writeback-drain=SECONDS  Writeback: at exit, write back for up\n"
   "                           to this long (default 30).";
 
+/* VALUE as a decimal number from 0 to MAX, digits only, into *N.
+ * Returns 0, or -1 if it is not one.
+ */
+static int
+parse_count (const char *value, unsigned long max, unsigned long *n)
+{
+  char *end;
+  errno = 0;
+  *n = strtoul (value, &end, 10);
+  if (errno || end == value || *end || !(*value >= '0' && *value <= '9') ||
+      *n > max)
+    return -1;
+  return 0;
+}
+
 void
 params_free (void)
 {
@@ -224,11 +239,10 @@ params_config (const char *k, const char *value)
     return 0;
   }
   if (strcmp (k, "fscache-upstream-connections") == 0) {
-    unsigned n;
-    if (nbdkit_parse_unsigned (k, value, &n) == -1)
-      return -1;
-    if (n > 64) {
-      nbdkit_error ("fscache-upstream-connections=%s: at most 64", value);
+    unsigned long n;
+    if (parse_count (value, 64, &n) == -1) {
+      nbdkit_error ("fscache-upstream-connections=%s: must be a number of "
+                    "connections from 0 to 64", value);
       return -1;
     }
     params.upstream_connections = n;
@@ -313,11 +327,8 @@ params_config (const char *k, const char *value)
     return 0;
   }
   if (strcmp (k, "fscache-writeback-drain") == 0) {
-    char *end;
-    errno = 0;
-    unsigned long s = strtoul (value, &end, 10);
-    if (errno || end == value || *end || !(*value >= '0' && *value <= '9') ||
-        s > 86400) {
+    unsigned long s;
+    if (parse_count (value, 86400, &s) == -1) {
       nbdkit_error ("fscache-writeback-drain=%s: must be a number of "
                     "seconds from 0 to 86400", value);
       return -1;

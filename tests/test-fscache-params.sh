@@ -86,6 +86,10 @@ expect_refused fscache-dirty-max fscache-dirty-max=lots
 expect_refused fscache-writeback-drain fscache-writeback-drain=-1
 expect_refused fscache-writeback-drain fscache-writeback-drain=10s
 expect_refused fscache-writeback-drain fscache-writeback-drain=100000
+expect_refused fscache-upstream-connections fscache-upstream-connections=abc
+expect_refused fscache-upstream-connections fscache-upstream-connections=65
+expect_refused fscache-upstream-connections fscache-upstream-connections=-1
+expect_refused fscache-catchup fscache-catchup=maybe
 # Writeback cannot follow the client's export name (the nbd plugin's
 # dynamic-export): refused before anything is created.
 rc=0
