@@ -125,9 +125,12 @@ fsc_catchup_take (struct fsc_object *o, uint64_t max, uint64_t *offset,
 }
 
 void
-fsc_catchup_done (struct fsc_object *o, uint64_t bytes)
+fsc_catchup_done (struct fsc_object *o, uint64_t bytes, bool filled)
 {
-  FSC_STAT_ADD (&o->cache->stats, catchup_done_bytes, bytes);
+  if (filled)
+    FSC_STAT_ADD (&o->cache->stats, catchup_done_bytes, bytes);
+  else
+    FSC_STAT_ADD (&o->cache->stats, catchup_dropped_bytes, bytes);
 }
 
 uint64_t

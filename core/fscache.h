@@ -265,13 +265,15 @@ extern int fsc_object_prefetch (struct fsc_object *obj, uint64_t offset,
  * forgets what was noted.  fsc_catchup_take pops up to MAX bytes of
  * whole blocks of the oldest range into *OFFSET, *LEN (1), or returns
  * 0 if none is left; the taker fills them with fsc_object_prefetch
- * and counts what it filled with fsc_catchup_done.  fsc_catchup_pending
+ * and counts them with fsc_catchup_done (FILLED, or given up: counted
+ * as dropped).  fsc_catchup_pending
  * is the bytes noted and not taken yet.
  */
 extern void fsc_catchup_enable (struct fsc_object *obj, bool on);
 extern int fsc_catchup_take (struct fsc_object *obj, uint64_t max,
                              uint64_t *offset, uint64_t *len);
-extern void fsc_catchup_done (struct fsc_object *obj, uint64_t bytes);
+extern void fsc_catchup_done (struct fsc_object *obj, uint64_t bytes,
+                              bool filled);
 extern uint64_t fsc_catchup_pending (struct fsc_object *obj);
 
 /* Make every change so far durable (client FLUSH).  Returns 0, or -1

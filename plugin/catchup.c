@@ -143,6 +143,7 @@ worker (void *arg)
         upstream_close (&w->u);
         nbdkit_debug ("fscache: export \"%s\": catch-up: cannot open the "
                       "upstream; what is pending waits", w->exportname);
+        fsc_catchup_done (w->obj, len, false);  /* the chunk taken */
         break;
       }
       w->have_u = true;
@@ -151,9 +152,10 @@ worker (void *arg)
       nbdkit_debug ("fscache: export \"%s\": catch-up: upstream read at "
                     "%" PRIu64 "+%" PRIu64 " failed: %m; stopping",
                     w->exportname, off, len);
+      fsc_catchup_done (w->obj, len, false);
       break;
     }
-    fsc_catchup_done (w->obj, len);
+    fsc_catchup_done (w->obj, len, true);
   }
   pthread_mutex_lock (&list_lock);
   w->done = true;
