@@ -268,6 +268,30 @@ fsc_cache_stats (struct fsc_cache *cache, struct fsc_stats *st)
   fsc_stats_snapshot (&cache->stats, st);
 }
 
+void
+fsc_cache_count_peer (struct fsc_cache *cache, enum fsc_peer_stat which,
+                      uint64_t delta)
+{
+  struct fsc_stats *st = &cache->stats;
+  switch (which) {
+  case FSC_PEER_READS: FSC_STAT_ADD (st, peer_reads, delta); break;
+  case FSC_PEER_READ_BYTES: FSC_STAT_ADD (st, peer_read_bytes, delta); break;
+  case FSC_PEER_ERRORS: FSC_STAT_ADD (st, peer_errors, delta); break;
+  case FSC_PEER_BACKOFFS: FSC_STAT_ADD (st, peer_backoffs, delta); break;
+  case FSC_PEER_SERVED: FSC_STAT_ADD (st, peer_served, delta); break;
+  case FSC_PEER_SERVED_BYTES:
+    FSC_STAT_ADD (st, peer_served_bytes, delta);
+    break;
+  case FSC_PEER_REFUSED: FSC_STAT_ADD (st, peer_refused, delta); break;
+  }
+}
+
+void
+fsc_cache_set_peers_known (struct fsc_cache *cache, uint64_t n)
+{
+  __atomic_store_n (&cache->stats.peers_known, n, __ATOMIC_RELAXED);
+}
+
 uint64_t
 fsc_cache_io_calls (struct fsc_cache *cache, int op, int kind)
 {

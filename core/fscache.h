@@ -364,6 +364,32 @@ extern unsigned fsc_object_take_notices (struct fsc_object *obj, int *err);
  */
 extern void fsc_object_wait_reclaim (struct fsc_object *obj);
 
+/* A 64-bit value the netfs attaches to an open object and reads back
+ * while it stays open (as FS-Cache's netfs data on a cookie): the
+ * filter keeps there the identity its fleet peers compare, computed
+ * by the connection that opened the object, so that the ones joining
+ * it need not read the upstream again.  0 until set.
+ */
+extern void fsc_object_set_tag (struct fsc_object *obj, uint64_t tag);
+extern uint64_t fsc_object_tag (struct fsc_object *obj);
+
+/* The peer tier's counters (the filter's peers.c), kept with the
+ * cache's and OBJ's own so that one stats file, nbd-fscache stat and
+ * one Prometheus scrape show them: add DELTA to the counter named as
+ * in stats.h (peer_*; the object's variant also to OBJ's peer_bytes,
+ * peer_served_bytes and peer_errors, ostats.h), or set the cache's
+ * gauge peers_known.
+ */
+enum fsc_peer_stat {
+  FSC_PEER_READS, FSC_PEER_READ_BYTES, FSC_PEER_ERRORS, FSC_PEER_BACKOFFS,
+  FSC_PEER_SERVED, FSC_PEER_SERVED_BYTES, FSC_PEER_REFUSED,
+};
+extern void fsc_cache_count_peer (struct fsc_cache *cache,
+                                  enum fsc_peer_stat which, uint64_t delta);
+extern void fsc_object_count_peer (struct fsc_object *obj,
+                                   enum fsc_peer_stat which, uint64_t delta);
+extern void fsc_cache_set_peers_known (struct fsc_cache *cache, uint64_t n);
+
 /* Introspection. */
 extern int fsc_object_state (struct fsc_object *obj);
 extern uint64_t fsc_object_present_blocks (struct fsc_object *obj);

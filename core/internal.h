@@ -198,6 +198,8 @@ struct fsc_object {
   struct fsc_object *next;      /* cache->objects; under cache->lock */
   unsigned refs;                /* under cache->lock */
   bool ready;                   /* lookup done; under cache->lock */
+  uint64_t tag;                 /* the netfs's (fsc_object_set_tag);
+                                 * atomic */
   bool closing;                 /* last reference gone, closing; under
                                  * cache->lock */
   unsigned char *key;

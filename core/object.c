@@ -964,6 +964,33 @@ fsc_object_state (struct fsc_object *o)
   return o->state;
 }
 
+void
+fsc_object_set_tag (struct fsc_object *o, uint64_t tag)
+{
+  __atomic_store_n (&o->tag, tag, __ATOMIC_RELEASE);
+}
+
+uint64_t
+fsc_object_tag (struct fsc_object *o)
+{
+  return __atomic_load_n (&o->tag, __ATOMIC_ACQUIRE);
+}
+
+void
+fsc_object_count_peer (struct fsc_object *o, enum fsc_peer_stat which,
+                       uint64_t delta)
+{
+  fsc_cache_count_peer (o->cache, which, delta);
+  switch (which) {
+  case FSC_PEER_READ_BYTES: FSC_OSTAT_ADD (o, peer_bytes, delta); break;
+  case FSC_PEER_ERRORS: FSC_OSTAT_ADD (o, peer_errors, delta); break;
+  case FSC_PEER_SERVED_BYTES:
+    FSC_OSTAT_ADD (o, peer_served_bytes, delta);
+    break;
+  default: break;
+  }
+}
+
 uint64_t
 fsc_object_present_blocks (struct fsc_object *o)
 {

@@ -43,7 +43,10 @@
   X (last_invalidation)   /* time: unix seconds of the last invalidation */\
   X (present_blocks)      /* gauge: blocks cached, whole or in pieces */  \
   X (cached_bytes)        /* gauge: bytes those blocks hold */         \
-  X (fill_skipped_bytes)  /* read upstream, not stored: disk slower */
+  X (fill_skipped_bytes)  /* read upstream, not stored: disk slower */\
+  X (peer_bytes)          /* of upstream_bytes, from fleet peers */       \
+  X (peer_served_bytes)   /* bytes served to other nodes' proxies */      \
+  X (peer_errors)         /* failed peer reads and connects */
 
 enum fsc_ostat {
 #define FSC_OSTATS_ENUM(name) FSC_OSTAT_##name,

@@ -65,7 +65,17 @@
   X (share_refused)       /* joins refused: settings or upstream differ */\
   X (share_timeouts)      /* joiners' fetches given up: past the deadline */\
   X (share_peers_refused) /* share sockets refused: another user, too many
-                           * connections, no hello in time, bad messages */
+                           * connections, no hello in time, bad messages */\
+  X (peer_reads)          /* misses asked of a fleet peer (peer tier) */  \
+  X (peer_read_bytes)     /* their bytes: of upstream_read_bytes, those
+                           * that came from peers, not the origin */       \
+  X (peer_errors)         /* peer reads and connects that failed */      \
+  X (peer_backoffs)       /* peers set aside for a while after errors */ \
+  X (peer_served)         /* reads served to other nodes' proxies */     \
+  X (peer_served_bytes)   /* their bytes */                              \
+  X (peer_refused)        /* peer connections refused: another image,
+                           * no TLS, writeback, not in a fleet */          \
+  X (peers_known)         /* other nodes in fscache-peers (a gauge) */
 
 struct fsc_stats {
 #define FSC_STATS_DECL(name) uint64_t name;

@@ -47,6 +47,7 @@
 #include "trace.h"
 #include "blocksize.h"
 #include "pool.h"
+#include "peers.h"
 #include "catchup.h"
 #include "view.h"
 #include "upstream.h"
@@ -103,6 +104,12 @@ struct handle {
                                  * seen it open, or NULL (atomic) */
   bool wbmode;                  /* writeback mode, and the upstream
                                  * can write (wb_wanted) */
+  struct peer_export *fleet;    /* its misses ask the range's owner
+                                 * among the peers (peers.c), or NULL */
+  uint64_t peer_want;           /* a peer's connection: the identity it
+                                 * asked for; 0 for a client's */
+  bool peer_serving;            /* a peer's connection, accepted: its
+                                 * misses go to the origin only (P1) */
 };
 
 /* Held while a connection opens an object not yet open in this
@@ -198,6 +205,8 @@ fscache_config_complete (nbdkit_next_config_complete *next,
     }
     return -1;
   }
+  if (peers_start (state.cache) == -1)
+    return -1;
   return next (nxdata);
 }
 
@@ -296,6 +305,7 @@ fscache_cleanup (nbdkit_backend *nxdata)
                     params.trace_file, rec);
     state.trace = NULL;
   }
+  peers_stop ();
 }
 
 /*----------------------------------------------------------------------
@@ -353,23 +363,73 @@ data_upstream (struct handle *h, bool writing, int *err)
 }
 
 static int
+origin_pread (void *opaque, void *buf, uint32_t count, uint64_t offset,
+              int *err)
+{
+  struct handle *h = opaque;
+  struct view *v = view_of (h, false);
+  return v ? bs_pread (view_upstream (v), buf, count, offset, 0, err)
+    : pool_pread (h->pool, &h->upstream, buf, count, offset, err);
+}
+
+/* ... and with a fleet, the ranges other peers own from them. */
+static int
 fill_pread (void *opaque, void *buf, uint32_t count, uint64_t offset)
 {
   struct handle *h = opaque;
   int err = 0;
-  struct view *v = view_of (h, false);
-  if (v ? bs_pread (view_upstream (v), buf, count, offset, 0, &err)
-      : pool_pread (h->pool, &h->upstream, buf, count, offset, &err)) {
+  if (h->fleet ? peers_pread (h->fleet, h->obj, buf, count, offset,
+                              origin_pread, h, &err)
+      : origin_pread (h, buf, count, offset, &err)) {
     errno = err ? err : EIO;
     return -1;
   }
   return 0;
 }
 
+/* Refuse a peer's connection (PEER_EXPORT_PREFIX export name) for WHY:
+ * its asker then goes to the next owner or the origin.  Said at most
+ * once a minute.
+ */
+static void
+refuse_peer (const char *exportname, const char *why)
+{
+  static time_t said;
+  time_t now = time (NULL);
+  time_t last = __atomic_load_n (&said, __ATOMIC_RELAXED);
+  fsc_cache_count_peer (state.cache, FSC_PEER_REFUSED, 1);
+  if (now - last >= 60 &&
+      __atomic_compare_exchange_n (&said, &last, now, false,
+                                   __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+    nbdkit_error ("fscache: refusing a peer's connection for \"%s\": %s "
+                  "(peer_refused counts them)", exportname, why);
+  else
+    nbdkit_debug ("fscache: refusing a peer's connection for \"%s\": %s",
+                  exportname, why);
+}
+
 static void *
 fscache_open (nbdkit_next_open *next, nbdkit_context *nxdata,
               int readonly, const char *exportname, int is_tls)
 {
+  /* A peer's connection: it reads the export named after the prefix,
+   * if this node is in a fleet that may serve it (peers.c).
+   */
+  const char *real;
+  uint64_t want = 0;
+  int pr = peers_parse_export (exportname, &real, &want);
+  const char *why = pr == -1 ? "malformed peer export name"
+    : pr == 0 ? NULL
+    : !peers_enabled () ? "this proxy has no fscache-peers"
+    : params.mode == MODE_WRITEBACK ? "writeback objects are not shared"
+    : params.peer_psk && !is_tls ? "fscache-peer-tls-psk is set and the "
+    "connection has no TLS" : NULL;
+  if (why) {
+    refuse_peer (exportname, why);
+    return NULL;
+  }
+  if (pr == 1)
+    exportname = real;
   struct handle *h = calloc (1, sizeof *h);
   if (h == NULL || (h->exportname = strdup (exportname)) == NULL) {
     nbdkit_error ("calloc: %m");
@@ -378,6 +438,7 @@ fscache_open (nbdkit_next_open *next, nbdkit_context *nxdata,
   }
   h->up.pread = fill_pread;
   h->up.opaque = h;
+  h->peer_want = want;
   if (upstream_open (&h->upstream, nxdata, readonly, exportname) == -1 &&
       !params.offline) {
     nbdkit_error ("fscache: export \"%s\": cannot open the upstream "
@@ -400,6 +461,7 @@ fscache_close (void *handle)
   if (h->obj)
     fsc_object_close (h->obj);
   pool_put (h->pool);
+  peers_export_put (h->fleet);
   view_put (h->view);
   upstream_close (&h->upstream);
   free (h->exportname);
@@ -449,7 +511,10 @@ start_readahead (struct handle *h)
   if (params.catchup && !h->wbmode &&
       fsc_object_state (h->obj) == FSC_OBJ_AVAILABLE)
     fsc_catchup_enable (h->obj, true);
-  if (params.readahead == 0 ||
+  /* A peer asks for exactly the ranges it wants: reading ahead of it
+   * would fetch ranges other peers own.
+   */
+  if (params.readahead == 0 || h->peer_serving ||
       fsc_object_state (h->obj) != FSC_OBJ_AVAILABLE ||
       !upstream_available (&h->upstream))
     return 0;
@@ -470,6 +535,55 @@ start_readahead (struct handle *h)
     return -1;
   }
   return 0;
+}
+
+/* The object is open: the fleet's part, then readahead.  The identity
+ * peers compare (peers.c, P2) is the object's tag, computed by the
+ * connection that opened it (FP: the sampled fingerprint if it took
+ * one), so that joining connections need not read the upstream again.
+ * A peer's connection asking for another identity is refused; one
+ * asking for ours is served, and never asks peers itself (P1).
+ */
+static int
+connection_ready (struct handle *h, const char *k, size_t klen,
+                  uint64_t size, const uint64_t *fp)
+{
+  if (!peers_enabled () || h->wbmode || !upstream_available (&h->upstream)) {
+    if (h->peer_want) {
+      refuse_peer (h->exportname, h->wbmode
+                   ? "writeback objects are not shared"
+                   : "no upstream to fetch the misses from");
+      return -1;
+    }
+    return start_readahead (h);
+  }
+  uint64_t id = fsc_object_tag (h->obj);
+  if (id == 0) {
+    uint64_t f;
+    if (fp)
+      f = *fp;
+    else if (fingerprint (&h->upstream, k, klen, size, &f) == -1) {
+      nbdkit_error ("fscache: export \"%s\": reading the sample that "
+                    "identifies it to peers: %m; not using peers",
+                    h->exportname);
+      if (h->peer_want)
+        return -1;
+      return start_readahead (h);
+    }
+    id = peers_identity (k, klen, size, params.generation, f);
+    fsc_object_set_tag (h->obj, id);
+  }
+  if (h->peer_want) {
+    if (h->peer_want != id) {
+      refuse_peer (h->exportname, "the asker has another version of it "
+                   "(key, size, generation or sampled content differ)");
+      return -1;
+    }
+    h->peer_serving = true;
+  }
+  else
+    h->fleet = peers_export_get (h->exportname, k, klen, id);
+  return start_readahead (h);
 }
 
 /* The upstream could not be opened and fscache-offline is set: serve
@@ -653,7 +767,7 @@ fscache_prepare (nbdkit_next *next, void *handle, int readonly)
 
   /* Another connection has the object open: it was validated then. */
   if (join_open (h, &p, k, klen, false))
-    return h->obj ? start_readahead (h) : -1;
+    return h->obj ? connection_ready (h, k, klen, size, NULL) : -1;
 
   struct fscache_sample_set set = { 0 };
   if (params.validate == FSC_VALIDATE_SAMPLE &&
@@ -666,7 +780,7 @@ fscache_prepare (nbdkit_next *next, void *handle, int readonly)
   pthread_mutex_lock (&open_lock);
   if (join_open (h, &p, k, klen, true)) {
     pthread_mutex_unlock (&open_lock);
-    return h->obj ? start_readahead (h) : -1;
+    return h->obj ? connection_ready (h, k, klen, size, NULL) : -1;
   }
   /* The log and the object, in the order that leaves no gap between
    * the check of one and the open of the other for a process in
@@ -771,7 +885,9 @@ fscache_prepare (nbdkit_next *next, void *handle, int readonly)
                   info.present_blocks);
   }
   bind_trace (h, k, klen, size);
-  return start_readahead (h);
+  return connection_ready (h, k, klen, size,
+                           params.validate == FSC_VALIDATE_SAMPLE
+                           ? &p.fingerprint : NULL);
 }
 
 static int
@@ -921,6 +1037,10 @@ fscache_pread (nbdkit_next *next, void *handle, void *buf, uint32_t count,
     log_upstream_error (h, "read", offset, count, *err);
     return -1;
   }
+  if (h->peer_serving) {
+    fsc_object_count_peer (h->obj, FSC_PEER_SERVED, 1);
+    fsc_object_count_peer (h->obj, FSC_PEER_SERVED_BYTES, count);
+  }
   fsc_readahead_observe (h->ra, offset, count);
   catchup_maybe_start (h->obj, h->exportname);
   if (h->traced)
@@ -954,6 +1074,7 @@ fscache_pwrite (nbdkit_next *next, void *handle, const void *buf,
 {
   CATCHUP_REQUEST ();
   struct handle *h = handle;
+  peers_export_written (h->fleet);
   if (h->wb)
     return wb_pwrite (h->wb, h->obj, &h->up, buf, count, offset, flags, err);
   struct fsc_write w;
@@ -988,6 +1109,7 @@ drop_then (struct handle *h, upstream_range_op *op, bool keep,
            uint32_t flags, int *err)
 {
   struct fsc_write w;
+  peers_export_written (h->fleet);
   if (fsc_object_write_begin (h->obj, offset, count, keep, &w) == -1) {
     *err = errno;
     nbdkit_error ("fscache: %s: %m", what);
@@ -1074,8 +1196,17 @@ fscache_block_size (nbdkit_next *next, void *handle, uint32_t *minimum,
     struct handle *h = handle;                                          \
     return upstream_##name (&h->upstream);                              \
   }
-QUERY (can_write)
 QUERY (is_rotational)
+
+/* A peer's connection only reads (peers.c). */
+static int
+fscache_can_write (nbdkit_next *next, void *handle)
+{
+  struct handle *h = handle;
+  if (h->peer_want)
+    return 0;
+  return upstream_can_write (&h->upstream);
+}
 
 /* In writeback mode the answers are the log's: flushes, FUA, zeroes
  * and trims are ours (written back later, or emulated, by the writer),

@@ -83,7 +83,11 @@ const char params_help[] =
   "fscache-dirty-max=SIZE     Writeback: dirty data before writes wait\n"
   "                           (default 1G).\n"
   "fscache-writeback-drain=SECONDS  Writeback: at exit, write back for up\n"
-  "                           to this long (default 30).";
+  "                           to this long (default 30).\n"
+  "fscache-peers=FILE         The fleet: one NBD URI per line, each a proxy\n"
+  "                           of this filter; misses go to a range's owner.\n"
+  "fscache-peer-self=URI      This node's line in fscache-peers.\n"
+  "fscache-peer-tls-psk=FILE  Peers speak TLS with this pre-shared key.";
 
 /* VALUE as a decimal number from 0 to MAX, digits only, into *N.
  * Returns 0, or -1 if it is not one.
@@ -109,6 +113,9 @@ params_free (void)
   free (params.generation);
   free (params.stats_file);
   free (params.trace_file);
+  free (params.peers_file);
+  free (params.peer_self);
+  free (params.peer_psk);
 }
 
 /* Add KEY=VALUE to the derived key.  Values that name existing files
@@ -295,6 +302,28 @@ params_config (const char *k, const char *value)
     params.stats_file = nbdkit_absolute_path (value);
     return params.stats_file ? 0 : -1;
   }
+  if (strcmp (k, "fscache-peers") == 0 ||
+      strcmp (k, "fscache-peer-tls-psk") == 0) {
+    char **p = strcmp (k, "fscache-peers") == 0 ? &params.peers_file
+      : &params.peer_psk;
+    free (*p);
+    *p = nbdkit_absolute_path (value);
+    return *p ? 0 : -1;
+  }
+  if (strcmp (k, "fscache-peer-self") == 0) {
+    if (*value == 0) {
+      nbdkit_error ("fscache-peer-self: empty; it must be this node's line "
+                    "in fscache-peers");
+      return -1;
+    }
+    free (params.peer_self);
+    params.peer_self = strdup (value);
+    if (params.peer_self == NULL) {
+      nbdkit_error ("strdup: %m");
+      return -1;
+    }
+    return 0;
+  }
   if (strcmp (k, "fscache-trace") == 0) {
     free (params.trace_file);
     params.trace_file = nbdkit_absolute_path (value);
@@ -387,6 +416,16 @@ params_config_complete (void)
                   "dynamic-export=true: the writer writes back on a "
                   "connection of its own, which has no client export name "
                   "to follow");
+    return -1;
+  }
+  if ((params.peer_self || params.peer_psk) && params.peers_file == NULL) {
+    nbdkit_error ("fscache-peer-self and fscache-peer-tls-psk need "
+                  "fscache-peers=FILE (the fleet's list of proxies)");
+    return -1;
+  }
+  if (params.peers_file && params.peer_self == NULL) {
+    nbdkit_error ("fscache-peers=%s: set fscache-peer-self=URI too, to say "
+                  "which line of the file is this node", params.peers_file);
     return -1;
   }
   if (params.dir == NULL && (params.dir = default_dir ()) == NULL)

@@ -58,6 +58,11 @@ struct fscache_params {
   unsigned upstream_connections; /* fscache-upstream-connections: the
                                  * pool's size (pool.c), 0: none */
   bool dynamic_export;          /* the plugin got dynamic-export=true */
+  char *peers_file;             /* fscache-peers, absolute, or NULL:
+                                 * no peer tier (peers.c) */
+  char *peer_self;              /* fscache-peer-self: this node's line */
+  char *peer_psk;               /* fscache-peer-tls-psk, absolute, or
+                                 * NULL: peers speak plain NBD */
 };
 
 /* The parameters, with their defaults until .config changes them. */

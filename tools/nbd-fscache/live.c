@@ -57,6 +57,10 @@ static const struct {
   { "cached_bytes", 'g', "Bytes the cached blocks hold." },
   { "fill_skipped_bytes", 'c',
     "Bytes read upstream and not cached: the cache disk was the bottleneck." },
+  { "peer_bytes", 'c',
+    "Of upstream_bytes, those fetched from fleet peers, not the origin." },
+  { "peer_served_bytes", 'c', "Bytes served to other nodes' proxies." },
+  { "peer_errors", 'c', "Failed reads from and connections to peers." },
 };
 
 static int

@@ -1,0 +1,888 @@
+/* nbdkit-fscache-filter: the peer tier.  Proxies on different hosts
+ * fetch their misses from each other, so that a fleet reads each
+ * range of an image from the origin once.  No daemon and no protocol
+ * of our own: peers are proxies of this filter, and speak NBD to each
+ * other through libnbd.
+ *
+ * Membership.  fscache-peers=FILE lists one NBD URI per line (blank
+ * lines and lines starting with '#' ignored), the same file on every
+ * node; fscache-peer-self=URI is this node's line.  The file is read
+ * again when its inode, size or mtime changes, checked at most once a
+ * second by the reads that need it (nbdkit ends on SIGHUP, so a signal
+ * cannot be the trigger).  The list in use is a reference-counted
+ * snapshot, replaced whole.
+ *
+ * Ownership.  Every RANGE_SIZE range of an object has one owner:
+ * rendezvous hashing (highest random weight) of the object key's hash,
+ * the range's index and each member's URI.  A member that comes or
+ * goes moves only its own ranges.  A member set aside after errors
+ * (below) is skipped, so its ranges move to their second choice, which
+ * every node that saw the same failure agrees on: the dead peer's
+ * ranges are fetched from the origin about once, not once per node.
+ * A node not in its own file owns nothing and asks for everything.
+ *
+ * A miss on a range another member owns is asked of the owner, on a
+ * connection whose export name is PEER_EXPORT_PREFIX, the identity,
+ * ':', the export.  The owner serves it from its cache, or fetches it
+ * from the origin once and caches it (the core's claims make
+ * concurrent askers of one range wait for that one fetch).
+ *
+ * No loops (invariant P1).  A connection with a peer export name never
+ * asks peers: its handle has no fleet (fscache.c), so a request travels
+ * one hop at most, whatever the nodes' files say.  Broken by
+ * tests/test-fscache-peers.sh, part "disagreeing files".
+ *
+ * Only the same image (invariant P2).  The identity hashes the object
+ * key, the size, fscache-generation and the sampled fingerprint of the
+ * upstream (computed for the fleet even under fscache-validate=size or
+ * none).  The owner compares it with its own object's and refuses the
+ * connection if they differ; the asker then sets that link aside and
+ * goes to the next owner or the origin.  Peer data enters the cache as
+ * any fill does, checksummed.  Broken by the test's part "another
+ * image".
+ *
+ * Failure never reaches a client (invariant P3).  A connect or read
+ * that fails or takes longer than the timeout is retried once on a
+ * fresh connection; if that fails too the link is set aside for a
+ * back-off (BACKOFF_MIN seconds, doubling to BACKOFF_MAX) and the range
+ * goes to the next owner, at most MAX_PEER_TRIES peers per range, then
+ * the origin.  Only the origin's errors reach the client.  Errors are
+ * counted (peer_errors) and logged at most once a minute.  Broken by
+ * the test's parts "killed" and "stopped".
+ *
+ * Who may ask.  With fscache-peer-tls-psk=FILE, connections to peers
+ * use TLS with that pre-shared key (an nbd:// line is dialled as
+ * nbds://), and a proxy refuses a peer export name on a connection
+ * without TLS (fscache.c); nbdkit's --tls=on --tls-psk=FILE serves it.
+ *
+ * Writes.  A node whose clients write an export stops asking peers for
+ * it (peers_export_written): an owner may hold the range as it was
+ * before, and the node must read its own writes.  Writeback objects
+ * never use peers.
+ *
+ * Locks: fleet_lock guards the snapshot pointer and the reload; each
+ * export's lock its links; each link's lock its idle connections.  No
+ * lock is held across a connect or a read.
+ */
+#include <config.h>
+
+#include <errno.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include <libnbd.h>
+
+#define NBDKIT_API_VERSION 2
+#include <nbdkit-filter.h>
+
+#include "fscache.h"
+#include "keyenc.h"
+#include "xxh.h"
+#include "utils.h"
+
+#include "params.h"
+#include "peers.h"
+
+/* One owner per range of this size.  Smaller ranges spread an image
+ * more evenly over the fleet (128 MiB over 4 nodes: 32 ranges each at
+ * 1 MiB) at the cost of one peer request per MiB, which a LAN answers
+ * in well under the time the MiB takes to cross it.
+ */
+#define RANGE_SIZE (1024 * 1024)
+
+#define MAX_MEMBERS 65536
+#define MAX_LINE 4096
+#define LINK_MAX_CONNS 8        /* connections to one peer, per export */
+#define MAX_PEER_TRIES 2        /* peers tried for one range */
+#define BACKOFF_MIN 5           /* seconds */
+#define BACKOFF_MAX 60
+#define ERROR_LOG_SECONDS 60
+#define DEFAULT_TIMEOUT_MS 10000
+
+struct member {
+  char *uri;                    /* as in the file */
+  char *dial;                   /* what libnbd is given (nbds with PSK) */
+  uint64_t seed;                /* the URI's hash */
+};
+
+struct members {
+  unsigned refs;                /* under fleet_lock */
+  size_t n;
+  long self;                    /* our index, or -1 */
+  struct member m[];
+};
+
+static struct {
+  struct fsc_cache *cache;
+  pthread_mutex_t lock;
+  struct members *snap;         /* NULL: no fleet */
+  struct stat st;               /* the file as last read */
+  int64_t checked;              /* monotonic second of the last stat */
+  char *psk_user;               /* the PSK file's first user name */
+  int timeout_ms;
+  time_t err_said;              /* last error line (under lock) */
+  unsigned err_unsaid;
+} fleet = { .lock = PTHREAD_MUTEX_INITIALIZER };
+
+/* A peer, as seen by one export. */
+struct link {
+  struct link *next;            /* the export's list */
+  char *uri;
+  pthread_mutex_t lock;
+  pthread_cond_t freed;
+  struct nbd_handle *idle[LINK_MAX_CONNS];
+  unsigned nidle, nopen;        /* under lock */
+  int64_t backoff_until;        /* monotonic ms; atomic */
+  unsigned backoff_s;           /* under lock */
+};
+
+struct peer_export {
+  struct peer_export *next;     /* exports; under exports_lock */
+  unsigned refs;                /* under exports_lock */
+  char *exportname;
+  char *peer_name;              /* the export name peers are asked */
+  uint64_t key_lo, key_hi;
+  uint64_t identity;
+  bool written;                 /* atomic */
+  pthread_mutex_t lock;         /* links, by_member, members */
+  struct link *links;
+  struct members *members;      /* by_member is for this snapshot */
+  struct link **by_member;
+};
+
+static pthread_mutex_t exports_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct peer_export *exports;
+
+static int64_t
+now_ms (void)
+{
+  struct timespec ts;
+  clock_gettime (CLOCK_MONOTONIC, &ts);
+  return (int64_t) ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/*----------------------------------------------------------------------
+ * Membership.
+ */
+
+static void
+members_put_locked (struct members *ms)
+{
+  if (ms == NULL || --ms->refs > 0)
+    return;
+  for (size_t i = 0; i < ms->n; ++i) {
+    free (ms->m[i].uri);
+    free (ms->m[i].dial);
+  }
+  free (ms);
+}
+
+static void
+members_put (struct members *ms)
+{
+  pthread_mutex_lock (&fleet.lock);
+  members_put_locked (ms);
+  pthread_mutex_unlock (&fleet.lock);
+}
+
+/* What libnbd dials for URI: with a PSK, the TLS scheme of it. */
+static char *
+dial_uri (const char *uri)
+{
+  static const char *const plain[] = { "nbd://", "nbd+unix://",
+                                       "nbd+vsock://" };
+  if (params.peer_psk)
+    for (size_t i = 0; i < sizeof plain / sizeof plain[0]; ++i) {
+      size_t l = strlen (plain[i]);
+      char *d;
+      if (strncmp (uri, plain[i], l) == 0) {
+        if (asprintf (&d, "nbds%s", uri + 3) == -1)
+          return NULL;
+        return d;
+      }
+    }
+  return strdup (uri);
+}
+
+/* Parse FP into a new snapshot.  NULL with errno on failure. */
+static struct members *
+members_read (FILE *fp)
+{
+  size_t cap = 16;
+  struct members *ms = calloc (1, sizeof *ms + cap * sizeof ms->m[0]);
+  if (ms == NULL)
+    return NULL;
+  ms->refs = 1;
+  ms->self = -1;
+  char line[MAX_LINE + 2];
+  while (fgets (line, sizeof line, fp)) {
+    size_t len = strlen (line);
+    if (len > MAX_LINE && line[len - 1] != '\n') {
+      errno = ENAMETOOLONG;
+      goto fail;
+    }
+    char *s = line, *e = line + len;
+    while (*s == ' ' || *s == '\t')
+      s++;
+    while (e > s && (e[-1] == '\n' || e[-1] == '\r' || e[-1] == ' ' ||
+                     e[-1] == '\t'))
+      e--;
+    *e = 0;
+    if (*s == 0 || *s == '#')
+      continue;
+    if (ms->n == MAX_MEMBERS) {
+      errno = E2BIG;
+      goto fail;
+    }
+    if (ms->n == cap) {
+      cap *= 2;
+      struct members *b = realloc (ms, sizeof *ms + cap * sizeof ms->m[0]);
+      if (b == NULL)
+        goto fail;
+      ms = b;
+    }
+    struct member *m = &ms->m[ms->n];
+    m->uri = strdup (s);
+    m->dial = m->uri ? dial_uri (s) : NULL;
+    if (m->dial == NULL) {
+      free (m->uri);
+      goto fail;
+    }
+    m->seed = XXH3_64bits (s, strlen (s));
+    if (ms->self == -1 && strcmp (s, params.peer_self) == 0)
+      ms->self = ms->n;
+    ms->n++;
+  }
+  if (ferror (fp)) {
+    errno = EIO;
+    goto fail;
+  }
+  return ms;
+ fail:;
+  int e = errno;
+  members_put_locked (ms);
+  errno = e;
+  return NULL;
+}
+
+/* Read the file again if it changed (or FORCE).  Under fleet.lock.
+ * Returns 0, or -1 with errno (the old snapshot stays).
+ */
+static int
+reload_locked (bool force)
+{
+  struct stat st;
+  if (stat (params.peers_file, &st) == -1)
+    return -1;
+  if (!force && st.st_ino == fleet.st.st_ino &&
+      st.st_size == fleet.st.st_size &&
+      st.st_mtim.tv_sec == fleet.st.st_mtim.tv_sec &&
+      st.st_mtim.tv_nsec == fleet.st.st_mtim.tv_nsec)
+    return 0;
+  FILE *fp = fopen (params.peers_file, "re");
+  if (fp == NULL)
+    return -1;
+  struct members *ms = members_read (fp);
+  int e = errno;
+  fclose (fp);
+  if (ms == NULL) {
+    errno = e;
+    return -1;
+  }
+  fleet.st = st;
+  members_put_locked (fleet.snap);
+  fleet.snap = ms;
+  size_t others = ms->n - (ms->self >= 0);
+  fsc_cache_set_peers_known (fleet.cache, others);
+  if (ms->self >= 0)
+    nbdkit_debug ("fscache-peers=%s: %zu other peers", params.peers_file,
+                  others);
+  else
+    nbdkit_error ("fscache: warning: fscache-peers=%s: fscache-peer-self=%s "
+                  "is not one of its %zu lines: this node owns no range "
+                  "and asks the others for everything", params.peers_file,
+                  params.peer_self, ms->n);
+  return 0;
+}
+
+/* The snapshot in use, with a reference (NULL: none), after a reload
+ * if the file changed and it was not checked within the second.
+ */
+static struct members *
+members_get (void)
+{
+  int64_t sec = now_ms () / 1000;
+  struct members *ms;
+  pthread_mutex_lock (&fleet.lock);
+  if (sec != fleet.checked) {
+    fleet.checked = sec;
+    if (reload_locked (false) == -1)
+      nbdkit_debug ("fscache-peers=%s: not read again: %m; keeping the "
+                    "last list", params.peers_file);
+  }
+  ms = fleet.snap;
+  if (ms)
+    ms->refs++;
+  pthread_mutex_unlock (&fleet.lock);
+  return ms;
+}
+
+/* The first user name of the PSK file ("name:hexkey" lines), which
+ * libnbd must present (it would otherwise use the login name).
+ */
+static char *
+psk_user (const char *file)
+{
+  FILE *fp = fopen (file, "re");
+  if (fp == NULL)
+    return NULL;
+  char line[1024];
+  char *user = NULL;
+  while (user == NULL && fgets (line, sizeof line, fp)) {
+    char *c = strchr (line, ':');
+    if (c && c > line) {
+      *c = 0;
+      user = strdup (line);
+      if (user == NULL)
+        break;
+    }
+  }
+  if (user == NULL && !ferror (fp))
+    errno = EINVAL;
+  fclose (fp);
+  return user;
+}
+
+int
+peers_start (struct fsc_cache *cache)
+{
+  if (params.peers_file == NULL)
+    return 0;
+  fleet.cache = cache;
+  fleet.timeout_ms = DEFAULT_TIMEOUT_MS;
+  /* Test knob: the peer timeout, so that a test of a stopped peer
+   * need not wait the default.
+   */
+  const char *t = getenv ("NBD_FSCACHE_TEST_PEER_TIMEOUT_MS");
+  if (t && atoi (t) > 0)
+    fleet.timeout_ms = atoi (t);
+  if (params.peer_psk &&
+      (fleet.psk_user = psk_user (params.peer_psk)) == NULL) {
+    nbdkit_error ("fscache-peer-tls-psk=%s: cannot read a user name "
+                  "(lines of USER:HEXKEY, as psktool writes): %m",
+                  params.peer_psk);
+    return -1;
+  }
+  pthread_mutex_lock (&fleet.lock);
+  int r = reload_locked (true);
+  pthread_mutex_unlock (&fleet.lock);
+  if (r == -1) {
+    nbdkit_error ("fscache-peers=%s: %m", params.peers_file);
+    return -1;
+  }
+  return 0;
+}
+
+void
+peers_stop (void)
+{
+  pthread_mutex_lock (&fleet.lock);
+  members_put_locked (fleet.snap);
+  fleet.snap = NULL;
+  pthread_mutex_unlock (&fleet.lock);
+  free (fleet.psk_user);
+  fleet.psk_user = NULL;
+}
+
+bool
+peers_enabled (void)
+{
+  return params.peers_file != NULL;
+}
+
+int
+peers_parse_export (const char *exportname, const char **real,
+                    uint64_t *identity)
+{
+  size_t pl = strlen (PEER_EXPORT_PREFIX);
+  if (strncmp (exportname, PEER_EXPORT_PREFIX, pl) != 0)
+    return 0;
+  const char *s = exportname + pl;
+  uint64_t id = 0;
+  for (int i = 0; i < 16; ++i) {
+    char c = s[i];
+    int v = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ?
+      c - 'a' + 10 : -1;
+    if (v < 0)
+      return -1;
+    id = id << 4 | (unsigned) v;
+  }
+  if (s[16] != ':' || id == 0)
+    return -1;
+  *real = s + 17;
+  *identity = id;
+  return 1;
+}
+
+uint64_t
+peers_identity (const void *key, size_t klen, uint64_t size,
+                const char *generation, uint64_t fingerprint)
+{
+  XXH3_state_t *st = XXH3_createState ();
+  uint64_t h;
+  if (st == NULL)
+    return 0;
+  XXH3_64bits_reset (st);
+  uint64_t len = klen;
+  XXH3_64bits_update (st, &len, sizeof len);
+  XXH3_64bits_update (st, key, klen);
+  XXH3_64bits_update (st, &size, sizeof size);
+  len = generation ? strlen (generation) + 1 : 0;
+  XXH3_64bits_update (st, &len, sizeof len);
+  if (generation)
+    XXH3_64bits_update (st, generation, len);
+  XXH3_64bits_update (st, &fingerprint, sizeof fingerprint);
+  h = XXH3_64bits_digest (st);
+  XXH3_freeState (st);
+  return h ? h : 1;
+}
+
+/*----------------------------------------------------------------------
+ * Exports and their links.
+ */
+
+struct peer_export *
+peers_export_get (const char *exportname, const void *key, size_t klen,
+                  uint64_t identity)
+{
+  uint64_t lo, hi;
+  fsc_key_hash (key, klen, &lo, &hi);
+  pthread_mutex_lock (&exports_lock);
+  struct peer_export *pe;
+  for (pe = exports; pe; pe = pe->next)
+    if (strcmp (pe->exportname, exportname) == 0 &&
+        pe->identity == identity && pe->key_lo == lo && pe->key_hi == hi) {
+      pe->refs++;
+      pthread_mutex_unlock (&exports_lock);
+      return pe;
+    }
+  pe = calloc (1, sizeof *pe);
+  if (pe == NULL ||
+      (pe->exportname = strdup (exportname)) == NULL ||
+      asprintf (&pe->peer_name, PEER_EXPORT_PREFIX "%016" PRIx64 ":%s",
+                identity, exportname) == -1) {
+    if (pe)
+      free (pe->exportname);
+    free (pe);
+    pthread_mutex_unlock (&exports_lock);
+    nbdkit_error ("fscache: peers: %m");
+    return NULL;
+  }
+  pe->refs = 1;
+  pe->key_lo = lo;
+  pe->key_hi = hi;
+  pe->identity = identity;
+  pthread_mutex_init (&pe->lock, NULL);
+  pe->next = exports;
+  exports = pe;
+  pthread_mutex_unlock (&exports_lock);
+  return pe;
+}
+
+static void
+link_free (struct link *l)
+{
+  for (unsigned i = 0; i < l->nidle; ++i)
+    nbd_close (l->idle[i]);
+  pthread_mutex_destroy (&l->lock);
+  pthread_cond_destroy (&l->freed);
+  free (l->uri);
+  free (l);
+}
+
+void
+peers_export_put (struct peer_export *pe)
+{
+  if (pe == NULL)
+    return;
+  pthread_mutex_lock (&exports_lock);
+  if (--pe->refs > 0) {
+    pthread_mutex_unlock (&exports_lock);
+    return;
+  }
+  for (struct peer_export **pp = &exports; *pp; pp = &(*pp)->next)
+    if (*pp == pe) {
+      *pp = pe->next;
+      break;
+    }
+  pthread_mutex_unlock (&exports_lock);
+  /* The last connection is gone: nobody reads through the links. */
+  while (pe->links) {
+    struct link *l = pe->links;
+    pe->links = l->next;
+    link_free (l);
+  }
+  members_put (pe->members);
+  free (pe->by_member);
+  pthread_mutex_destroy (&pe->lock);
+  free (pe->exportname);
+  free (pe->peer_name);
+  free (pe);
+}
+
+void
+peers_export_written (struct peer_export *pe)
+{
+  if (pe)
+    __atomic_store_n (&pe->written, true, __ATOMIC_RELAXED);
+}
+
+/* PE's link to URI, created if none.  Under pe->lock. */
+static struct link *
+link_of (struct peer_export *pe, const char *uri)
+{
+  for (struct link *l = pe->links; l; l = l->next)
+    if (strcmp (l->uri, uri) == 0)
+      return l;
+  struct link *l = calloc (1, sizeof *l);
+  if (l == NULL || (l->uri = strdup (uri)) == NULL) {
+    free (l);
+    return NULL;
+  }
+  pthread_mutex_init (&l->lock, NULL);
+  pthread_cond_init (&l->freed, NULL);
+  l->next = pe->links;
+  pe->links = l;
+  return l;
+}
+
+/* Make PE's by_member follow MS (links for URIs no longer listed stay
+ * in pe->links, idle, until the export closes).  Under pe->lock.
+ */
+static int
+follow (struct peer_export *pe, struct members *ms)
+{
+  if (pe->members == ms)
+    return 0;
+  struct link **bm = calloc (ms->n ? ms->n : 1, sizeof *bm);
+  if (bm == NULL)
+    return -1;
+  for (size_t i = 0; i < ms->n; ++i)
+    if ((long) i != ms->self && (bm[i] = link_of (pe, ms->m[i].uri)) == NULL) {
+      free (bm);
+      return -1;
+    }
+  free (pe->by_member);
+  pe->by_member = bm;
+  pthread_mutex_lock (&fleet.lock);
+  ms->refs++;
+  members_put_locked (pe->members);
+  pthread_mutex_unlock (&fleet.lock);
+  pe->members = ms;
+  return 0;
+}
+
+/* The owner of range R among MS's members, skipping links set aside
+ * and SKIP: an index, or -1 for ourselves (or no member).
+ */
+static long
+owner_of (struct peer_export *pe, struct members *ms, struct link **bm,
+          uint64_t r, int64_t now, const struct link *skip)
+{
+  uint64_t v[3] = { pe->key_lo, pe->key_hi, r };
+  uint64_t best_score = 0;
+  long best = -1;
+  for (size_t i = 0; i < ms->n; ++i) {
+    if ((long) i != ms->self &&
+        (bm[i] == skip ||
+         __atomic_load_n (&bm[i]->backoff_until, __ATOMIC_RELAXED) > now))
+      continue;
+    uint64_t s = XXH3_64bits_withSeed (v, sizeof v, ms->m[i].seed);
+    if (best == -1 || s > best_score) {
+      best = i;
+      best_score = s;
+    }
+  }
+  return best == ms->self ? -1 : best;
+}
+
+/*----------------------------------------------------------------------
+ * Talking to a peer.
+ */
+
+/* Wait on NBD until DONE says 1 (0) or -1 (-1), or the deadline
+ * (-1, ETIMEDOUT).  DONE says 0 to go on waiting.
+ */
+static int
+wait_for (struct nbd_handle *nbd, int64_t deadline,
+          int (*done) (struct nbd_handle *, int64_t), int64_t arg)
+{
+  for (;;) {
+    int d = done (nbd, arg);
+    if (d)
+      return d > 0 ? 0 : -1;
+    if (nbd_aio_is_dead (nbd) || nbd_aio_is_closed (nbd)) {
+      errno = ECONNRESET;
+      return -1;
+    }
+    int64_t left = deadline - now_ms ();
+    if (left <= 0) {
+      errno = ETIMEDOUT;
+      return -1;
+    }
+    if (nbd_poll (nbd, left > 1000 ? 1000 : (int) left) == -1) {
+      errno = nbd_get_errno () ? nbd_get_errno () : EIO;
+      return -1;
+    }
+  }
+}
+
+static int
+negotiating (struct nbd_handle *nbd, int64_t unused)
+{
+  return nbd_aio_is_negotiating (nbd) || nbd_aio_is_ready (nbd);
+}
+
+static int
+go_done (struct nbd_handle *nbd, int64_t unused)
+{
+  if (nbd_aio_is_ready (nbd))
+    return 1;
+  if (nbd_aio_is_negotiating (nbd)) {
+    errno = EACCES;             /* the peer refused the export */
+    return -1;
+  }
+  return 0;
+}
+
+static int
+read_done (struct nbd_handle *nbd, int64_t cookie)
+{
+  int r = nbd_aio_command_completed (nbd, cookie);
+  if (r == -1)
+    errno = nbd_get_errno () ? nbd_get_errno () : EIO;
+  return r;
+}
+
+/* A new connection to member M for PE, ready, or NULL with errno. */
+static struct nbd_handle *
+dial (struct peer_export *pe, const char *uri)
+{
+  int64_t deadline = now_ms () + fleet.timeout_ms;
+  struct nbd_handle *nbd = nbd_create ();
+  if (nbd == NULL) {
+    errno = nbd_get_errno () ? nbd_get_errno () : ENOMEM;
+    return NULL;
+  }
+  if (nbd_set_opt_mode (nbd, true) == -1 ||
+      (params.peer_psk &&
+       (nbd_set_tls (nbd, LIBNBD_TLS_REQUIRE) == -1 ||
+        nbd_set_tls_psk_file (nbd, params.peer_psk) == -1 ||
+        nbd_set_tls_username (nbd, fleet.psk_user) == -1)) ||
+      nbd_aio_connect_uri (nbd, uri) == -1 ||
+      wait_for (nbd, deadline, negotiating, 0) == -1)
+    goto fail;
+  if (nbd_aio_is_negotiating (nbd) &&
+      (nbd_set_export_name (nbd, pe->peer_name) == -1 ||
+       nbd_aio_opt_go (nbd, NBD_NULL_COMPLETION) == -1 ||
+       wait_for (nbd, deadline, go_done, 0) == -1))
+    goto fail;
+  if (params.peer_psk && nbd_get_tls_negotiated (nbd) != 1) {
+    errno = EPROTO;
+    goto fail;
+  }
+  return nbd;
+ fail:;
+  int e = errno ? errno : EIO;
+  nbdkit_debug ("fscache: peer %s: %s", uri, nbd_get_error ()
+                ? nbd_get_error () : strerror (e));
+  nbd_close (nbd);
+  errno = e;
+  return NULL;
+}
+
+/* A connection of L: an idle one, or a new one if fewer than
+ * LINK_MAX_CONNS are open, else wait for one to come back.
+ */
+static struct nbd_handle *
+link_take (struct peer_export *pe, struct link *l, const char *dial_uri)
+{
+  pthread_mutex_lock (&l->lock);
+  while (l->nidle == 0 && l->nopen >= LINK_MAX_CONNS)
+    pthread_cond_wait (&l->freed, &l->lock);
+  if (l->nidle) {
+    struct nbd_handle *nbd = l->idle[--l->nidle];
+    pthread_mutex_unlock (&l->lock);
+    return nbd;
+  }
+  l->nopen++;
+  pthread_mutex_unlock (&l->lock);
+  struct nbd_handle *nbd = dial (pe, dial_uri);
+  if (nbd == NULL) {
+    int e = errno;
+    pthread_mutex_lock (&l->lock);
+    l->nopen--;
+    pthread_cond_signal (&l->freed);
+    pthread_mutex_unlock (&l->lock);
+    errno = e;
+  }
+  return nbd;
+}
+
+/* Give NBD back to L: idle if GOOD, else closed. */
+static void
+link_give (struct link *l, struct nbd_handle *nbd, bool good)
+{
+  pthread_mutex_lock (&l->lock);
+  if (good)
+    l->idle[l->nidle++] = nbd;
+  else
+    l->nopen--;
+  pthread_cond_signal (&l->freed);
+  pthread_mutex_unlock (&l->lock);
+  if (!good)
+    nbd_close (nbd);
+}
+
+/* Say a peer failure: at once the first time, then at most once a
+ * minute, with the count since.
+ */
+static void
+say_error (const char *uri, int err, unsigned backoff_s)
+{
+  time_t now = time (NULL);
+  pthread_mutex_lock (&fleet.lock);
+  if (fleet.err_said && now - fleet.err_said < ERROR_LOG_SECONDS) {
+    fleet.err_unsaid++;
+    pthread_mutex_unlock (&fleet.lock);
+    return;
+  }
+  unsigned unsaid = fleet.err_unsaid;
+  fleet.err_unsaid = 0;
+  fleet.err_said = now;
+  pthread_mutex_unlock (&fleet.lock);
+  char more[80] = "";
+  if (unsaid)
+    snprintf (more, sizeof more, " (and %u more peer errors since the last "
+              "message)", unsaid);
+  nbdkit_error ("fscache: peer %s: %s; its ranges go to the next owner or "
+                "the origin for %u s%s", uri, strerror (err), backoff_s, more);
+}
+
+/* Read [OFFSET, OFFSET + COUNT) from member I through link L: one try,
+ * and one more on a fresh connection; then set L aside.  0 or -1.
+ */
+static int
+link_pread (struct peer_export *pe, struct fsc_object *obj, struct link *l,
+            const char *dial_uri, void *buf, uint32_t count, uint64_t offset)
+{
+  int err = 0;
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    struct nbd_handle *nbd = link_take (pe, l, dial_uri);
+    if (nbd) {
+      int64_t deadline = now_ms () + fleet.timeout_ms;
+      int64_t cookie = nbd_aio_pread (nbd, buf, count, offset,
+                                      NBD_NULL_COMPLETION, 0);
+      if (cookie != -1 && wait_for (nbd, deadline, read_done, cookie) == 0) {
+        link_give (l, nbd, true);
+        fsc_object_count_peer (obj, FSC_PEER_READS, 1);
+        fsc_object_count_peer (obj, FSC_PEER_READ_BYTES, count);
+        pthread_mutex_lock (&l->lock);
+        l->backoff_s = 0;
+        pthread_mutex_unlock (&l->lock);
+        return 0;
+      }
+      if (cookie == -1)
+        errno = nbd_get_errno () ? nbd_get_errno () : EIO;
+      err = errno;
+      link_give (l, nbd, false);
+    }
+    else
+      err = errno;
+    fsc_object_count_peer (obj, FSC_PEER_ERRORS, 1);
+  }
+  pthread_mutex_lock (&l->lock);
+  l->backoff_s = l->backoff_s ? MIN (2 * l->backoff_s, BACKOFF_MAX)
+    : BACKOFF_MIN;
+  unsigned s = l->backoff_s;
+  __atomic_store_n (&l->backoff_until, now_ms () + 1000 * (int64_t) s,
+                    __ATOMIC_RELAXED);
+  pthread_mutex_unlock (&l->lock);
+  fsc_object_count_peer (obj, FSC_PEER_BACKOFFS, 1);
+  say_error (l->uri, err ? err : EIO, s);
+  return -1;
+}
+
+/*----------------------------------------------------------------------
+ * The fills' reads.
+ */
+
+int
+peers_pread (struct peer_export *pe, struct fsc_object *obj, void *buf,
+             uint32_t count, uint64_t offset, peers_origin_fn *origin,
+             void *opaque, int *err)
+{
+  struct members *ms = NULL;
+  if (pe == NULL || __atomic_load_n (&pe->written, __ATOMIC_RELAXED) ||
+      (ms = members_get ()) == NULL || ms->n == 0) {
+    members_put (ms);
+    return origin (opaque, buf, count, offset, err);
+  }
+  /* The members' links for this snapshot, copied: a reload may
+   * replace pe->by_member meanwhile, but a link lives as long as PE.
+   */
+  struct link **links = malloc ((ms->n ? ms->n : 1) * sizeof *links);
+  pthread_mutex_lock (&pe->lock);
+  int f = links ? follow (pe, ms) : -1;
+  if (f == 0)
+    memcpy (links, pe->by_member, ms->n * sizeof *links);
+  pthread_mutex_unlock (&pe->lock);
+  if (f == -1) {
+    free (links);
+    members_put (ms);
+    return origin (opaque, buf, count, offset, err);
+  }
+
+  char *p = buf;
+  uint64_t end = offset + count;
+  uint64_t run = offset;        /* start of the pending origin run */
+  int r = 0;
+  for (uint64_t pos = offset; pos < end; ) {
+    uint64_t rix = pos / RANGE_SIZE;
+    uint64_t seg_end = MIN (end, (rix + 1) * RANGE_SIZE);
+    struct link *skip = NULL;
+    bool got = false;
+    for (int t = 0; t < MAX_PEER_TRIES && !got; ++t) {
+      long i = owner_of (pe, ms, links, rix, now_ms (), skip);
+      if (i < 0)
+        break;
+      /* Ours before it: the origin run ends here. */
+      if (run < pos) {
+        if (origin (opaque, p + (run - offset), pos - run, run, err) == -1) {
+          r = -1;
+          goto out;
+        }
+        run = pos;
+      }
+      got = link_pread (pe, obj, links[i], ms->m[i].dial,
+                        p + (pos - offset), seg_end - pos, pos) == 0;
+      skip = links[i];
+    }
+    if (got)
+      run = seg_end;
+    pos = seg_end;
+  }
+  if (run < end && origin (opaque, p + (run - offset), end - run, run,
+                           err) == -1)
+    r = -1;
+ out:
+  free (links);
+  members_put (ms);
+  return r;
+}
