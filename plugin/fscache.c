@@ -159,6 +159,9 @@ fscache_config_complete (nbdkit_next_config_complete *next,
     return -1;
   }
 
+  if (peers_start () == -1)
+    return -1;
+
   /* Created now (before the cache, so that a refused start creates no
    * cache directory), so that a trace that cannot be written is an
    * error at start-up rather than a silent loss.
@@ -205,8 +208,7 @@ fscache_config_complete (nbdkit_next_config_complete *next,
     }
     return -1;
   }
-  if (peers_start (state.cache) == -1)
-    return -1;
+  peers_bind (state.cache);
   return next (nxdata);
 }
 

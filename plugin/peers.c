@@ -299,7 +299,8 @@ reload_locked (bool force)
   members_put_locked (fleet.snap);
   fleet.snap = ms;
   size_t others = ms->n - (ms->self >= 0);
-  fsc_cache_set_peers_known (fleet.cache, others);
+  if (fleet.cache)
+    fsc_cache_set_peers_known (fleet.cache, others);
   if (ms->self >= 0)
     nbdkit_debug ("fscache-peers=%s: %zu other peers", params.peers_file,
                   others);
@@ -360,11 +361,10 @@ psk_user (const char *file)
 }
 
 int
-peers_start (struct fsc_cache *cache)
+peers_start (void)
 {
   if (params.peers_file == NULL)
     return 0;
-  fleet.cache = cache;
   fleet.timeout_ms = DEFAULT_TIMEOUT_MS;
   /* Test knob: the peer timeout, so that a test of a stopped peer
    * need not wait the default.
@@ -390,11 +390,23 @@ peers_start (struct fsc_cache *cache)
 }
 
 void
+peers_bind (struct fsc_cache *cache)
+{
+  pthread_mutex_lock (&fleet.lock);
+  fleet.cache = cache;
+  if (fleet.snap)
+    fsc_cache_set_peers_known (cache, fleet.snap->n -
+                               (fleet.snap->self >= 0));
+  pthread_mutex_unlock (&fleet.lock);
+}
+
+void
 peers_stop (void)
 {
   pthread_mutex_lock (&fleet.lock);
   members_put_locked (fleet.snap);
   fleet.snap = NULL;
+  fleet.cache = NULL;
   pthread_mutex_unlock (&fleet.lock);
   free (fleet.psk_user);
   fleet.psk_user = NULL;

@@ -17,11 +17,13 @@ struct peer_export;
  */
 #define PEER_EXPORT_PREFIX "fscache-peer:1:"
 
-/* .config_complete: read fscache-peers (refusing to start if it cannot
- * be read) and the PSK file's user name.  CACHE takes the counters.
- * Returns 0 or -1 (said).  A no-op without fscache-peers.
+/* .config_complete, before the cache is created: read fscache-peers
+ * (refusing to start if it cannot be read) and the PSK file's user
+ * name.  Returns 0 or -1 (said).  A no-op without fscache-peers.
+ * peers_bind, once the cache is open: its counters get peers_known.
  */
-extern int peers_start (struct fsc_cache *cache);
+extern int peers_start (void);
+extern void peers_bind (struct fsc_cache *cache);
 
 /* .cleanup: drop the membership. */
 extern void peers_stop (void);

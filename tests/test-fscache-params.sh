@@ -90,6 +90,17 @@ expect_refused fscache-upstream-connections fscache-upstream-connections=abc
 expect_refused fscache-upstream-connections fscache-upstream-connections=65
 expect_refused fscache-upstream-connections fscache-upstream-connections=-1
 expect_refused fscache-catchup fscache-catchup=maybe
+# The peer tier: a fleet needs this node's line; the others need a fleet;
+# a file that cannot be read, or a PSK file without a user name.
+echo "nbd+unix:///?socket=$TMP/p.sock" > "$TMP/peers"
+: > "$TMP/empty-psk"
+expect_refused fscache-peer-self fscache-peers="$TMP/peers"
+expect_refused fscache-peers fscache-peer-self=nbd://x
+expect_refused fscache-peers fscache-peer-tls-psk="$TMP/peers"
+expect_refused fscache-peers fscache-peers="$TMP/none" fscache-peer-self=nbd://x
+expect_refused fscache-peer-self fscache-peers="$TMP/peers" fscache-peer-self=
+expect_refused fscache-peer-tls-psk fscache-peers="$TMP/peers" \
+  fscache-peer-self=nbd://x fscache-peer-tls-psk="$TMP/empty-psk"
 # Writeback cannot follow the client's export name (the nbd plugin's
 # dynamic-export): refused before anything is created.
 rc=0

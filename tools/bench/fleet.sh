@@ -1,0 +1,143 @@
+#!/usr/bin/env bash
+# tools/bench/fleet.sh: a fleet's first boot.  N proxies, each its own
+# nbdkit process and cache directory as on N hosts, copy one image at
+# the same moment from one origin behind a shared rate-limited link
+# (nbdkit's rate filter, rate=, on the origin: the link every node's
+# misses share).  Reported per fleet size and configuration: the
+# origin's bytes as a multiple of the image (nbdkit's log filter on
+# the origin), the slowest node's copy time, and that time over one
+# node's alone (nodes=1, no peers), medians of ROUNDS.
+#
+# Configurations:
+#   alone   no fscache-peers: every node reads the whole image upstream
+#   peers   fscache-peers: each 1 MiB range read once by its owner
+#   kill    peers, and node 2 is killed (-9) halfway through its copy;
+#           the others must finish, identical (cmp), the origin's
+#           bytes bounded
+# Peers talk over Unix sockets (as TCP on a LAN would, less the
+# network).  The image is random; every copy is compared with it.
+#
+# Options (or environment): --nodes="1 4 8" (NODES), --size=SIZE
+# (default 128M), --rate=BITS (RATE, default 200M), --rounds=N
+# (ROUNDS, default 3), --configs="alone peers kill" (CONFIGS),
+# --out=DIR (OUT).
+
+set -euo pipefail
+BENCH_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+: "${top_srcdir:=$(cd "$BENCH_DIR/../.." && pwd)}"
+: "${top_builddir:=$top_srcdir}"
+FILTER="${FSCACHE_FILTER:-$top_builddir/plugin/.libs/nbdkit-fscache-filter.so}"
+NODES="${NODES:-1 4 8}" SIZE="${SIZE:-128M}" RATE="${RATE:-200M}"
+ROUNDS="${ROUNDS:-3}" CONFIGS="${CONFIGS:-alone peers kill}" OUT="${OUT:-}"
+for a in "$@"; do
+  case "$a" in
+    --nodes=*) NODES="${a#*=}" ;;
+    --size=*) SIZE="${a#*=}" ;;
+    --rate=*) RATE="${a#*=}" ;;
+    --rounds=*) ROUNDS="${a#*=}" ;;
+    --configs=*) CONFIGS="${a#*=}" ;;
+    --out=*) OUT="${a#*=}" ;;
+    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
+    *) echo "fleet.sh: unknown option: $a" >&2; exit 2 ;;
+  esac
+done
+[ -n "$OUT" ] || OUT="$(mktemp -d /tmp/fscache-fleet.XXXXXX)"
+mkdir -p "$OUT"
+PY=python3; [ -x /usr/bin/python3 ] && PY=/usr/bin/python3
+bytes=$(numfmt --from=iec "$SIZE")
+head -c "$bytes" /dev/urandom > "$OUT/img"
+
+pids=()
+wait_pid () { for _ in $(seq 300); do [ -s "$1" ] && return; sleep 0.05; done
+              echo "fleet.sh: $1 did not appear" >&2; exit 1; }
+stop_all () {
+  local p
+  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
+  for p in "${pids[@]}"; do while kill -0 "$p" 2>/dev/null; do sleep 0.05; done; done
+  pids=()
+}
+trap stop_all EXIT
+
+origin_bytes () {
+  awk 'function hex(s,  i, c, v) { v = 0; s = tolower (substr (s, 3))
+         for (i = 1; i <= length (s); i++) {
+           c = index ("0123456789abcdef", substr (s, i, 1)) - 1; v = v * 16 + c }
+         return v }
+       / Read id=/ && !/\.\.\.Read/ { for (i = 1; i <= NF; i++)
+         if ($i ~ /^count=/) { sub ("count=", "", $i); s += hex($i) } }
+       END { printf "%d\n", s }' "$1"
+}
+
+# run N CONFIG ROUND: prints "seconds_of_slowest origin_bytes"
+run () {
+  local n=$1 cfg=$2 d="$OUT/run"
+  rm -rf "$d"; mkdir -p "$d"
+  nbdkit -f -U "$d/origin.sock" -P "$d/origin.pid" --filter=log --filter=rate \
+    file "$OUT/img" logfile="$d/origin.log" rate="$RATE" 2>>"$d/origin.err" &
+  pids+=($!)
+  wait_pid "$d/origin.pid"
+  : > "$d/peers"
+  for i in $(seq "$n"); do
+    echo "nbd+unix:///?socket=$d/n$i.sock" >> "$d/peers"
+  done
+  for i in $(seq "$n"); do
+    local extra=()
+    [ "$cfg" != alone ] && extra=(fscache-peers="$d/peers"
+                                  fscache-peer-self="nbd+unix:///?socket=$d/n$i.sock")
+    mkdir -m 700 "$d/c$i"
+    nbdkit -f -U "$d/n$i.sock" -P "$d/n$i.pid" --filter="$FILTER" \
+      nbd socket="$d/origin.sock" fscache-dir="$d/c$i" \
+      fscache-stats="$d/s$i" "${extra[@]}" 2>>"$d/n$i.err" &
+    pids+=($!)
+  done
+  for i in $(seq "$n"); do wait_pid "$d/n$i.pid"; done
+  local t0 cp=()
+  t0=$(date +%s.%N)
+  for i in $(seq "$n"); do
+    ( nbdcopy "nbd+unix:///?socket=$d/n$i.sock" "$d/out$i" 2>"$d/copy$i.err"
+      date +%s.%N > "$d/t$i" ) &
+    cp+=($!)
+  done
+  if [ "$cfg" = kill ] && [ "$n" -ge 2 ]; then
+    # Halfway through node 2's copy: half one node's time alone (or,
+    # not measured, half the image's time at the nominal rate).
+    sleep "${one:+$($PY -c "print($one / 2)")}${one:-$($PY -c "print($bytes * 8 / $(numfmt --from=si "$RATE") / 2)")}"
+    kill -9 "$(cat "$d/n2.pid")"
+  fi
+  local bad=0
+  for p in "${cp[@]}"; do wait "$p" || true; done
+  for i in $(seq "$n"); do
+    [ "$cfg" = kill ] && [ "$i" = 2 ] && continue
+    cmp -s "$OUT/img" "$d/out$i" || { echo "fleet.sh: node $i's copy differs" >&2; bad=1; }
+  done
+  [ $bad = 0 ] || exit 1
+  local slow=0 t
+  for i in $(seq "$n"); do
+    [ "$cfg" = kill ] && [ "$i" = 2 ] && continue
+    t=$($PY -c "print($(cat "$d/t$i") - $t0)")
+    slow=$($PY -c "print(max($slow, $t))")
+  done
+  stop_all
+  echo "$slow $(origin_bytes "$d/origin.log")"
+}
+
+median () { $PY -c 'import sys, statistics; print(statistics.median(float(x) for x in sys.argv[1:]))' "$@"; }
+
+one=""
+printf "%-6s %-6s %12s %12s %10s\n" nodes config "origin(x)" "slowest(s)" "x one"
+for n in $NODES; do
+  for cfg in $CONFIGS; do
+    [ "$n" = 1 ] && [ "$cfg" != alone ] && continue
+    [ "$cfg" = kill ] && [ "$n" -lt 3 ] && continue
+    ts=() os=()
+    for r in $(seq "$ROUNDS"); do
+      read -r t o < <(run "$n" "$cfg" "$r")
+      ts+=("$t"); os+=("$o")
+    done
+    t=$(median "${ts[@]}"); o=$(median "${os[@]}")
+    [ "$n" = 1 ] && one=$t
+    printf "%-6s %-6s %12.2f %12.2f %10s\n" "$n" "$cfg" \
+      "$($PY -c "print($o / $bytes)")" "$t" \
+      "$([ -n "$one" ] && $PY -c "print('%.2f' % ($t / $one))" || echo -)"
+  done
+done
