@@ -60,9 +60,12 @@
  * before, and the node must read its own writes.  Writeback objects
  * never use peers.
  *
- * Locks: fleet_lock guards the snapshot pointer and the reload; each
- * export's lock its links; each link's lock its idle connections.  No
- * lock is held across a connect or a read.
+ * Connections to a peer, their deadlines, retry and back-off are
+ * peerlink.c's.
+ *
+ * Locks: fleet.lock guards the snapshot pointer and the reload; each
+ * export's lock its links (peerlink.c: each link's lock its idle
+ * connections).  No lock is held across a connect or a read.
  */
 #include <config.h>
 
@@ -76,8 +79,6 @@
 #include <sys/stat.h>
 #include <time.h>
 
-#include <libnbd.h>
-
 #define NBDKIT_API_VERSION 2
 #include <nbdkit-filter.h>
 
@@ -88,6 +89,7 @@
 
 #include "params.h"
 #include "peers.h"
+#include "peerlink.h"
 
 /* One owner per range of this size.  Smaller ranges spread an image
  * more evenly over the fleet (128 MiB over 4 nodes: 32 ranges each at
@@ -98,11 +100,7 @@
 
 #define MAX_MEMBERS 65536
 #define MAX_LINE 4096
-#define LINK_MAX_CONNS 8        /* connections to one peer, per export */
 #define MAX_PEER_TRIES 2        /* peers tried for one range */
-#define BACKOFF_MIN 5           /* seconds */
-#define BACKOFF_MAX 60
-#define ERROR_LOG_SECONDS 60
 #define DEFAULT_TIMEOUT_MS 10000
 
 struct member {
@@ -125,22 +123,7 @@ static struct {
   struct stat st;               /* the file as last read */
   int64_t checked;              /* monotonic second of the last stat */
   char *psk_user;               /* the PSK file's first user name */
-  int timeout_ms;
-  time_t err_said;              /* last error line (under lock) */
-  unsigned err_unsaid;
 } fleet = { .lock = PTHREAD_MUTEX_INITIALIZER };
-
-/* A peer, as seen by one export. */
-struct link {
-  struct link *next;            /* the export's list */
-  char *uri;
-  pthread_mutex_t lock;
-  pthread_cond_t freed;
-  struct nbd_handle *idle[LINK_MAX_CONNS];
-  unsigned nidle, nopen;        /* under lock */
-  int64_t backoff_until;        /* monotonic ms; atomic */
-  unsigned backoff_s;           /* under lock */
-};
 
 struct peer_export {
   struct peer_export *next;     /* exports; under exports_lock */
@@ -151,21 +134,13 @@ struct peer_export {
   uint64_t identity;
   bool written;                 /* atomic */
   pthread_mutex_t lock;         /* links, by_member, members */
-  struct link *links;
+  struct peer_link *links;
   struct members *members;      /* by_member is for this snapshot */
-  struct link **by_member;
+  struct peer_link **by_member;
 };
 
 static pthread_mutex_t exports_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct peer_export *exports;
-
-static int64_t
-now_ms (void)
-{
-  struct timespec ts;
-  clock_gettime (CLOCK_MONOTONIC, &ts);
-  return (int64_t) ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 /*----------------------------------------------------------------------
  * Membership.
@@ -318,7 +293,7 @@ reload_locked (bool force)
 static struct members *
 members_get (void)
 {
-  int64_t sec = now_ms () / 1000;
+  int64_t sec = peer_now_ms () / 1000;
   struct members *ms;
   pthread_mutex_lock (&fleet.lock);
   if (sec != fleet.checked) {
@@ -365,13 +340,11 @@ peers_start (void)
 {
   if (params.peers_file == NULL)
     return 0;
-  fleet.timeout_ms = DEFAULT_TIMEOUT_MS;
   /* Test knob: the peer timeout, so that a test of a stopped peer
    * need not wait the default.
    */
   const char *t = getenv ("NBD_FSCACHE_TEST_PEER_TIMEOUT_MS");
-  if (t && atoi (t) > 0)
-    fleet.timeout_ms = atoi (t);
+  int timeout_ms = t && atoi (t) > 0 ? atoi (t) : DEFAULT_TIMEOUT_MS;
   if (params.peer_psk &&
       (fleet.psk_user = psk_user (params.peer_psk)) == NULL) {
     nbdkit_error ("fscache-peer-tls-psk=%s: cannot read a user name "
@@ -379,6 +352,7 @@ peers_start (void)
                   params.peer_psk);
     return -1;
   }
+  peer_link_configure (timeout_ms, params.peer_psk, fleet.psk_user);
   pthread_mutex_lock (&fleet.lock);
   int r = reload_locked (true);
   pthread_mutex_unlock (&fleet.lock);
@@ -507,17 +481,6 @@ peers_export_get (const char *exportname, const void *key, size_t klen,
   return pe;
 }
 
-static void
-link_free (struct link *l)
-{
-  for (unsigned i = 0; i < l->nidle; ++i)
-    nbd_close (l->idle[i]);
-  pthread_mutex_destroy (&l->lock);
-  pthread_cond_destroy (&l->freed);
-  free (l->uri);
-  free (l);
-}
-
 void
 peers_export_put (struct peer_export *pe)
 {
@@ -536,9 +499,9 @@ peers_export_put (struct peer_export *pe)
   pthread_mutex_unlock (&exports_lock);
   /* The last connection is gone: nobody reads through the links. */
   while (pe->links) {
-    struct link *l = pe->links;
-    pe->links = l->next;
-    link_free (l);
+    struct peer_link *l = pe->links;
+    pe->links = peer_link_next (l);
+    peer_link_free (l);
   }
   members_put (pe->members);
   free (pe->by_member);
@@ -556,21 +519,15 @@ peers_export_written (struct peer_export *pe)
 }
 
 /* PE's link to URI, created if none.  Under pe->lock. */
-static struct link *
+static struct peer_link *
 link_of (struct peer_export *pe, const char *uri)
 {
-  for (struct link *l = pe->links; l; l = l->next)
-    if (strcmp (l->uri, uri) == 0)
+  for (struct peer_link *l = pe->links; l; l = peer_link_next (l))
+    if (strcmp (peer_link_uri (l), uri) == 0)
       return l;
-  struct link *l = calloc (1, sizeof *l);
-  if (l == NULL || (l->uri = strdup (uri)) == NULL) {
-    free (l);
-    return NULL;
-  }
-  pthread_mutex_init (&l->lock, NULL);
-  pthread_cond_init (&l->freed, NULL);
-  l->next = pe->links;
-  pe->links = l;
+  struct peer_link *l = peer_link_new (uri, pe->links);
+  if (l)
+    pe->links = l;
   return l;
 }
 
@@ -582,7 +539,7 @@ follow (struct peer_export *pe, struct members *ms)
 {
   if (pe->members == ms)
     return 0;
-  struct link **bm = calloc (ms->n ? ms->n : 1, sizeof *bm);
+  struct peer_link **bm = calloc (ms->n ? ms->n : 1, sizeof *bm);
   if (bm == NULL)
     return -1;
   for (size_t i = 0; i < ms->n; ++i)
@@ -604,16 +561,15 @@ follow (struct peer_export *pe, struct members *ms)
  * and SKIP: an index, or -1 for ourselves (or no member).
  */
 static long
-owner_of (struct peer_export *pe, struct members *ms, struct link **bm,
-          uint64_t r, int64_t now, const struct link *skip)
+owner_of (struct peer_export *pe, struct members *ms, struct peer_link **bm,
+          uint64_t r, int64_t now, const struct peer_link *skip)
 {
   uint64_t v[3] = { pe->key_lo, pe->key_hi, r };
   uint64_t best_score = 0;
   long best = -1;
   for (size_t i = 0; i < ms->n; ++i) {
     if ((long) i != ms->self &&
-        (bm[i] == skip ||
-         __atomic_load_n (&bm[i]->backoff_until, __ATOMIC_RELAXED) > now))
+        (bm[i] == skip || !peer_link_usable (bm[i], now)))
       continue;
     uint64_t s = XXH3_64bits_withSeed (v, sizeof v, ms->m[i].seed);
     if (best == -1 || s > best_score) {
@@ -622,213 +578,6 @@ owner_of (struct peer_export *pe, struct members *ms, struct link **bm,
     }
   }
   return best == ms->self ? -1 : best;
-}
-
-/*----------------------------------------------------------------------
- * Talking to a peer.
- */
-
-/* Wait on NBD until DONE says 1 (0) or -1 (-1), or the deadline
- * (-1, ETIMEDOUT).  DONE says 0 to go on waiting.
- */
-static int
-wait_for (struct nbd_handle *nbd, int64_t deadline,
-          int (*done) (struct nbd_handle *, int64_t), int64_t arg)
-{
-  for (;;) {
-    int d = done (nbd, arg);
-    if (d)
-      return d > 0 ? 0 : -1;
-    if (nbd_aio_is_dead (nbd) || nbd_aio_is_closed (nbd)) {
-      errno = ECONNRESET;
-      return -1;
-    }
-    int64_t left = deadline - now_ms ();
-    if (left <= 0) {
-      errno = ETIMEDOUT;
-      return -1;
-    }
-    if (nbd_poll (nbd, left > 1000 ? 1000 : (int) left) == -1) {
-      errno = nbd_get_errno () ? nbd_get_errno () : EIO;
-      return -1;
-    }
-  }
-}
-
-static int
-negotiating (struct nbd_handle *nbd, int64_t unused)
-{
-  return nbd_aio_is_negotiating (nbd) || nbd_aio_is_ready (nbd);
-}
-
-static int
-go_done (struct nbd_handle *nbd, int64_t unused)
-{
-  if (nbd_aio_is_ready (nbd))
-    return 1;
-  if (nbd_aio_is_negotiating (nbd)) {
-    errno = EACCES;             /* the peer refused the export */
-    return -1;
-  }
-  return 0;
-}
-
-static int
-read_done (struct nbd_handle *nbd, int64_t cookie)
-{
-  int r = nbd_aio_command_completed (nbd, cookie);
-  if (r == -1)
-    errno = nbd_get_errno () ? nbd_get_errno () : EIO;
-  return r;
-}
-
-/* A new connection to member M for PE, ready, or NULL with errno. */
-static struct nbd_handle *
-dial (struct peer_export *pe, const char *uri)
-{
-  int64_t deadline = now_ms () + fleet.timeout_ms;
-  struct nbd_handle *nbd = nbd_create ();
-  if (nbd == NULL) {
-    errno = nbd_get_errno () ? nbd_get_errno () : ENOMEM;
-    return NULL;
-  }
-  if (nbd_set_opt_mode (nbd, true) == -1 ||
-      (params.peer_psk &&
-       (nbd_set_tls (nbd, LIBNBD_TLS_REQUIRE) == -1 ||
-        nbd_set_tls_psk_file (nbd, params.peer_psk) == -1 ||
-        nbd_set_tls_username (nbd, fleet.psk_user) == -1)) ||
-      nbd_aio_connect_uri (nbd, uri) == -1 ||
-      wait_for (nbd, deadline, negotiating, 0) == -1)
-    goto fail;
-  if (nbd_aio_is_negotiating (nbd) &&
-      (nbd_set_export_name (nbd, pe->peer_name) == -1 ||
-       nbd_aio_opt_go (nbd, NBD_NULL_COMPLETION) == -1 ||
-       wait_for (nbd, deadline, go_done, 0) == -1))
-    goto fail;
-  if (params.peer_psk && nbd_get_tls_negotiated (nbd) != 1) {
-    errno = EPROTO;
-    goto fail;
-  }
-  return nbd;
- fail:;
-  int e = errno ? errno : EIO;
-  nbdkit_debug ("fscache: peer %s: %s", uri, nbd_get_error ()
-                ? nbd_get_error () : strerror (e));
-  nbd_close (nbd);
-  errno = e;
-  return NULL;
-}
-
-/* A connection of L: an idle one, or a new one if fewer than
- * LINK_MAX_CONNS are open, else wait for one to come back.
- */
-static struct nbd_handle *
-link_take (struct peer_export *pe, struct link *l, const char *dial_uri)
-{
-  pthread_mutex_lock (&l->lock);
-  while (l->nidle == 0 && l->nopen >= LINK_MAX_CONNS)
-    pthread_cond_wait (&l->freed, &l->lock);
-  if (l->nidle) {
-    struct nbd_handle *nbd = l->idle[--l->nidle];
-    pthread_mutex_unlock (&l->lock);
-    return nbd;
-  }
-  l->nopen++;
-  pthread_mutex_unlock (&l->lock);
-  struct nbd_handle *nbd = dial (pe, dial_uri);
-  if (nbd == NULL) {
-    int e = errno;
-    pthread_mutex_lock (&l->lock);
-    l->nopen--;
-    pthread_cond_signal (&l->freed);
-    pthread_mutex_unlock (&l->lock);
-    errno = e;
-  }
-  return nbd;
-}
-
-/* Give NBD back to L: idle if GOOD, else closed. */
-static void
-link_give (struct link *l, struct nbd_handle *nbd, bool good)
-{
-  pthread_mutex_lock (&l->lock);
-  if (good)
-    l->idle[l->nidle++] = nbd;
-  else
-    l->nopen--;
-  pthread_cond_signal (&l->freed);
-  pthread_mutex_unlock (&l->lock);
-  if (!good)
-    nbd_close (nbd);
-}
-
-/* Say a peer failure: at once the first time, then at most once a
- * minute, with the count since.
- */
-static void
-say_error (const char *uri, int err, unsigned backoff_s)
-{
-  time_t now = time (NULL);
-  pthread_mutex_lock (&fleet.lock);
-  if (fleet.err_said && now - fleet.err_said < ERROR_LOG_SECONDS) {
-    fleet.err_unsaid++;
-    pthread_mutex_unlock (&fleet.lock);
-    return;
-  }
-  unsigned unsaid = fleet.err_unsaid;
-  fleet.err_unsaid = 0;
-  fleet.err_said = now;
-  pthread_mutex_unlock (&fleet.lock);
-  char more[80] = "";
-  if (unsaid)
-    snprintf (more, sizeof more, " (and %u more peer errors since the last "
-              "message)", unsaid);
-  nbdkit_error ("fscache: peer %s: %s; its ranges go to the next owner or "
-                "the origin for %u s%s", uri, strerror (err), backoff_s, more);
-}
-
-/* Read [OFFSET, OFFSET + COUNT) from member I through link L: one try,
- * and one more on a fresh connection; then set L aside.  0 or -1.
- */
-static int
-link_pread (struct peer_export *pe, struct fsc_object *obj, struct link *l,
-            const char *dial_uri, void *buf, uint32_t count, uint64_t offset)
-{
-  int err = 0;
-  for (int attempt = 0; attempt < 2; ++attempt) {
-    struct nbd_handle *nbd = link_take (pe, l, dial_uri);
-    if (nbd) {
-      int64_t deadline = now_ms () + fleet.timeout_ms;
-      int64_t cookie = nbd_aio_pread (nbd, buf, count, offset,
-                                      NBD_NULL_COMPLETION, 0);
-      if (cookie != -1 && wait_for (nbd, deadline, read_done, cookie) == 0) {
-        link_give (l, nbd, true);
-        fsc_object_count_peer (obj, FSC_PEER_READS, 1);
-        fsc_object_count_peer (obj, FSC_PEER_READ_BYTES, count);
-        pthread_mutex_lock (&l->lock);
-        l->backoff_s = 0;
-        pthread_mutex_unlock (&l->lock);
-        return 0;
-      }
-      if (cookie == -1)
-        errno = nbd_get_errno () ? nbd_get_errno () : EIO;
-      err = errno;
-      link_give (l, nbd, false);
-    }
-    else
-      err = errno;
-    fsc_object_count_peer (obj, FSC_PEER_ERRORS, 1);
-  }
-  pthread_mutex_lock (&l->lock);
-  l->backoff_s = l->backoff_s ? MIN (2 * l->backoff_s, BACKOFF_MAX)
-    : BACKOFF_MIN;
-  unsigned s = l->backoff_s;
-  __atomic_store_n (&l->backoff_until, now_ms () + 1000 * (int64_t) s,
-                    __ATOMIC_RELAXED);
-  pthread_mutex_unlock (&l->lock);
-  fsc_object_count_peer (obj, FSC_PEER_BACKOFFS, 1);
-  say_error (l->uri, err ? err : EIO, s);
-  return -1;
 }
 
 /*----------------------------------------------------------------------
@@ -849,7 +598,7 @@ peers_pread (struct peer_export *pe, struct fsc_object *obj, void *buf,
   /* The members' links for this snapshot, copied: a reload may
    * replace pe->by_member meanwhile, but a link lives as long as PE.
    */
-  struct link **links = malloc ((ms->n ? ms->n : 1) * sizeof *links);
+  struct peer_link **links = malloc ((ms->n ? ms->n : 1) * sizeof *links);
   pthread_mutex_lock (&pe->lock);
   int f = links ? follow (pe, ms) : -1;
   if (f == 0)
@@ -868,10 +617,10 @@ peers_pread (struct peer_export *pe, struct fsc_object *obj, void *buf,
   for (uint64_t pos = offset; pos < end; ) {
     uint64_t rix = pos / RANGE_SIZE;
     uint64_t seg_end = MIN (end, (rix + 1) * RANGE_SIZE);
-    struct link *skip = NULL;
+    struct peer_link *skip = NULL;
     bool got = false;
     for (int t = 0; t < MAX_PEER_TRIES && !got; ++t) {
-      long i = owner_of (pe, ms, links, rix, now_ms (), skip);
+      long i = owner_of (pe, ms, links, rix, peer_now_ms (), skip);
       if (i < 0)
         break;
       /* Ours before it: the origin run ends here. */
@@ -882,8 +631,8 @@ peers_pread (struct peer_export *pe, struct fsc_object *obj, void *buf,
         }
         run = pos;
       }
-      got = link_pread (pe, obj, links[i], ms->m[i].dial,
-                        p + (pos - offset), seg_end - pos, pos) == 0;
+      got = peer_link_pread (links[i], pe->peer_name, ms->m[i].dial, obj,
+                             p + (pos - offset), seg_end - pos, pos) == 0;
       skip = links[i];
     }
     if (got)

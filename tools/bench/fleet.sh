@@ -17,10 +17,17 @@
 # Peers talk over Unix sockets (as TCP on a LAN would, less the
 # network).  The image is random; every copy is compared with it.
 #
+# One machine has one disk and a few cores for all N nodes, where a
+# fleet has N of each: with --rundir=/dev/shm the nodes' caches and
+# copies live in memory, so that the disk the simulated hosts share
+# does not stand in for the link being measured.
+#
 # Options (or environment): --nodes="1 4 8" (NODES), --size=SIZE
 # (default 128M), --rate=BITS (RATE, default 200M), --rounds=N
 # (ROUNDS, default 3), --configs="alone peers kill" (CONFIGS),
-# --out=DIR (OUT).
+# --out=DIR (OUT), --rundir=DIR (RUNDIR, default OUT: where caches
+# and copies go), ALONE_MAX=N (run "alone" only up to N nodes: it
+# takes N times one node's time).
 
 set -euo pipefail
 BENCH_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -29,6 +36,7 @@ BENCH_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 FILTER="${FSCACHE_FILTER:-$top_builddir/plugin/.libs/nbdkit-fscache-filter.so}"
 NODES="${NODES:-1 4 8}" SIZE="${SIZE:-128M}" RATE="${RATE:-200M}"
 ROUNDS="${ROUNDS:-3}" CONFIGS="${CONFIGS:-alone peers kill}" OUT="${OUT:-}"
+RUNDIR="${RUNDIR:-}"
 for a in "$@"; do
   case "$a" in
     --nodes=*) NODES="${a#*=}" ;;
@@ -37,7 +45,8 @@ for a in "$@"; do
     --rounds=*) ROUNDS="${a#*=}" ;;
     --configs=*) CONFIGS="${a#*=}" ;;
     --out=*) OUT="${a#*=}" ;;
-    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
+    --rundir=*) RUNDIR="${a#*=}" ;;
+    -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
     *) echo "fleet.sh: unknown option: $a" >&2; exit 2 ;;
   esac
 done
@@ -47,7 +56,7 @@ PY=python3; [ -x /usr/bin/python3 ] && PY=/usr/bin/python3
 bytes=$(numfmt --from=iec "$SIZE")
 head -c "$bytes" /dev/urandom > "$OUT/img"
 
-pids=()
+pids=() cleanup_dirs=()
 wait_pid () { for _ in $(seq 300); do [ -s "$1" ] && return; sleep 0.05; done
               echo "fleet.sh: $1 did not appear" >&2; exit 1; }
 stop_all () {
@@ -56,7 +65,7 @@ stop_all () {
   for p in "${pids[@]}"; do while kill -0 "$p" 2>/dev/null; do sleep 0.05; done; done
   pids=()
 }
-trap stop_all EXIT
+trap 'stop_all; for c in "${cleanup_dirs[@]}"; do rm -rf "$c"; done' EXIT
 
 origin_bytes () {
   awk 'function hex(s,  i, c, v) { v = 0; s = tolower (substr (s, 3))
@@ -70,8 +79,9 @@ origin_bytes () {
 
 # run N CONFIG ROUND: prints "seconds_of_slowest origin_bytes"
 run () {
-  local n=$1 cfg=$2 d="$OUT/run"
-  rm -rf "$d"; mkdir -p "$d"
+  local n=$1 cfg=$2 d
+  d="$(mktemp -d "${RUNDIR:-$OUT}/run.XXXXXX")"
+  cleanup_dirs+=("$d")
   nbdkit -f -U "$d/origin.sock" -P "$d/origin.pid" --filter=log --filter=rate \
     file "$OUT/img" logfile="$d/origin.log" rate="$RATE" 2>>"$d/origin.err" &
   pids+=($!)
@@ -101,7 +111,11 @@ run () {
   if [ "$cfg" = kill ] && [ "$n" -ge 2 ]; then
     # Halfway through node 2's copy: half one node's time alone (or,
     # not measured, half the image's time at the nominal rate).
-    sleep "${one:+$($PY -c "print($one / 2)")}${one:-$($PY -c "print($bytes * 8 / $(numfmt --from=si "$RATE") / 2)")}"
+    if [ -n "$one" ]; then
+      sleep "$($PY -c "print($one / 2)")"
+    else
+      sleep "$($PY -c "print($bytes * 8 / $(numfmt --from=si "$RATE") / 2)")"
+    fi
     kill -9 "$(cat "$d/n2.pid")"
   fi
   local bad=0
@@ -119,6 +133,7 @@ run () {
   done
   stop_all
   echo "$slow $(origin_bytes "$d/origin.log")"
+  rm -rf "$d"
 }
 
 median () { $PY -c 'import sys, statistics; print(statistics.median(float(x) for x in sys.argv[1:]))' "$@"; }
@@ -128,6 +143,7 @@ printf "%-6s %-6s %12s %12s %10s\n" nodes config "origin(x)" "slowest(s)" "x one
 for n in $NODES; do
   for cfg in $CONFIGS; do
     [ "$n" = 1 ] && [ "$cfg" != alone ] && continue
+    [ "$cfg" = alone ] && [ "$n" -gt "${ALONE_MAX:-1000000}" ] && continue
     [ "$cfg" = kill ] && [ "$n" -lt 3 ] && continue
     ts=() os=()
     for r in $(seq "$ROUNDS"); do

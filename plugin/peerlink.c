@@ -1,0 +1,329 @@
+/* nbdkit-fscache-filter: connections to one fleet peer, as seen by one
+ * export (peers.c says who owns which range and why).
+ *
+ * A link keeps up to LINK_MAX_CONNS libnbd handles to its peer, each
+ * carrying one request at a time: libnbd's synchronous calls hold a
+ * handle's lock for a whole request, so one handle per request in
+ * flight is what lets several go at once.  They are opened lazily and
+ * kept idle until the export's last connection closes; a caller finding
+ * all of them busy waits for one.
+ *
+ * Every call is bounded (invariant P3 of peers.c): the connect (in
+ * libnbd's opt mode, so that the export name is ours, not the URI's)
+ * and each read run asynchronously under one deadline, polled with
+ * nbd_poll.  A failure is retried once on a fresh connection; a second
+ * sets the link aside for BACKOFF_MIN seconds, doubling to BACKOFF_MAX
+ * while it keeps failing, and a success resets it.  Failures are said
+ * at most once a minute for the process, with the count since.
+ *
+ * Locks: each link's lock guards its idle list and counts; the
+ * back-off deadline is read without it (atomic).  Never held across a
+ * connect or a read.
+ */
+#include <config.h>
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <libnbd.h>
+
+#define NBDKIT_API_VERSION 2
+#include <nbdkit-filter.h>
+
+#include "fscache.h"
+#include "utils.h"
+
+#include "peerlink.h"
+
+#define LINK_MAX_CONNS 8        /* connections to one peer, per export */
+#define BACKOFF_MIN 5           /* seconds */
+#define BACKOFF_MAX 60
+#define ERROR_LOG_SECONDS 60
+
+struct peer_link {
+  struct peer_link *next;       /* the owner's list */
+  char *uri;
+  pthread_mutex_t lock;
+  pthread_cond_t freed;
+  struct nbd_handle *idle[LINK_MAX_CONNS];
+  unsigned nidle, nopen;        /* under lock */
+  int64_t backoff_until;        /* monotonic ms; atomic */
+  unsigned backoff_s;           /* under lock */
+};
+
+static struct {
+  int timeout_ms;
+  const char *psk_file, *psk_user;
+  pthread_mutex_t lock;         /* err_said, err_unsaid */
+  time_t err_said;
+  unsigned err_unsaid;
+} cfg = { .timeout_ms = 10000, .lock = PTHREAD_MUTEX_INITIALIZER };
+
+void
+peer_link_configure (int timeout_ms, const char *psk_file,
+                     const char *psk_user)
+{
+  cfg.timeout_ms = timeout_ms;
+  cfg.psk_file = psk_file;
+  cfg.psk_user = psk_user;
+}
+
+int64_t
+peer_now_ms (void)
+{
+  struct timespec ts;
+  clock_gettime (CLOCK_MONOTONIC, &ts);
+  return (int64_t) ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+struct peer_link *
+peer_link_new (const char *uri, struct peer_link *next)
+{
+  struct peer_link *l = calloc (1, sizeof *l);
+  if (l == NULL || (l->uri = strdup (uri)) == NULL) {
+    free (l);
+    return NULL;
+  }
+  pthread_mutex_init (&l->lock, NULL);
+  pthread_cond_init (&l->freed, NULL);
+  l->next = next;
+  return l;
+}
+
+void
+peer_link_free (struct peer_link *l)
+{
+  for (unsigned i = 0; i < l->nidle; ++i)
+    nbd_close (l->idle[i]);
+  pthread_mutex_destroy (&l->lock);
+  pthread_cond_destroy (&l->freed);
+  free (l->uri);
+  free (l);
+}
+
+struct peer_link *
+peer_link_next (const struct peer_link *l)
+{
+  return l->next;
+}
+
+const char *
+peer_link_uri (const struct peer_link *l)
+{
+  return l->uri;
+}
+
+bool
+peer_link_usable (struct peer_link *l, int64_t now)
+{
+  return __atomic_load_n (&l->backoff_until, __ATOMIC_RELAXED) <= now;
+}
+
+/* Wait on NBD until DONE says 1 (0) or -1 (-1), or the deadline
+ * (-1, ETIMEDOUT).  DONE says 0 to go on waiting.
+ */
+static int
+wait_for (struct nbd_handle *nbd, int64_t deadline,
+          int (*done) (struct nbd_handle *, int64_t), int64_t arg)
+{
+  for (;;) {
+    int d = done (nbd, arg);
+    if (d)
+      return d > 0 ? 0 : -1;
+    if (nbd_aio_is_dead (nbd) || nbd_aio_is_closed (nbd)) {
+      errno = ECONNRESET;
+      return -1;
+    }
+    int64_t left = deadline - peer_now_ms ();
+    if (left <= 0) {
+      errno = ETIMEDOUT;
+      return -1;
+    }
+    if (nbd_poll (nbd, left > 1000 ? 1000 : (int) left) == -1) {
+      errno = nbd_get_errno () ? nbd_get_errno () : EIO;
+      return -1;
+    }
+  }
+}
+
+static int
+negotiating (struct nbd_handle *nbd, int64_t unused)
+{
+  return nbd_aio_is_negotiating (nbd) || nbd_aio_is_ready (nbd);
+}
+
+static int
+go_done (struct nbd_handle *nbd, int64_t unused)
+{
+  if (nbd_aio_is_ready (nbd))
+    return 1;
+  if (nbd_aio_is_negotiating (nbd)) {
+    errno = EACCES;             /* the peer refused the export */
+    return -1;
+  }
+  return 0;
+}
+
+static int
+read_done (struct nbd_handle *nbd, int64_t cookie)
+{
+  int r = nbd_aio_command_completed (nbd, cookie);
+  if (r == -1)
+    errno = nbd_get_errno () ? nbd_get_errno () : EIO;
+  return r;
+}
+
+/* A new connection to URI for the export EXPORT_NAME, ready, or NULL
+ * with errno.
+ */
+static struct nbd_handle *
+dial (const char *export_name, const char *uri)
+{
+  int64_t deadline = peer_now_ms () + cfg.timeout_ms;
+  struct nbd_handle *nbd = nbd_create ();
+  if (nbd == NULL) {
+    errno = nbd_get_errno () ? nbd_get_errno () : ENOMEM;
+    return NULL;
+  }
+  if (nbd_set_opt_mode (nbd, true) == -1 ||
+      (cfg.psk_file &&
+       (nbd_set_tls (nbd, LIBNBD_TLS_REQUIRE) == -1 ||
+        nbd_set_tls_psk_file (nbd, cfg.psk_file) == -1 ||
+        nbd_set_tls_username (nbd, cfg.psk_user) == -1)) ||
+      nbd_aio_connect_uri (nbd, uri) == -1 ||
+      wait_for (nbd, deadline, negotiating, 0) == -1)
+    goto fail;
+  if (nbd_aio_is_negotiating (nbd) &&
+      (nbd_set_export_name (nbd, export_name) == -1 ||
+       nbd_aio_opt_go (nbd, NBD_NULL_COMPLETION) == -1 ||
+       wait_for (nbd, deadline, go_done, 0) == -1))
+    goto fail;
+  if (cfg.psk_file && nbd_get_tls_negotiated (nbd) != 1) {
+    errno = EPROTO;
+    goto fail;
+  }
+  return nbd;
+ fail:;
+  int e = errno ? errno : EIO;
+  nbdkit_debug ("fscache: peer %s: %s", uri, nbd_get_error ()
+                ? nbd_get_error () : strerror (e));
+  nbd_close (nbd);
+  errno = e;
+  return NULL;
+}
+
+/* A connection of L: an idle one, or a new one if fewer than
+ * LINK_MAX_CONNS are open, else wait for one to come back.
+ */
+static struct nbd_handle *
+link_take (struct peer_link *l, const char *export_name, const char *dial_uri)
+{
+  pthread_mutex_lock (&l->lock);
+  while (l->nidle == 0 && l->nopen >= LINK_MAX_CONNS)
+    pthread_cond_wait (&l->freed, &l->lock);
+  if (l->nidle) {
+    struct nbd_handle *nbd = l->idle[--l->nidle];
+    pthread_mutex_unlock (&l->lock);
+    return nbd;
+  }
+  l->nopen++;
+  pthread_mutex_unlock (&l->lock);
+  struct nbd_handle *nbd = dial (export_name, dial_uri);
+  if (nbd == NULL) {
+    int e = errno;
+    pthread_mutex_lock (&l->lock);
+    l->nopen--;
+    pthread_cond_signal (&l->freed);
+    pthread_mutex_unlock (&l->lock);
+    errno = e;
+  }
+  return nbd;
+}
+
+/* Give NBD back to L: idle if GOOD, else closed. */
+static void
+link_give (struct peer_link *l, struct nbd_handle *nbd, bool good)
+{
+  pthread_mutex_lock (&l->lock);
+  if (good)
+    l->idle[l->nidle++] = nbd;
+  else
+    l->nopen--;
+  pthread_cond_signal (&l->freed);
+  pthread_mutex_unlock (&l->lock);
+  if (!good)
+    nbd_close (nbd);
+}
+
+/* Say a peer failure: at once the first time, then at most once a
+ * minute, with the count since.
+ */
+static void
+say_error (const char *uri, int err, unsigned backoff_s)
+{
+  time_t now = time (NULL);
+  pthread_mutex_lock (&cfg.lock);
+  if (cfg.err_said && now - cfg.err_said < ERROR_LOG_SECONDS) {
+    cfg.err_unsaid++;
+    pthread_mutex_unlock (&cfg.lock);
+    return;
+  }
+  unsigned unsaid = cfg.err_unsaid;
+  cfg.err_unsaid = 0;
+  cfg.err_said = now;
+  pthread_mutex_unlock (&cfg.lock);
+  char more[80] = "";
+  if (unsaid)
+    snprintf (more, sizeof more, " (and %u more peer errors since the last "
+              "message)", unsaid);
+  nbdkit_error ("fscache: peer %s: %s; its ranges go to the next owner or "
+                "the origin for %u s%s", uri, strerror (err), backoff_s, more);
+}
+
+int
+peer_link_pread (struct peer_link *l, const char *export_name,
+                 const char *dial_uri, struct fsc_object *obj, void *buf,
+                 uint32_t count, uint64_t offset)
+{
+  int err = 0;
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    struct nbd_handle *nbd = link_take (l, export_name, dial_uri);
+    if (nbd) {
+      int64_t deadline = peer_now_ms () + cfg.timeout_ms;
+      int64_t cookie = nbd_aio_pread (nbd, buf, count, offset,
+                                      NBD_NULL_COMPLETION, 0);
+      if (cookie != -1 && wait_for (nbd, deadline, read_done, cookie) == 0) {
+        link_give (l, nbd, true);
+        fsc_object_count_peer (obj, FSC_PEER_READS, 1);
+        fsc_object_count_peer (obj, FSC_PEER_READ_BYTES, count);
+        pthread_mutex_lock (&l->lock);
+        l->backoff_s = 0;
+        pthread_mutex_unlock (&l->lock);
+        return 0;
+      }
+      if (cookie == -1)
+        errno = nbd_get_errno () ? nbd_get_errno () : EIO;
+      err = errno;
+      link_give (l, nbd, false);
+    }
+    else
+      err = errno;
+    fsc_object_count_peer (obj, FSC_PEER_ERRORS, 1);
+  }
+  pthread_mutex_lock (&l->lock);
+  l->backoff_s = l->backoff_s ? MIN (2 * l->backoff_s, BACKOFF_MAX)
+    : BACKOFF_MIN;
+  unsigned s = l->backoff_s;
+  __atomic_store_n (&l->backoff_until, peer_now_ms () + 1000 * (int64_t) s,
+                    __ATOMIC_RELAXED);
+  pthread_mutex_unlock (&l->lock);
+  fsc_object_count_peer (obj, FSC_PEER_BACKOFFS, 1);
+  say_error (l->uri, err ? err : EIO, s);
+  return -1;
+}
+

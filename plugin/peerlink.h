@@ -1,0 +1,45 @@
+/* nbdkit-fscache-filter: connections to one fleet peer (peerlink.c:
+ * deadlines, the retry and the back-off; peers.c: who owns what).
+ */
+#ifndef FSC_PLUGIN_PEERLINK_H
+#define FSC_PLUGIN_PEERLINK_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+struct fsc_object;
+struct peer_link;
+
+/* Once, before any link: each connect and read may take TIMEOUT_MS;
+ * with PSK_FILE (or NULL), connections use TLS with its key, presenting
+ * PSK_USER.  The strings must outlive the links.
+ */
+extern void peer_link_configure (int timeout_ms, const char *psk_file,
+                                 const char *psk_user);
+
+/* A monotonic clock in milliseconds. */
+extern int64_t peer_now_ms (void);
+
+/* A link to the peer URI, in front of NEXT on its owner's list; NULL if
+ * out of memory.  peer_link_free closes its idle connections (no read
+ * may be in flight).
+ */
+extern struct peer_link *peer_link_new (const char *uri,
+                                        struct peer_link *next);
+extern void peer_link_free (struct peer_link *l);
+extern struct peer_link *peer_link_next (const struct peer_link *l);
+extern const char *peer_link_uri (const struct peer_link *l);
+
+/* Not set aside at NOW (peer_now_ms)? */
+extern bool peer_link_usable (struct peer_link *l, int64_t now);
+
+/* Read [OFFSET, OFFSET + COUNT) of the export EXPORT_NAME (a peer
+ * export name) from L's peer, dialling DIAL_URI: one try, one more on a
+ * fresh connection, then L is set aside (BACKOFF_MIN s, doubling) and
+ * the failure said at most once a minute.  Counted on OBJ.  0 or -1.
+ */
+extern int peer_link_pread (struct peer_link *l, const char *export_name,
+                            const char *dial_uri, struct fsc_object *obj,
+                            void *buf, uint32_t count, uint64_t offset);
+
+#endif /* FSC_PLUGIN_PEERLINK_H */
