@@ -142,229 +142,321 @@ derive_key (const char *k, const char *value)
   return 0;
 }
 
+static int
+set_dir (const char *k, const char *value)
+{
+  free (params.dir);
+  if (*value == '\0') {
+    nbdkit_error ("fscache-dir: must not be empty");
+    return -1;
+  }
+  params.dir = nbdkit_absolute_path (value);
+  return params.dir ? 0 : -1;
+}
+
+static int
+set_key (const char *k, const char *value)
+{
+  if (*value == '\0') {
+    nbdkit_error ("fscache-key: must not be empty");
+    return -1;
+  }
+  free (params.key);
+  params.key = strdup (value);
+  return params.key ? 0 : -1;
+}
+
+static int
+set_block_size (const char *k, const char *value)
+{
+  int64_t r = nbdkit_parse_size (value);
+  if (r == -1) {
+    nbdkit_error ("fscache-block-size=%s: not a size", value);
+    return -1;
+  }
+  if (r < 4096 || r > 4 * 1024 * 1024 || !is_power_of_2 (r)) {
+    nbdkit_error ("fscache-block-size=%s: must be a power of 2 "
+                  "from 4K to 4M", value);
+    return -1;
+  }
+  params.block_size = r;
+  return 0;
+}
+
+static int
+set_mode (const char *k, const char *value)
+{
+  if (strcmp (value, "writethrough") == 0)
+    params.mode = MODE_WRITETHROUGH;
+  else if (strcmp (value, "writearound") == 0)
+    params.mode = MODE_WRITEAROUND;
+  else if (strcmp (value, "writeback") == 0)
+    params.mode = MODE_WRITEBACK;
+  else {
+    nbdkit_error ("fscache-mode=%s: must be writethrough, writearound "
+                  "or writeback", value);
+    return -1;
+  }
+  return 0;
+}
+
+static int
+set_generation (const char *k, const char *value)
+{
+  if (strlen (value) > FSC_GEN_MAX) {
+    nbdkit_error ("fscache-generation: longer than %d bytes", FSC_GEN_MAX);
+    return -1;
+  }
+  free (params.generation);
+  params.generation = strdup (value);
+  return params.generation ? 0 : -1;
+}
+
+static int
+set_validate (const char *k, const char *value)
+{
+  if (strcmp (value, "sample") == 0)
+    params.validate = FSC_VALIDATE_SAMPLE;
+  else if (strcmp (value, "size") == 0)
+    params.validate = FSC_VALIDATE_SIZE;
+  else if (strcmp (value, "none") == 0)
+    params.validate = FSC_VALIDATE_NONE;
+  else {
+    nbdkit_error ("fscache-validate=%s: must be sample, size or none",
+                  value);
+    return -1;
+  }
+  return 0;
+}
+
+static int
+set_verify (const char *k, const char *value)
+{
+  int r = nbdkit_parse_bool (value);
+  if (r == -1) {
+    nbdkit_error ("fscache-verify=%s: not a boolean", value);
+    return -1;
+  }
+  params.verify = r;
+  return 0;
+}
+
+static int
+set_readahead (const char *k, const char *value)
+{
+  int64_t r = nbdkit_parse_size (value);
+  if (r == -1) {
+    nbdkit_error ("fscache-readahead=%s: not a size", value);
+    return -1;
+  }
+  if (r > 1024 * 1024 * 1024) {
+    nbdkit_error ("fscache-readahead=%s: at most 1G", value);
+    return -1;
+  }
+  params.readahead = r;
+  return 0;
+}
+
+static int
+set_catchup (const char *k, const char *value)
+{
+  int r = nbdkit_parse_bool (value);
+  if (r == -1) {
+    nbdkit_error ("fscache-catchup=%s: not a boolean", value);
+    return -1;
+  }
+  params.catchup = r;
+  return 0;
+}
+
+static int
+set_upstream_connections (const char *k, const char *value)
+{
+  unsigned long n;
+  if (parse_count (value, 64, &n) == -1) {
+    nbdkit_error ("fscache-upstream-connections=%s: must be a number of "
+                  "connections from 0 to 64", value);
+    return -1;
+  }
+  params.upstream_connections = n;
+  return 0;
+}
+
+static int
+set_max_size (const char *k, const char *value)
+{
+  int64_t r = nbdkit_parse_size (value);
+  if (r == -1) {
+    nbdkit_error ("fscache-max-size=%s: not a size", value);
+    return -1;
+  }
+  if (r != 0 && r < 1024 * 1024) {
+    nbdkit_error ("fscache-max-size=%s: at least 1M (or 0 for no cap)",
+                  value);
+    return -1;
+  }
+  params.max_size = r;
+  return 0;
+}
+
+static int
+set_min_free (const char *k, const char *value)
+{
+  char *end;
+  errno = 0;
+  unsigned long pct = strtoul (value, &end, 10);
+  if (*end == '%')
+    end++;
+  if (errno || end == value || *end || !(*value >= '0' && *value <= '9') ||
+      pct >= 100) {
+    nbdkit_error ("%s=%s: must be a percentage from 0%% to 99%%, "
+                  "like 1%%", k, value);
+    return -1;
+  }
+  if (strcmp (k, "fscache-min-free") == 0)
+    params.min_free = pct;
+  else
+    params.min_free_inodes = pct;
+  return 0;
+}
+
+static int
+set_offline (const char *k, const char *value)
+{
+  int r = nbdkit_parse_bool (value);
+  if (r == -1) {
+    nbdkit_error ("fscache-offline=%s: not a boolean", value);
+    return -1;
+  }
+  params.offline = r;
+  return 0;
+}
+
+static int
+set_stats (const char *k, const char *value)
+{
+  free (params.stats_file);
+  params.stats_file = nbdkit_absolute_path (value);
+  return params.stats_file ? 0 : -1;
+}
+
+static int
+set_peers (const char *k, const char *value)
+{
+  char **p = strcmp (k, "fscache-peers") == 0 ? &params.peers_file
+    : &params.peer_psk;
+  free (*p);
+  *p = nbdkit_absolute_path (value);
+  return *p ? 0 : -1;
+}
+
+static int
+set_peer_self (const char *k, const char *value)
+{
+  if (*value == 0) {
+    nbdkit_error ("fscache-peer-self: empty; it must be this node's line "
+                  "in fscache-peers");
+    return -1;
+  }
+  free (params.peer_self);
+  params.peer_self = strdup (value);
+  if (params.peer_self == NULL) {
+    nbdkit_error ("strdup: %m");
+    return -1;
+  }
+  return 0;
+}
+
+static int
+set_trace (const char *k, const char *value)
+{
+  free (params.trace_file);
+  params.trace_file = nbdkit_absolute_path (value);
+  return params.trace_file ? 0 : -1;
+}
+
+static int
+set_trace_max (const char *k, const char *value)
+{
+  int64_t r = nbdkit_parse_size (value);
+  if (r == -1) {
+    nbdkit_error ("fscache-trace-max=%s: not a size", value);
+    return -1;
+  }
+  if (r < 4096) {
+    nbdkit_error ("fscache-trace-max=%s: at least 4K", value);
+    return -1;
+  }
+  params.trace_max = r;
+  return 0;
+}
+
+static int
+set_dirty_max (const char *k, const char *value)
+{
+  int64_t r = nbdkit_parse_size (value);
+  if (r == -1) {
+    nbdkit_error ("fscache-dirty-max=%s: not a size", value);
+    return -1;
+  }
+  if (r < 1024 * 1024) {
+    nbdkit_error ("fscache-dirty-max=%s: at least 1M", value);
+    return -1;
+  }
+  params.dirty_max = r;
+  return 0;
+}
+
+static int
+set_writeback_drain (const char *k, const char *value)
+{
+  unsigned long s;
+  if (parse_count (value, 86400, &s) == -1) {
+    nbdkit_error ("fscache-writeback-drain=%s: must be a number of "
+                  "seconds from 0 to 86400", value);
+    return -1;
+  }
+  params.writeback_drain = s;
+  return 0;
+}
+
+/* The fscache-* parameters and their setters: each checks VALUE,
+ * says what is wrong with it, and stores it in PARAMS.
+ */
+static const struct {
+  const char *name;
+  int (*set) (const char *k, const char *value);
+} setters[] = {
+  { "fscache-dir", set_dir },
+  { "fscache-key", set_key },
+  { "fscache-block-size", set_block_size },
+  { "fscache-mode", set_mode },
+  { "fscache-generation", set_generation },
+  { "fscache-validate", set_validate },
+  { "fscache-verify", set_verify },
+  { "fscache-readahead", set_readahead },
+  { "fscache-catchup", set_catchup },
+  { "fscache-upstream-connections", set_upstream_connections },
+  { "fscache-max-size", set_max_size },
+  { "fscache-min-free", set_min_free },
+  { "fscache-min-free-inodes", set_min_free },
+  { "fscache-offline", set_offline },
+  { "fscache-stats", set_stats },
+  { "fscache-peers", set_peers },
+  { "fscache-peer-tls-psk", set_peers },
+  { "fscache-peer-self", set_peer_self },
+  { "fscache-trace", set_trace },
+  { "fscache-trace-max", set_trace_max },
+  { "fscache-dirty-max", set_dirty_max },
+  { "fscache-writeback-drain", set_writeback_drain },
+};
+
 int
 params_config (const char *k, const char *value)
 {
-  if (strcmp (k, "fscache-dir") == 0) {
-    free (params.dir);
-    if (*value == '\0') {
-      nbdkit_error ("fscache-dir: must not be empty");
-      return -1;
-    }
-    params.dir = nbdkit_absolute_path (value);
-    return params.dir ? 0 : -1;
-  }
-  if (strcmp (k, "fscache-key") == 0) {
-    if (*value == '\0') {
-      nbdkit_error ("fscache-key: must not be empty");
-      return -1;
-    }
-    free (params.key);
-    params.key = strdup (value);
-    return params.key ? 0 : -1;
-  }
-  if (strcmp (k, "fscache-block-size") == 0) {
-    int64_t r = nbdkit_parse_size (value);
-    if (r == -1) {
-      nbdkit_error ("fscache-block-size=%s: not a size", value);
-      return -1;
-    }
-    if (r < 4096 || r > 4 * 1024 * 1024 || !is_power_of_2 (r)) {
-      nbdkit_error ("fscache-block-size=%s: must be a power of 2 "
-                    "from 4K to 4M", value);
-      return -1;
-    }
-    params.block_size = r;
-    return 0;
-  }
-  if (strcmp (k, "fscache-mode") == 0) {
-    if (strcmp (value, "writethrough") == 0)
-      params.mode = MODE_WRITETHROUGH;
-    else if (strcmp (value, "writearound") == 0)
-      params.mode = MODE_WRITEAROUND;
-    else if (strcmp (value, "writeback") == 0)
-      params.mode = MODE_WRITEBACK;
-    else {
-      nbdkit_error ("fscache-mode=%s: must be writethrough, writearound "
-                    "or writeback", value);
-      return -1;
-    }
-    return 0;
-  }
-  if (strcmp (k, "fscache-generation") == 0) {
-    if (strlen (value) > FSC_GEN_MAX) {
-      nbdkit_error ("fscache-generation: longer than %d bytes", FSC_GEN_MAX);
-      return -1;
-    }
-    free (params.generation);
-    params.generation = strdup (value);
-    return params.generation ? 0 : -1;
-  }
-  if (strcmp (k, "fscache-validate") == 0) {
-    if (strcmp (value, "sample") == 0)
-      params.validate = FSC_VALIDATE_SAMPLE;
-    else if (strcmp (value, "size") == 0)
-      params.validate = FSC_VALIDATE_SIZE;
-    else if (strcmp (value, "none") == 0)
-      params.validate = FSC_VALIDATE_NONE;
-    else {
-      nbdkit_error ("fscache-validate=%s: must be sample, size or none",
-                    value);
-      return -1;
-    }
-    return 0;
-  }
-  if (strcmp (k, "fscache-verify") == 0) {
-    int r = nbdkit_parse_bool (value);
-    if (r == -1) {
-      nbdkit_error ("fscache-verify=%s: not a boolean", value);
-      return -1;
-    }
-    params.verify = r;
-    return 0;
-  }
-  if (strcmp (k, "fscache-readahead") == 0) {
-    int64_t r = nbdkit_parse_size (value);
-    if (r == -1) {
-      nbdkit_error ("fscache-readahead=%s: not a size", value);
-      return -1;
-    }
-    if (r > 1024 * 1024 * 1024) {
-      nbdkit_error ("fscache-readahead=%s: at most 1G", value);
-      return -1;
-    }
-    params.readahead = r;
-    return 0;
-  }
-  if (strcmp (k, "fscache-catchup") == 0) {
-    int r = nbdkit_parse_bool (value);
-    if (r == -1) {
-      nbdkit_error ("fscache-catchup=%s: not a boolean", value);
-      return -1;
-    }
-    params.catchup = r;
-    return 0;
-  }
-  if (strcmp (k, "fscache-upstream-connections") == 0) {
-    unsigned long n;
-    if (parse_count (value, 64, &n) == -1) {
-      nbdkit_error ("fscache-upstream-connections=%s: must be a number of "
-                    "connections from 0 to 64", value);
-      return -1;
-    }
-    params.upstream_connections = n;
-    return 0;
-  }
-  if (strcmp (k, "fscache-max-size") == 0) {
-    int64_t r = nbdkit_parse_size (value);
-    if (r == -1) {
-      nbdkit_error ("fscache-max-size=%s: not a size", value);
-      return -1;
-    }
-    if (r != 0 && r < 1024 * 1024) {
-      nbdkit_error ("fscache-max-size=%s: at least 1M (or 0 for no cap)",
-                    value);
-      return -1;
-    }
-    params.max_size = r;
-    return 0;
-  }
-  if (strcmp (k, "fscache-min-free") == 0 ||
-      strcmp (k, "fscache-min-free-inodes") == 0) {
-    char *end;
-    errno = 0;
-    unsigned long pct = strtoul (value, &end, 10);
-    if (*end == '%')
-      end++;
-    if (errno || end == value || *end || !(*value >= '0' && *value <= '9') ||
-        pct >= 100) {
-      nbdkit_error ("%s=%s: must be a percentage from 0%% to 99%%, "
-                    "like 1%%", k, value);
-      return -1;
-    }
-    if (strcmp (k, "fscache-min-free") == 0)
-      params.min_free = pct;
-    else
-      params.min_free_inodes = pct;
-    return 0;
-  }
-  if (strcmp (k, "fscache-offline") == 0) {
-    int r = nbdkit_parse_bool (value);
-    if (r == -1) {
-      nbdkit_error ("fscache-offline=%s: not a boolean", value);
-      return -1;
-    }
-    params.offline = r;
-    return 0;
-  }
-  if (strcmp (k, "fscache-stats") == 0) {
-    free (params.stats_file);
-    params.stats_file = nbdkit_absolute_path (value);
-    return params.stats_file ? 0 : -1;
-  }
-  if (strcmp (k, "fscache-peers") == 0 ||
-      strcmp (k, "fscache-peer-tls-psk") == 0) {
-    char **p = strcmp (k, "fscache-peers") == 0 ? &params.peers_file
-      : &params.peer_psk;
-    free (*p);
-    *p = nbdkit_absolute_path (value);
-    return *p ? 0 : -1;
-  }
-  if (strcmp (k, "fscache-peer-self") == 0) {
-    if (*value == 0) {
-      nbdkit_error ("fscache-peer-self: empty; it must be this node's line "
-                    "in fscache-peers");
-      return -1;
-    }
-    free (params.peer_self);
-    params.peer_self = strdup (value);
-    if (params.peer_self == NULL) {
-      nbdkit_error ("strdup: %m");
-      return -1;
-    }
-    return 0;
-  }
-  if (strcmp (k, "fscache-trace") == 0) {
-    free (params.trace_file);
-    params.trace_file = nbdkit_absolute_path (value);
-    return params.trace_file ? 0 : -1;
-  }
-  if (strcmp (k, "fscache-trace-max") == 0) {
-    int64_t r = nbdkit_parse_size (value);
-    if (r == -1) {
-      nbdkit_error ("fscache-trace-max=%s: not a size", value);
-      return -1;
-    }
-    if (r < 4096) {
-      nbdkit_error ("fscache-trace-max=%s: at least 4K", value);
-      return -1;
-    }
-    params.trace_max = r;
-    return 0;
-  }
-  if (strcmp (k, "fscache-dirty-max") == 0) {
-    int64_t r = nbdkit_parse_size (value);
-    if (r == -1) {
-      nbdkit_error ("fscache-dirty-max=%s: not a size", value);
-      return -1;
-    }
-    if (r < 1024 * 1024) {
-      nbdkit_error ("fscache-dirty-max=%s: at least 1M", value);
-      return -1;
-    }
-    params.dirty_max = r;
-    return 0;
-  }
-  if (strcmp (k, "fscache-writeback-drain") == 0) {
-    unsigned long s;
-    if (parse_count (value, 86400, &s) == -1) {
-      nbdkit_error ("fscache-writeback-drain=%s: must be a number of "
-                    "seconds from 0 to 86400", value);
-      return -1;
-    }
-    params.writeback_drain = s;
-    return 0;
-  }
+  for (size_t i = 0; i < sizeof setters / sizeof setters[0]; ++i)
+    if (strcmp (k, setters[i].name) == 0)
+      return setters[i].set (k, value);
   if (strncmp (k, "fscache-", 8) == 0) {
     nbdkit_error ("unknown parameter %s (see nbdkit-fscache-filter(1))", k);
     return -1;
