@@ -40,6 +40,7 @@ requires nbdkit nbd --dump-plugin
 requires nbdkit --filter=log null --dump-plugin
 requires nbdkit --filter=rate null --dump-plugin
 requires test -r "$FILTER"
+requires test -x "$TOOL"
 
 MiB=$((1024 * 1024))
 size=$((32 * MiB))
@@ -138,6 +139,14 @@ for i in 1 2 3 4; do
     fail "part 1: node $i did not take part (from peers $pr, served $ps)"
   [ "$(stat_value "$TMP/s$i" peer_errors)" = 0 ] ||
     fail "part 1: node $i counted peer errors"
+done
+# The object's own counters (nbd-fscache stat, and Prometheus).
+for i in 1 2 3 4; do
+  ob=$(tool stat --dir "$TMP/c$i" | awk '$1 == "peer_bytes" { print $2 }')
+  [ "${ob:-0}" -gt 0 ] || fail "part 1: nbd-fscache stat: node $i's peer_bytes is '${ob:-}'"
+  tool stat --dir "$TMP/c$i" --prometheus |
+    grep -q '^nbd_fscache_peer_served_bytes_total{.*} [1-9]' ||
+    fail "part 1: no peer_served_bytes in node $i's Prometheus output"
 done
 stop_nbdkit "$TMP/o1.pid"
 
