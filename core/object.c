@@ -282,23 +282,14 @@ free_object (struct fsc_object *o)
   free (o);
 }
 
-/* Set the object up on disk.  Returns 0 (AVAILABLE) or -1 with errno
- * (the caller makes it uncached).
+/* lookup's first phase: the object's files, opened and locked.  Sets
+ * *DATA_OK (the data files are there) and *SUMS_SIZE.  0 or -1.
  */
 static int
-lookup (struct fsc_object *o, const struct fsc_object_params *p,
-        struct fsc_open_info *info)
+lookup_files (struct fsc_object *o, const struct fsc_object_params *p,
+              struct fsc_open_info *info, bool *data_ok, off_t *sums_size)
 {
   struct fsc_cache *c = o->cache;
-  struct fsc_stats *st = &c->stats;
-
-  /* Too large to cache: served uncached, as any object whose lookup
-   * fails, and nothing is created on disk.
-   */
-  if (p->size > FSC_OBJECT_SIZE_MAX) {
-    errno = EFBIG;
-    return -1;
-  }
   fsc_key_encode (p->key, p->key_len, o->name, o->fan);
   /* Ours alone, or someone else could plant files, the share socket
    * or the epochs beside ours (safeopen.c rule 1).
@@ -319,130 +310,124 @@ lookup (struct fsc_object *o, const struct fsc_object_params *p,
     }
     return -1;
   }
-  bool data_ok;
-  if (fsc_data_open (o, &data_ok) == -1)
+  if (fsc_data_open (o, data_ok) == -1)
     return -1;
   struct stat sst;
   o->sfd = fsc_open_file (o, ".sums");
   if (o->sfd == -1 || fstat (o->sfd, &sst) == -1)
     return -1;
+  *sums_size = sst.st_size;
+  return 0;
 
-  struct fsc_sb sb;
-  int slot = 0;
-  struct stat ist;
-  int reason;
-  bool sb_ours = false;         /* a readable superblock of this key */
-  if (fstat (o->ifd, &ist) == -1)
+}
+
+/* An index found good: take up superblock SB (of SLOT), its gauges
+ * and counters.
+ */
+static void
+lookup_reuse (struct fsc_object *o, const struct fsc_sb *sb, int slot,
+              struct fsc_open_info *info)
+{
+  struct fsc_stats *st = &o->cache->stats;
+  o->sb = *sb;
+  o->sb_slot = slot;
+  o->seq = sb->seq;
+  info->unclean = !(sb->flags & FSC_SB_CLEAN);
+  /* An older format read as it is: the superblock written before
+   * the first change (and at close) is in the current one.
+   */
+  if (sb->version < FSC_INDEX_VERSION) {
+    info->old_version = sb->version;
+    FSC_STAT_ADD (st, objects_upgraded, 1);
+  }
+  /* The groups are read when first needed (groups.c).  Their
+   * gauges: exact in the superblock of a clean close; otherwise
+   * counted by the census, in the background.
+   */
+  /* Only plausible ones: a superblock whose checksum holds can
+   * still carry gauges no object of this size can have (a bug, a
+   * tool, a crafted file), and the cap's and the tools' arithmetic
+   * trust them; those are counted again instead.
+   */
+  const uint64_t pb = sb->ostats.v[FSC_OSTAT_present_blocks];
+  const uint64_t cb = sb->ostats.v[FSC_OSTAT_cached_bytes];
+  if (!info->unclean &&
+      sb->ncounters > (uint32_t) FSC_OSTAT_cached_bytes &&
+      pb <= o->nblocks && cb <= o->size &&
+      cb <= pb * (uint64_t) o->block_size) {
+    o->nonres_blocks = pb;
+    o->nonres_bytes = cb;
+    o->census_next = o->ngroups;
+  }
+  o->ostats = sb->ostats;
+  /* After a crash the superblock's counters are those of the last
+   * commit; NAME.stats may be a few rounds newer.
+   */
+  struct fsc_ostats live;
+  uint64_t inc, upd;
+  if (info->unclean &&
+      fsc_live_load (o, &live, &inc, &upd) == 0 &&
+      inc == sb->incarnation && upd > sb->counters_time)
+    o->ostats = live;
+  FSC_STAT_ADD (st, objects_reused, 1);
+  if (info->unclean)
+    FSC_STAT_ADD (st, unclean_opens, 1);
+  /* After a crash, space no index names (fills never committed,
+   * evictions not yet punched) is reclaimed, in the background once
+   * the object is open (fsc_object_open), so that the first read
+   * does not wait for the walk; a clean close leaves none but sums
+   * pages (reclaim.c).
+   */
+  o->reclaim_unclean = info->unclean;
+  o->reclaim_wanted = true;
+}
+
+/* No index, or one discarded for REASON: start cold, keeping the
+ * object's counters (from SB if SB_OURS).  0 or -1.
+ */
+static int
+lookup_cold (struct fsc_object *o, const struct fsc_object_params *p,
+             int reason, const struct fsc_sb *sb, bool sb_ours)
+{
+  struct fsc_stats *st = &o->cache->stats;
+  o->census_next = o->ngroups;        /* cold: nothing to count */
+  o->state = FSC_OBJ_CREATING;
+  if (reason != FSC_REJ_NEW)
+    FSC_STAT_ADD (st, objects_discarded, 1);
+  FSC_STAT_ADD (st, objects_created, 1);
+  if (create_cold (o, p) == -1)
     return -1;
-  if (ist.st_size == 0)
-    reason = FSC_REJ_NEW;
-  else {
-    reason = fsc_sb_load (&c->io, o->ifd, &sb, &slot);
-    if (reason == FSC_OK) {
-      reason = check_sb (o, &sb, p, data_ok, sst.st_size);
-      sb_ours = reason != FSC_REJ_KEY;
-    }
-  }
-
-  if (reason == FSC_OK && stale_marked (o))
-    reason = FSC_REJ_FOREIGN;
-  if (reason != FSC_OK && p->offline) {
-    /* Never create or discard without the upstream: keep the files
-     * for the day it is back, and serve nothing from them.
-     */
-    info->reason = reason;
-    errno = ESTALE;
-    return -1;
-  }
-  if (reason == FSC_OK) {
-    o->sb = sb;
-    o->sb_slot = slot;
-    o->seq = sb.seq;
-    info->unclean = !(sb.flags & FSC_SB_CLEAN);
-    /* An older format read as it is: the superblock written before
-     * the first change (and at close) is in the current one.
-     */
-    if (sb.version < FSC_INDEX_VERSION) {
-      info->old_version = sb.version;
-      FSC_STAT_ADD (st, objects_upgraded, 1);
-    }
-    /* The groups are read when first needed (groups.c).  Their
-     * gauges: exact in the superblock of a clean close; otherwise
-     * counted by the census, in the background.
-     */
-    /* Only plausible ones: a superblock whose checksum holds can
-     * still carry gauges no object of this size can have (a bug, a
-     * tool, a crafted file), and the cap's and the tools' arithmetic
-     * trust them; those are counted again instead.
-     */
-    const uint64_t pb = sb.ostats.v[FSC_OSTAT_present_blocks];
-    const uint64_t cb = sb.ostats.v[FSC_OSTAT_cached_bytes];
-    if (!info->unclean &&
-        sb.ncounters > (uint32_t) FSC_OSTAT_cached_bytes &&
-        pb <= o->nblocks && cb <= o->size &&
-        cb <= pb * (uint64_t) o->block_size) {
-      o->nonres_blocks = pb;
-      o->nonres_bytes = cb;
-      o->census_next = o->ngroups;
-    }
-  }
-  info->reason = reason;
-
-  if (reason == FSC_OK) {
-    o->ostats = sb.ostats;
-    /* After a crash the superblock's counters are those of the last
-     * commit; NAME.stats may be a few rounds newer.
-     */
-    struct fsc_ostats live;
-    uint64_t inc, upd;
-    if (info->unclean &&
-        fsc_live_load (o, &live, &inc, &upd) == 0 &&
-        inc == sb.incarnation && upd > sb.counters_time)
-      o->ostats = live;
-    FSC_STAT_ADD (st, objects_reused, 1);
-    if (info->unclean)
-      FSC_STAT_ADD (st, unclean_opens, 1);
-    /* After a crash, space no index names (fills never committed,
-     * evictions not yet punched) is reclaimed, in the background once
-     * the object is open (fsc_object_open), so that the first read
-     * does not wait for the walk; a clean close leaves none but sums
-     * pages (evict.c).
-     */
-    o->reclaim_unclean = info->unclean;
-    o->reclaim_wanted = true;
-  }
-  else {
-    o->census_next = o->ngroups;        /* cold: nothing to count */
-    o->state = FSC_OBJ_CREATING;
-    if (reason != FSC_REJ_NEW)
-      FSC_STAT_ADD (st, objects_discarded, 1);
-    FSC_STAT_ADD (st, objects_created, 1);
-    if (create_cold (o, p) == -1)
-      return -1;
-    unlink_file (o, ".stale");
-    /* The object's history outlives its data: its counters go on from
-     * the old superblock, or else from the last NAME.stats, and the
-     * discard counts as an invalidation (docs/format.md, "Object
-     * counters").
-     */
-    if (reason != FSC_REJ_NEW) {
-      if (sb_ours)
-        o->ostats = sb.ostats;
-      else
-        (void) fsc_live_load (o, &o->ostats, NULL, NULL);
-      FSC_OSTAT_ADD (o, invalidations, 1);
-      FSC_OSTAT_SET (o, last_invalidation, (uint64_t) time (NULL));
-      o->ostats.last_reason = reason;
-    }
-    else {
-      /* No index, but maybe its history: a withdrawal unlinks the
-       * index and leaves NAME.stats; so does nbd-fscache invalidate,
-       * which counts its invalidation there.
-       */
+  unlink_file (o, ".stale");
+  /* The object's history outlives its data: its counters go on from
+   * the old superblock, or else from the last NAME.stats, and the
+   * discard counts as an invalidation (docs/format.md, "Object
+   * counters").
+   */
+  if (reason != FSC_REJ_NEW) {
+    if (sb_ours)
+      o->ostats = sb->ostats;
+    else
       (void) fsc_live_load (o, &o->ostats, NULL, NULL);
-    }
+    FSC_OSTAT_ADD (o, invalidations, 1);
+    FSC_OSTAT_SET (o, last_invalidation, (uint64_t) time (NULL));
+    o->ostats.last_reason = reason;
   }
-  FSC_OSTAT_ADD (o, opens, 1);
+  else {
+    /* No index, but maybe its history: a withdrawal unlinks the
+     * index and leaves NAME.stats; so does nbd-fscache invalidate,
+     * which counts its invalidation there.
+     */
+    (void) fsc_live_load (o, &o->ostats, NULL, NULL);
+  }
+  return 0;
+}
+
+/* lookup's last phase: room for the superblocks, and the first one of
+ * a cold index.  0 or -1.
+ */
+static int
+lookup_finish (struct fsc_object *o, int reason, bool unclean)
+{
   /* Room for both superblock slots, so that no later superblock write
    * (the clean mark at close, above all) can fail for want of space.
    */
@@ -463,8 +448,67 @@ lookup (struct fsc_object *o, const struct fsc_object_params *p,
       return -1;
     }
   }
-  else if (!info->unclean)
+  else if (!unclean)
     o->unclean_due = true;
+  return 0;
+}
+
+/* Set the object up on disk.  Returns 0 (AVAILABLE) or -1 with errno
+ * (the caller makes it uncached).
+ */
+static int
+lookup (struct fsc_object *o, const struct fsc_object_params *p,
+        struct fsc_open_info *info)
+{
+  struct fsc_cache *c = o->cache;
+
+  /* Too large to cache: served uncached, as any object whose lookup
+   * fails, and nothing is created on disk.
+   */
+  if (p->size > FSC_OBJECT_SIZE_MAX) {
+    errno = EFBIG;
+    return -1;
+  }
+  bool data_ok;
+  off_t sums_size;
+  if (lookup_files (o, p, info, &data_ok, &sums_size) == -1)
+    return -1;
+
+  struct fsc_sb sb;
+  int slot = 0;
+  struct stat ist;
+  int reason;
+  bool sb_ours = false;         /* a readable superblock of this key */
+  if (fstat (o->ifd, &ist) == -1)
+    return -1;
+  if (ist.st_size == 0)
+    reason = FSC_REJ_NEW;
+  else {
+    reason = fsc_sb_load (&c->io, o->ifd, &sb, &slot);
+    if (reason == FSC_OK) {
+      reason = check_sb (o, &sb, p, data_ok, sums_size);
+      sb_ours = reason != FSC_REJ_KEY;
+    }
+  }
+
+  if (reason == FSC_OK && stale_marked (o))
+    reason = FSC_REJ_FOREIGN;
+  if (reason != FSC_OK && p->offline) {
+    /* Never create or discard without the upstream: keep the files
+     * for the day it is back, and serve nothing from them.
+     */
+    info->reason = reason;
+    errno = ESTALE;
+    return -1;
+  }
+  info->reason = reason;
+  if (reason == FSC_OK)
+    lookup_reuse (o, &sb, slot, info);
+  else if (lookup_cold (o, p, reason, &sb, sb_ours) == -1)
+    return -1;
+  FSC_OSTAT_ADD (o, opens, 1);
+  if (lookup_finish (o, reason, info->unclean) == -1)
+    return -1;
   o->state = FSC_OBJ_AVAILABLE;
   return 0;
 }
