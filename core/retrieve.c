@@ -56,7 +56,14 @@
 #include "internal.h"
 #include "utils.h"
 
-enum run_kind { RUN_HIT, RUN_MISS, RUN_UNCACHED };
+/* What read_pinned does with the run starting at a block, as classify
+ * decides under the lock: serve it from the cache, fetch and fill it,
+ * or read it upstream uncached; or nothing yet: look again (AGAIN: the
+ * groups were read in, or a fetch waited for changed something), or go
+ * on to the next block (NEXT: a whole-block prefetch skipping a block
+ * somebody fetches, or a read served from a fill still in memory).
+ */
+enum run_kind { RUN_HIT, RUN_MISS, RUN_UNCACHED, RUN_AGAIN, RUN_NEXT };
 
 /* What a fetch claiming blocks of G must find at publication time: the
  * epoch now, or, if a write is in flight upstream (its data may or may
@@ -514,9 +521,6 @@ holds (struct fsc_object *o, uint64_t b, uint64_t offset, uint64_t end,
   return true;
 }
 
-/* The read path shared by reads (BUF != NULL) and prefetch.  Adds the
- * bytes of BUF served from upstream to *MISSED.
- */
 /* PIN: the groups G0..G1 the read touches; *PINNED is set once they
  * are pinned (groups.c), in the first critical section when they are
  * resident (a hit costs no lock of its own for it), or else by reading
@@ -527,285 +531,384 @@ struct read_pin {
   bool pinned, tried;
 };
 
+/* One read's constants (read_pinned), for its phases below. */
+struct read_ctx {
+  void *buf;                    /* NULL: a prefetch */
+  uint32_t count;
+  uint64_t offset, end;
+  uint64_t last;                /* the last block */
+  unsigned flags;
+  bool whole;                   /* a prefetch that wants whole blocks */
+  uint64_t max_run, max_hit;    /* blocks in a fetched run, a hit run */
+  uint64_t waited;              /* the block last waited for */
+};
+
+/* One run, as classify found it, for its serving. */
+struct run {
+  enum run_kind kind;
+  uint64_t n;                   /* blocks */
+  bool bypass;                  /* uncached: the disk is behind */
+  unsigned held_first, held_last; /* a miss's end blocks' pieces held */
+  struct end_sums es;
+  uint64_t csums[FSC_GROUP_BLOCKS];
+  uint16_t pieces[FSC_GROUP_BLOCKS];
+  bool zeros[FSC_GROUP_BLOCKS];
+  uint64_t epochs[MAX_RUN_GROUPS];
+};
+
+/* A hit run from B (present, its pieces, hash and zero bit in R[0]):
+ * extend it, take the end blocks' hashes, count it in flight.  Caller
+ * holds o->lock.
+ */
+static void
+classify_hit (struct fsc_object *o, const struct read_ctx *rc, uint64_t b,
+              struct run *r)
+{
+  r->kind = RUN_HIT;
+  while (b + r->n <= rc->last && r->n < rc->max_hit &&
+         holds (o, b + r->n, rc->offset, rc->end, rc->whole,
+                &r->pieces[r->n], &r->csums[r->n], &r->zeros[r->n]))
+    r->n++;
+  const uint64_t n = r->n;
+  /* The run spans at most two groups (n <= FSC_GROUP_BLOCKS):
+   * count the hit in flight in each, so that eviction does not
+   * punch what it reads (evict.c), and mark the blocks referenced
+   * unless a sequential stream reads them.
+   */
+  /* The end blocks read in part: their hashes, if cached. */
+  r->es.have[0] = r->es.have[1] = false;
+  for (int e = 0; o->verify && rc->buf && e < 2; ++e) {
+    uint64_t eb = e == 0 ? b : b + n - 1;
+    if ((e == 1 && n == 1) || r->zeros[eb - b] ||
+        (block_start (o, eb) >= rc->offset && block_end (o, eb) <= rc->end))
+      continue;
+    unsigned kb = DIV_ROUND_UP (block_end (o, eb) - block_start (o, eb),
+                                SUB_SIZE);
+    r->es.blk[e] = eb;
+    r->es.have[e] = fsc_scache_get_locked (o, eb, r->csums[eb - b],
+                                           r->pieces[eb - b], r->es.sums[e],
+                                           kb);
+  }
+  for (uint64_t gi = GROUP_OF (b); gi <= GROUP_OF (b + n - 1); ++gi) {
+    struct group *hg = grp (o, gi);
+    hg->readers++;
+    if (rc->buf && !(rc->flags & FSC_READ_SEQUENTIAL)) {
+      uint64_t lo = MAX (b, gi * FSC_GROUP_BLOCKS) - gi * FSC_GROUP_BLOCKS;
+      uint64_t hi = MIN (b + n, (gi + 1) * FSC_GROUP_BLOCKS)
+        - gi * FSC_GROUP_BLOCKS;
+      uint64_t run = hi - lo == 64 ? ~UINT64_C (0)
+        : ((UINT64_C (1) << (hi - lo)) - 1) << lo;
+      hg->referenced |= run & ~hg->unread;
+      hg->unread &= ~run;
+    }
+  }
+}
+
+/* Extend an uncached run from B over the blocks not held.  Caller holds
+ * o->lock.
+ */
+static void
+extend_uncached (struct fsc_object *o, const struct read_ctx *rc, uint64_t b,
+                 struct run *r)
+{
+  r->kind = RUN_UNCACHED;
+  while (b + r->n <= rc->last && r->n < rc->max_run &&
+         !holds (o, b + r->n, rc->offset, rc->end, rc->whole, NULL, NULL,
+                 NULL))
+    r->n++;
+}
+
+/* A miss run from B (G its group, free to claim): claim it and the
+ * blocks after it, then charge the fill budget, or take the claims
+ * back and make the run uncached.  Caller holds o->lock.
+ */
+static void
+classify_miss (struct fsc_object *o, const struct read_ctx *rc, uint64_t b,
+               struct group *g, struct run *r)
+{
+  r->kind = RUN_MISS;
+  const uint64_t g0 = GROUP_OF (b);
+  r->held_first = present (o, b) ? g->pieces[IDX_OF (b)] : 0;
+  g->fetching |= BIT_OF (b);
+  r->epochs[0] = claim_epoch (g);
+  while (b + r->n <= rc->last && r->n < rc->max_run) {
+    uint64_t nb = b + r->n;
+    struct group *ng = group_of (o, nb, true);
+    if (ng == NULL || (ng->fetching & BIT_OF (nb)) ||
+        holds (o, nb, rc->offset, rc->end, rc->whole, NULL, NULL, NULL))
+      break;
+    ng->fetching |= BIT_OF (nb);
+    r->epochs[GROUP_OF (nb) - g0] = claim_epoch (ng);
+    r->n++;
+  }
+  const uint64_t bl = b + r->n - 1;
+  r->held_last = r->n == 1 ? r->held_first
+    : present (o, bl) ? grp (o, GROUP_OF (bl))->pieces[IDX_OF (bl)] : 0;
+  /* The budget is charged what this run will fill (a random
+   * read's window, else whole blocks), decided before the lock
+   * is let go: refused, the claims are taken back, and nobody
+   * can have seen them.  Charged the rest of the request per
+   * run, a long read over a partly cached export spent 4 MiB per
+   * hole and bypassed the rest, fetching blocks held in pieces
+   * for nothing.  A prefetch refused fetches nothing: readahead
+   * went too far.
+   */
+  uint64_t rs = block_start (o, b), re = block_end (o, bl);
+  if (rc->buf && !(rc->flags & (FSC_READ_SEQUENTIAL | FSC_READ_NEAR))) {
+    rs = MAX (rs, rc->offset);
+    re = MIN (re, rc->end);
+  }
+  if ((rc->buf || (rc->flags & FSC_PREFETCH_SPECULATIVE)) &&
+      !fsc_fill_budget (o->cache, re - rs, rc->buf == NULL)) {
+    for (uint64_t i = b; i <= bl; ++i)
+      grp (o, GROUP_OF (i))->fetching &= ~BIT_OF (i);
+    r->kind = RUN_UNCACHED;
+    r->bypass = rc->buf != NULL;
+    if (rc->buf)
+      o->notices |= FSC_NOTICE_SKIPPED;
+  }
+}
+
+/* Block B is not held: somebody fetching it, or a miss, or uncached.
+ * Called with o->lock held; returns with it held, except for RUN_AGAIN
+ * and RUN_NEXT, which return with it released.
+ */
+static enum run_kind
+classify_absent (struct fsc_object *o, struct read_ctx *rc, uint64_t b,
+                 struct run *r)
+{
+  struct fsc_stats *st = &o->cache->stats;
+  struct group *g = group_of (o, b, true);
+  if (g && (g->fetching & BIT_OF (b)) && rc->whole) {
+    /* A whole-block prefetch: somebody is already fetching it.  An
+     * exact one waits below like a read: the fetch in flight (or
+     * its background fill, which keeps the claim) may be of other
+     * pieces of the block, and skipping would leave the pieces this
+     * one covers unfetched (nbd-fscache warm --trace replaying two
+     * entries of one block, one after the other).
+     */
+    pthread_mutex_unlock (&o->lock);
+    return RUN_NEXT;
+  }
+  if (g && (g->fetching & BIT_OF (b)) && rc->buf && !g->writers &&
+      !o->test_no_claim) {
+    /* Claimed: if by a fill waiting for the disk (fill.c), its
+     * bytes are in memory and served from there, unless a write
+     * changed the block since (the epoch) or is in flight.
+     */
+    const uint64_t epoch = g->epoch;
+    pthread_mutex_unlock (&o->lock);
+    const uint64_t lo = MAX (block_start (o, b), rc->offset);
+    const uint64_t hi = MIN (block_end (o, b), rc->end);
+    if (fsc_fill_copy (o->cache, o, b, epoch, lo, hi,
+                       (unsigned char *) rc->buf + (lo - rc->offset))) {
+      FSC_STAT_ADD (st, hit_bytes, hi - lo);
+      FSC_STAT_ADD (st, pending_hit_bytes, hi - lo);
+      FSC_OSTAT_ADD (o, hit_bytes, hi - lo);
+      return RUN_NEXT;
+    }
+    /* Not in the fill queue: a fetch in flight, or done meanwhile.
+     * Look again from the start (the block may be present now).
+     */
+    pthread_mutex_lock (&o->lock);
+    g = grp (o, GROUP_OF (b));
+    if (g == NULL || !(g->fetching & BIT_OF (b))) {
+      pthread_mutex_unlock (&o->lock);
+      return RUN_AGAIN;
+    }
+  }
+  if (g && (g->fetching & BIT_OF (b)) && !o->test_no_claim) {
+    /* Somebody is fetching it: wait for a change, then look again.
+     * Not for the claim to end: its fetch may hand its bytes to the
+     * fill queue (fsc_fill_submit wakes us), from where they are
+     * served above, rather than wait for the disk to write them.
+     */
+    if (rc->waited != b)
+      FSC_STAT_ADD (st, dedup_waits, 1);
+    rc->waited = b;
+    if (o->state == FSC_OBJ_AVAILABLE)
+      pthread_cond_wait (&o->cond, &o->lock);
+    pthread_mutex_unlock (&o->lock);
+    return RUN_AGAIN;
+  }
+  /* Uncached: the object cannot fill now (no memory for a group,
+   * a full disk), or a client's read while the cache disk is
+   * behind and the bottleneck (fill.c: congested, and slower than
+   * the upstream), or the upstream faster than the disk and the
+   * fills past their budget (fsc_fill_budget, asked in
+   * classify_miss once the run is claimed, so that it is charged the
+   * run), congested or not: a full queue must not open the way around
+   * the budget (a fast NBD server then had everything filled inline,
+   * at 0.2 of no cache).  That read bypasses the cache: it claims
+   * nothing (nobody waits for it), fetches just its bytes and stores
+   * nothing, counted as skipped, at the upstream's speed.  Whole
+   * blocks, which only the fill would use, would be fetched for
+   * nothing.  (So does a block being fetched here, one the test
+   * knob does not wait for: it goes upstream again.)
+   */
+  if (g == NULL || time (NULL) < o->nofill_until ||
+      (g->fetching & BIT_OF (b)))
+    extend_uncached (o, rc, b, r);
+  else if (rc->buf && fsc_fill_congested (o->cache) &&
+           fsc_fill_slower (o->cache)) {
+    r->bypass = true;
+    o->notices |= FSC_NOTICE_SKIPPED;
+    extend_uncached (o, rc, b, r);
+  }
+  else
+    classify_miss (o, rc, b, g, r);
+  return r->kind;
+}
+
+/* The first phase of each run: under o->lock, what to do with the
+ * blocks from B (struct run), the claims and hit counts taken.  The
+ * lock is released on return.
+ */
+static enum run_kind
+classify (struct fsc_object *o, struct read_ctx *rc, uint64_t b,
+          struct read_pin *pin, struct run *r)
+{
+  r->n = 1;
+  r->bypass = false;
+  r->held_first = r->held_last = 0;
+  pthread_mutex_lock (&o->lock);
+  if (!pin->pinned && !pin->tried) {
+    pin->tried = true;
+    if (fsc_groups_pin_resident (o, pin->g0, pin->g1))
+      pin->pinned = true;
+    else {
+      pthread_mutex_unlock (&o->lock);
+      pin->pinned = fsc_groups_pin (o, pin->g0, pin->g1) == 0;
+      return RUN_AGAIN;         /* look again, with the lock */
+    }
+  }
+  if (o->state != FSC_OBJ_AVAILABLE) {
+    r->kind = RUN_UNCACHED;
+    r->n = rc->last - b + 1;
+  }
+  else if (holds (o, b, rc->offset, rc->end, rc->whole, &r->pieces[0],
+                  &r->csums[0], &r->zeros[0]))
+    classify_hit (o, rc, b, r);
+  else {
+    enum run_kind k = classify_absent (o, rc, b, r);
+    if (k == RUN_AGAIN || k == RUN_NEXT)
+      return k;                 /* released already */
+  }
+  pthread_mutex_unlock (&o->lock);
+  return r->kind;
+}
+
+/* Serve hit run R from B: in sub-runs of zero blocks and of blocks with
+ * data; the first block that fails ends the run (it is no longer
+ * present).  Returns the blocks served; they are no longer in flight.
+ */
+static uint64_t
+serve_hit (struct fsc_object *o, const struct read_ctx *rc, uint64_t b,
+           struct run *r)
+{
+  const uint64_t n = r->n;
+  uint64_t g0 = GROUP_OF (b), g1 = GROUP_OF (b + n - 1);
+  uint64_t done = rc->buf ? 0 : n;
+  while (done < n) {
+    uint64_t k = done + 1;
+    while (k < n && r->zeros[k] == r->zeros[done])
+      k++;
+    uint64_t got = r->zeros[done]
+      ? hit_zero (o, b + done, k - done, rc->buf, rc->offset, rc->count,
+                  &r->csums[done])
+      : hit_run (o, b + done, k - done, rc->buf, rc->offset, rc->count,
+                 &r->csums[done], &r->pieces[done], &r->es);
+    done += got;
+    if (done < k)
+      break;
+  }
+  for (uint64_t gi = g0; gi <= g1; ++gi)
+    __atomic_sub_fetch (&grp (o, gi)->readers, 1, __ATOMIC_RELEASE);
+  return done;
+}
+
+/* Serve uncached run R from B: its bytes of the read from upstream,
+ * stored nowhere (a prefetch reads nothing).  0 or -1.
+ */
+static int
+serve_uncached (struct fsc_object *o, const struct read_ctx *rc, uint64_t b,
+                const struct run *r, const struct fsc_upstream *up,
+                uint64_t *missed)
+{
+  struct fsc_stats *st = &o->cache->stats;
+  if (rc->buf == NULL)
+    return 0;
+  uint64_t lo = MAX (block_start (o, b), rc->offset);
+  uint64_t hi = MIN (block_end (o, b + r->n - 1), rc->end);
+  int ret = up_pread (o, up, (unsigned char *) rc->buf + (lo - rc->offset),
+                      hi - lo, lo);
+  FSC_STAT_ADD (st, upstream_reads, 1);
+  FSC_OSTAT_ADD (o, upstream_reads, 1);
+  if (ret == -1)
+    return -1;
+  FSC_STAT_ADD (st, upstream_read_bytes, hi - lo);
+  FSC_STAT_ADD (st, miss_bytes, hi - lo);
+  FSC_OSTAT_ADD (o, upstream_bytes, hi - lo);
+  FSC_OSTAT_ADD (o, miss_bytes, hi - lo);
+  *missed += hi - lo;
+  if (r->bypass) {
+    FSC_STAT_ADD (st, fill_skipped, 1);
+    FSC_STAT_ADD (st, fill_skipped_bytes, hi - lo);
+    FSC_OSTAT_ADD (o, fill_skipped_bytes, hi - lo);
+    fsc_catchup_note (o, lo, hi - lo);
+  }
+  return 0;
+}
+
+/* The read path shared by reads (BUF != NULL) and prefetch, in two
+ * phases per run of blocks: classify it under the lock (claims and hit
+ * counts taken), then serve it without the lock.  Adds the bytes of
+ * BUF served from upstream to *MISSED.
+ */
 static int
 read_pinned (struct fsc_object *o, void *buf, uint32_t count,
              uint64_t offset, const struct fsc_upstream *up, unsigned flags,
              uint64_t *missed, struct read_pin *pin)
 {
-  struct fsc_stats *st = &o->cache->stats;
-  uint64_t end;
-  /* A prefetch wants whole blocks, unless exact. */
-  const bool whole = !buf && !(flags & FSC_PREFETCH_EXACT);
-
+  struct read_ctx rc = {
+    .buf = buf, .count = count, .offset = offset, .flags = flags,
+    /* A prefetch wants whole blocks, unless exact. */
+    .whole = !buf && !(flags & FSC_PREFETCH_EXACT),
+    .waited = UINT64_MAX,
+  };
   if (count == 0)
     return 0;
-  if (ADD_OVERFLOW (offset, (uint64_t) count, &end) || end > o->size) {
+  if (ADD_OVERFLOW (offset, (uint64_t) count, &rc.end) || rc.end > o->size) {
     errno = EINVAL;
     return -1;
   }
-
-  const uint64_t last = (end - 1) >> o->bshift;
-  const uint64_t max_run =
+  rc.last = (rc.end - 1) >> o->bshift;
+  rc.max_run =
     MAX (1, MIN ((uint64_t) MAX_RUN_BLOCKS, MAX_FETCH_BYTES >> o->bshift));
-  const uint64_t max_hit = MIN (max_run, (uint64_t) FSC_GROUP_BLOCKS);
+  rc.max_hit = MIN (rc.max_run, (uint64_t) FSC_GROUP_BLOCKS);
+
   uint64_t b = offset >> o->bshift;
-  uint64_t waited = UINT64_MAX;         /* the block last waited for */
-
-  while (b <= last) {
-    uint64_t csums[FSC_GROUP_BLOCKS];
-    uint16_t pieces[FSC_GROUP_BLOCKS];
-    bool zeros[FSC_GROUP_BLOCKS];
-    uint64_t epochs[MAX_RUN_GROUPS];
-    unsigned held_first = 0, held_last = 0;   /* a miss's end blocks'
-                                               * pieces held */
-    struct end_sums es;
-    enum run_kind kind;
-    bool bypass = false;                /* uncached: the disk is behind */
-    uint64_t n = 1;
-
-    pthread_mutex_lock (&o->lock);
-    if (!pin->pinned && !pin->tried) {
-      pin->tried = true;
-      if (fsc_groups_pin_resident (o, pin->g0, pin->g1))
-        pin->pinned = true;
-      else {
-        pthread_mutex_unlock (&o->lock);
-        pin->pinned = fsc_groups_pin (o, pin->g0, pin->g1) == 0;
-        continue;               /* look again, with the lock */
-      }
-    }
-    if (o->state != FSC_OBJ_AVAILABLE) {
-      kind = RUN_UNCACHED;
-      n = last - b + 1;
-    }
-    else if (holds (o, b, offset, end, whole, &pieces[0], &csums[0],
-                    &zeros[0])) {
-      kind = RUN_HIT;
-      while (b + n <= last && n < max_hit &&
-             holds (o, b + n, offset, end, whole, &pieces[n], &csums[n],
-                    &zeros[n]))
-        n++;
-      /* The run spans at most two groups (n <= FSC_GROUP_BLOCKS):
-       * count the hit in flight in each, so that eviction does not
-       * punch what it reads (evict.c), and mark the blocks referenced
-       * unless a sequential stream reads them.
-       */
-      /* The end blocks read in part: their hashes, if cached. */
-      es.have[0] = es.have[1] = false;
-      for (int e = 0; o->verify && buf && e < 2; ++e) {
-        uint64_t eb = e == 0 ? b : b + n - 1;
-        if ((e == 1 && n == 1) || zeros[eb - b] ||
-            (block_start (o, eb) >= offset && block_end (o, eb) <= end))
-          continue;
-        unsigned kb = DIV_ROUND_UP (block_end (o, eb) - block_start (o, eb),
-                                    SUB_SIZE);
-        es.blk[e] = eb;
-        es.have[e] = fsc_scache_get_locked (o, eb, csums[eb - b],
-                                            pieces[eb - b], es.sums[e], kb);
-      }
-      for (uint64_t gi = GROUP_OF (b); gi <= GROUP_OF (b + n - 1); ++gi) {
-        struct group *hg = grp (o, gi);
-        hg->readers++;
-        if (buf && !(flags & FSC_READ_SEQUENTIAL)) {
-          uint64_t lo = MAX (b, gi * FSC_GROUP_BLOCKS) - gi * FSC_GROUP_BLOCKS;
-          uint64_t hi = MIN (b + n, (gi + 1) * FSC_GROUP_BLOCKS)
-            - gi * FSC_GROUP_BLOCKS;
-          uint64_t run = hi - lo == 64 ? ~UINT64_C (0)
-            : ((UINT64_C (1) << (hi - lo)) - 1) << lo;
-          hg->referenced |= run & ~hg->unread;
-          hg->unread &= ~run;
-        }
-      }
-    }
-    else {
-      struct group *g = group_of (o, b, true);
-      if (g && (g->fetching & BIT_OF (b)) && whole) {
-        /* A whole-block prefetch: somebody is already fetching it.  An
-         * exact one waits below like a read: the fetch in flight (or
-         * its background fill, which keeps the claim) may be of other
-         * pieces of the block, and skipping would leave the pieces this
-         * one covers unfetched (nbd-fscache warm --trace replaying two
-         * entries of one block, one after the other).
-         */
-        pthread_mutex_unlock (&o->lock);
-        b++;
-        continue;
-      }
-      if (g && (g->fetching & BIT_OF (b)) && buf && !g->writers &&
-          !o->test_no_claim) {
-        /* Claimed: if by a fill waiting for the disk (fill.c), its
-         * bytes are in memory and served from there, unless a write
-         * changed the block since (the epoch) or is in flight.
-         */
-        const uint64_t epoch = g->epoch;
-        pthread_mutex_unlock (&o->lock);
-        const uint64_t lo = MAX (block_start (o, b), offset);
-        const uint64_t hi = MIN (block_end (o, b), end);
-        if (fsc_fill_copy (o->cache, o, b, epoch, lo, hi,
-                           (unsigned char *) buf + (lo - offset))) {
-          FSC_STAT_ADD (st, hit_bytes, hi - lo);
-          FSC_STAT_ADD (st, pending_hit_bytes, hi - lo);
-          FSC_OSTAT_ADD (o, hit_bytes, hi - lo);
-          b++;
-          continue;
-        }
-        /* Not in the fill queue: a fetch in flight, or done meanwhile.
-         * Look again from the start (the block may be present now).
-         */
-        pthread_mutex_lock (&o->lock);
-        g = grp (o, GROUP_OF (b));
-        if (g == NULL || !(g->fetching & BIT_OF (b))) {
-          pthread_mutex_unlock (&o->lock);
-          continue;
-        }
-      }
-      if (g && (g->fetching & BIT_OF (b)) && !o->test_no_claim) {
-        /* Somebody is fetching it: wait for a change, then look again.
-         * Not for the claim to end: its fetch may hand its bytes to the
-         * fill queue (fsc_fill_submit wakes us), from where they are
-         * served above, rather than wait for the disk to write them.
-         */
-        if (waited != b)
-          FSC_STAT_ADD (st, dedup_waits, 1);
-        waited = b;
-        if (o->state == FSC_OBJ_AVAILABLE)
-          pthread_cond_wait (&o->cond, &o->lock);
-        pthread_mutex_unlock (&o->lock);
-        continue;
-      }
-      /* Uncached: the object cannot fill now (no memory for a group,
-       * a full disk), or a client's read while the cache disk is
-       * behind and the bottleneck (fill.c: congested, and slower than
-       * the upstream), or the upstream faster than the disk and the
-       * fills past their budget (fsc_fill_budget, asked below once
-       * the run is claimed, so that it is charged the run), congested
-       * or not: a full queue must not open the way around the budget
-       * (a fast NBD server then had everything filled inline, at 0.2
-       * of no cache).  That read bypasses the cache: it claims nothing
-       * (nobody waits for it), fetches just its bytes and stores
-       * nothing, counted as skipped, at the upstream's speed.  Whole
-       * blocks, which only the fill would use, would be fetched for
-       * nothing.  (So does a block being fetched here, one the test
-       * knob does not wait for: it goes upstream again.)
-       */
-      if (g == NULL || time (NULL) < o->nofill_until ||
-          (g->fetching & BIT_OF (b))) {
-        kind = RUN_UNCACHED;
-        while (b + n <= last && n < max_run &&
-               !holds (o, b + n, offset, end, whole, NULL, NULL, NULL))
-          n++;
-      }
-      else if (buf && fsc_fill_congested (o->cache) &&
-               fsc_fill_slower (o->cache)) {
-        kind = RUN_UNCACHED;
-        bypass = true;
-        o->notices |= FSC_NOTICE_SKIPPED;
-        while (b + n <= last && n < max_run &&
-               !holds (o, b + n, offset, end, whole, NULL, NULL, NULL))
-          n++;
-      }
-      else {
-        kind = RUN_MISS;
-        const uint64_t g0 = GROUP_OF (b);
-        held_first = present (o, b) ? g->pieces[IDX_OF (b)] : 0;
-        g->fetching |= BIT_OF (b);
-        epochs[0] = claim_epoch (g);
-        while (b + n <= last && n < max_run) {
-          uint64_t nb = b + n;
-          struct group *ng = group_of (o, nb, true);
-          if (ng == NULL || (ng->fetching & BIT_OF (nb)) ||
-              holds (o, nb, offset, end, whole, NULL, NULL, NULL))
-            break;
-          ng->fetching |= BIT_OF (nb);
-          epochs[GROUP_OF (nb) - g0] = claim_epoch (ng);
-          n++;
-        }
-        const uint64_t bl = b + n - 1;
-        held_last = n == 1 ? held_first
-          : present (o, bl) ? grp (o, GROUP_OF (bl))->pieces[IDX_OF (bl)] : 0;
-        /* The budget is charged what this run will fill (a random
-         * read's window, else whole blocks), decided before the lock
-         * is let go: refused, the claims are taken back, and nobody
-         * can have seen them.  Charged the rest of the request per
-         * run, a long read over a partly cached export spent 4 MiB per
-         * hole and bypassed the rest, fetching blocks held in pieces
-         * for nothing.  A prefetch refused fetches nothing: readahead
-         * went too far.
-         */
-        uint64_t rs = block_start (o, b), re = block_end (o, bl);
-        if (buf && !(flags & (FSC_READ_SEQUENTIAL | FSC_READ_NEAR))) {
-          rs = MAX (rs, offset);
-          re = MIN (re, end);
-        }
-        if ((buf || (flags & FSC_PREFETCH_SPECULATIVE)) &&
-            !fsc_fill_budget (o->cache, re - rs, buf == NULL)) {
-          for (uint64_t i = b; i <= bl; ++i)
-            grp (o, GROUP_OF (i))->fetching &= ~BIT_OF (i);
-          kind = RUN_UNCACHED;
-          bypass = buf != NULL;
-          if (buf)
-            o->notices |= FSC_NOTICE_SKIPPED;
-        }
-      }
-    }
-    pthread_mutex_unlock (&o->lock);
-
-    switch (kind) {
-    case RUN_HIT: {
-      uint64_t g0 = GROUP_OF (b), g1 = GROUP_OF (b + n - 1);
-      /* In sub-runs of zero blocks and of blocks with data: the first
-       * block that fails ends the run (it is no longer present).
-       */
-      uint64_t done = buf ? 0 : n;
-      while (done < n) {
-        uint64_t k = done + 1;
-        while (k < n && zeros[k] == zeros[done])
-          k++;
-        uint64_t got = zeros[done]
-          ? hit_zero (o, b + done, k - done, buf, offset, count,
-                      &csums[done])
-          : hit_run (o, b + done, k - done, buf, offset, count,
-                     &csums[done], &pieces[done], &es);
-        done += got;
-        if (done < k)
-          break;
-      }
-      b += done;
-      for (uint64_t gi = g0; gi <= g1; ++gi)
-        __atomic_sub_fetch (&grp (o, gi)->readers, 1, __ATOMIC_RELEASE);
+  while (b <= rc.last) {
+    struct run r;
+    switch (classify (o, &rc, b, pin, &r)) {
+    case RUN_AGAIN:
       break;
-    }
-
+    case RUN_NEXT:
+      b++;
+      break;
+    case RUN_HIT:
+      b += serve_hit (o, &rc, b, &r);
+      break;
     case RUN_MISS:
-      if (fetch_run (o, b, n, buf, offset, count, up, epochs, flags,
-                     held_first, held_last, missed) == -1)
+      if (fetch_run (o, b, r.n, buf, offset, count, up, r.epochs, flags,
+                     r.held_first, r.held_last, missed) == -1)
         return -1;
-      b += n;
+      b += r.n;
       break;
-
     case RUN_UNCACHED:
-      if (buf) {
-        uint64_t lo = MAX (block_start (o, b), offset);
-        uint64_t hi = MIN (block_end (o, b + n - 1), end);
-        int r = up_pread (o, up, (unsigned char *) buf + (lo - offset),
-                          hi - lo, lo);
-        FSC_STAT_ADD (st, upstream_reads, 1);
-        FSC_OSTAT_ADD (o, upstream_reads, 1);
-        if (r == -1)
-          return -1;
-        FSC_STAT_ADD (st, upstream_read_bytes, hi - lo);
-        FSC_STAT_ADD (st, miss_bytes, hi - lo);
-        FSC_OSTAT_ADD (o, upstream_bytes, hi - lo);
-        FSC_OSTAT_ADD (o, miss_bytes, hi - lo);
-        *missed += hi - lo;
-        if (bypass) {
-          FSC_STAT_ADD (st, fill_skipped, 1);
-          FSC_STAT_ADD (st, fill_skipped_bytes, hi - lo);
-          FSC_OSTAT_ADD (o, fill_skipped_bytes, hi - lo);
-          fsc_catchup_note (o, lo, hi - lo);
-        }
-      }
-      b += n;
+      if (serve_uncached (o, &rc, b, &r, up, missed) == -1)
+        return -1;
+      b += r.n;
       break;
     }
   }
