@@ -333,26 +333,16 @@ up_pread (struct fsc_object *o, const struct fsc_upstream *up, void *dst,
   return r;
 }
 
-/* Fetch N claimed blocks from B upstream, give the client its part,
- * and fill the cache: in the background when the cache's fill thread
- * runs and has room, so that the reply does not wait for local writes
- * (others missing on these blocks wait for the fill as for a fetch);
- * else here.  A read that is neither sequential nor near the last one
- * fetches only the pieces of the end blocks it covers, and so does an
- * exact prefetch (FSC_PREFETCH_EXACT); other prefetches and streams
- * fetch whole blocks.  EPOCHS holds the claim epoch of each
- * group from B's.  Returns 0 or -1 (upstream error).
+/* What fetch_run fetches of the N claimed blocks from B: [*START,
+ * *END), from the read's window and the pieces its end blocks hold
+ * (HELD_FIRST, HELD_LAST).
  */
-static int
-fetch_run (struct fsc_object *o, uint64_t b, uint64_t n, void *buf,
-           uint64_t offset, uint32_t count, const struct fsc_upstream *up,
-           const uint64_t *epochs, unsigned rflags, unsigned held_first,
-           unsigned held_last, uint64_t *missed)
+static void
+fetch_range (struct fsc_object *o, uint64_t b, uint64_t n, const void *buf,
+             uint64_t offset, uint32_t count, unsigned rflags,
+             unsigned held_first, unsigned held_last, uint64_t *startp,
+             uint64_t *endp)
 {
-  const unsigned fflags = buf == NULL
-    ? FSC_FILL_PREFETCHED | FSC_FILL_SCAN
-    : (rflags & FSC_READ_SEQUENTIAL) ? FSC_FILL_SCAN : 0;
-  struct fsc_stats *st = &o->cache->stats;
   const uint64_t ps = piece_size (o);
   uint64_t start = block_start (o, b), end = block_end (o, b + n - 1);
   /* What the client's window needs of the run, in whole pieces (all of
@@ -404,6 +394,33 @@ fetch_run (struct fsc_object *o, uint64_t b, uint64_t n, void *buf,
     }
     end = MIN (end, MAX (t, whi));
   }
+  *startp = start;
+  *endp = end;
+}
+
+/* Fetch N claimed blocks from B upstream, give the client its part,
+ * and fill the cache: in the background when the cache's fill thread
+ * runs and has room, so that the reply does not wait for local writes
+ * (others missing on these blocks wait for the fill as for a fetch);
+ * else here.  A read that is neither sequential nor near the last one
+ * fetches only the pieces of the end blocks it covers, and so does an
+ * exact prefetch (FSC_PREFETCH_EXACT); other prefetches and streams
+ * fetch whole blocks.  EPOCHS holds the claim epoch of each
+ * group from B's.  Returns 0 or -1 (upstream error).
+ */
+static int
+fetch_run (struct fsc_object *o, uint64_t b, uint64_t n, void *buf,
+           uint64_t offset, uint32_t count, const struct fsc_upstream *up,
+           const uint64_t *epochs, unsigned rflags, unsigned held_first,
+           unsigned held_last, uint64_t *missed)
+{
+  const unsigned fflags = buf == NULL
+    ? FSC_FILL_PREFETCHED | FSC_FILL_SCAN
+    : (rflags & FSC_READ_SEQUENTIAL) ? FSC_FILL_SCAN : 0;
+  struct fsc_stats *st = &o->cache->stats;
+  uint64_t start, end;
+  fetch_range (o, b, n, buf, offset, count, rflags, held_first, held_last,
+               &start, &end);
   uint64_t len = end - start;
   bool direct = buf && start >= offset && end <= offset + count;
   /* The fill job owns its buffer: read straight into the client's

@@ -381,11 +381,56 @@ fsc_object_write_begin_flags (struct fsc_object *o, uint64_t offset,
   return r;
 }
 
+/* write_begin's invalidation of blocks B0..B1 for W, their groups
+ * allocated: count the write in flight, bump the epochs, drop the
+ * blocks.  Clears *KEEP if another write overlaps.  Returns whether a
+ * record on disk may still name one of them (a commit must follow).
+ * Caller holds o->lock.
+ */
+static bool
+drop_locked (struct fsc_object *o, struct fsc_write *w, uint64_t b0,
+             uint64_t b1, bool *keep)
+{
+  struct fsc_stats *st = &o->cache->stats;
+  const uint64_t g0 = GROUP_OF (b0), g1 = GROUP_OF (b1);
+  bool need_sync = false;
+  for (uint64_t gi = g0; gi <= g1; ++gi) {
+    uint64_t lo = gi == g0 ? IDX_OF (b0) : 0;
+    uint64_t hi = gi == g1 ? IDX_OF (b1) : FSC_GROUP_BLOCKS - 1;
+    uint64_t mask = (hi - lo == 63) ? ~UINT64_C (0)
+      : ((UINT64_C (1) << (hi - lo + 1)) - 1) << lo;
+    struct group *g = grp (o, gi);
+    if (g->writers > 0)
+      *keep = false;            /* overlapping writes: order unknown */
+    g->writers++;
+    g->epoch++;
+    if (w->epochs)
+      w->epochs[gi - g0] = g->epoch;
+    uint64_t dropped = g->present & mask;
+    if (dropped) {
+      g->present &= ~mask;
+      g->zero &= ~mask;
+      fsc_note_gone (o, g, dropped);
+      FSC_STAT_ADD (st, invalidated_blocks, __builtin_popcountll (dropped));
+      FSC_OSTAT_ADD (o, invalidated_blocks, __builtin_popcountll (dropped));
+      fsc_note_dropped (o, gi, dropped);      /* punch later, if capped */
+    }
+    if (g->disk_max & mask) {
+      need_sync = true;
+      if (fsc_mark_dirty (o, gi, g) == -1) {
+        pthread_mutex_unlock (&o->lock);
+        fsc_withdraw (o, ENOMEM);
+        pthread_mutex_lock (&o->lock);
+      }
+    }
+  }
+  return need_sync;
+}
+
 static int
 write_begin_pinned (struct fsc_object *o, uint64_t offset, uint64_t count,
                     unsigned flags, struct fsc_write *w)
 {
-  struct fsc_stats *st = &o->cache->stats;
   bool keep = flags & FSC_WRITE_KEEP;
 
   const uint64_t b0 = offset >> o->bshift;
@@ -458,7 +503,6 @@ write_begin_pinned (struct fsc_object *o, uint64_t offset, uint64_t count,
   /* Invalidate: clear the bits, bump the epochs, and note whether a
    * record on disk may still name any of the blocks.
    */
-  bool need_sync = false;
   pthread_mutex_lock (&o->lock);
   if (w->head && grp (o, GROUP_OF (b0))->epoch != hepoch) {
     free (w->head);
@@ -484,36 +528,7 @@ write_begin_pinned (struct fsc_object *o, uint64_t offset, uint64_t count,
     }
   if (o->state != FSC_OBJ_AVAILABLE)
     keep = false;
-  for (uint64_t gi = g0; gi <= g1; ++gi) {
-    uint64_t lo = gi == g0 ? IDX_OF (b0) : 0;
-    uint64_t hi = gi == g1 ? IDX_OF (b1) : FSC_GROUP_BLOCKS - 1;
-    uint64_t mask = (hi - lo == 63) ? ~UINT64_C (0)
-      : ((UINT64_C (1) << (hi - lo + 1)) - 1) << lo;
-    struct group *g = grp (o, gi);
-    if (g->writers > 0)
-      keep = false;             /* overlapping writes: order unknown */
-    g->writers++;
-    g->epoch++;
-    if (w->epochs)
-      w->epochs[gi - g0] = g->epoch;
-    uint64_t dropped = g->present & mask;
-    if (dropped) {
-      g->present &= ~mask;
-      g->zero &= ~mask;
-      fsc_note_gone (o, g, dropped);
-      FSC_STAT_ADD (st, invalidated_blocks, __builtin_popcountll (dropped));
-      FSC_OSTAT_ADD (o, invalidated_blocks, __builtin_popcountll (dropped));
-      fsc_note_dropped (o, gi, dropped);      /* punch later, if capped */
-    }
-    if (g->disk_max & mask) {
-      need_sync = true;
-      if (fsc_mark_dirty (o, gi, g) == -1) {
-        pthread_mutex_unlock (&o->lock);
-        fsc_withdraw (o, ENOMEM);
-        pthread_mutex_lock (&o->lock);
-      }
-    }
-  }
+  bool need_sync = drop_locked (o, w, b0, b1, &keep);
   uint64_t c = o->change_seq;
   pthread_mutex_unlock (&o->lock);
 
@@ -578,6 +593,75 @@ publish_store (struct fsc_object *o, const struct fsc_write *w, uint64_t bk,
   }
   pthread_cond_broadcast (&o->cond);
   pthread_mutex_unlock (&o->lock);
+}
+
+/* Write the blocks of W claimed in CLAIMED (1; B0..B1) from BUF (NULL:
+ * a zero request) and W's head and tail, whole runs at a time, and
+ * publish them (0).  On an error the rest stay claimed (2), to be
+ * released unstored.
+ */
+static void
+store_claimed (struct fsc_object *o, const struct fsc_write *w,
+               const void *buf, uint8_t *claimed, uint64_t b0, uint64_t b1)
+{
+  const bool zero = buf == NULL;
+  const uint64_t offset = w->offset;
+  const uint64_t nb = b1 - b0 + 1;
+  for (uint64_t i = 0; i < nb; ) {
+    if (claimed[i] != 1) {
+      i++;
+      continue;
+    }
+    uint64_t blk = b0 + i;
+    const unsigned char *src;
+    uint64_t j = i + 1;
+    if (blk == b0 && w->head)
+      src = w->head;
+    else if (blk == b1 && w->tail)
+      src = w->tail;
+    else {
+      src = zero ? NULL
+        : (const unsigned char *) buf + (block_start (o, blk) - offset);
+      while (j < nb && claimed[j] == 1 && !(b0 + j == b1 && w->tail))
+        j++;
+    }
+    if (src == NULL) {
+      /* Zero blocks: their space punched, nothing written. */
+      if (punch_zero (o, blk, j - i) == -1) {
+        if (errno != EOPNOTSUPP)
+          fill_failed (o, errno);
+        for (; i < nb; ++i)
+          if (claimed[i] == 1)
+            claimed[i] = 2;
+        break;
+      }
+      for (uint64_t k = i; k < j; ++k) {
+        publish_store (o, w, b0 + k, zero_csum (o, b0 + k), true);
+        claimed[k] = 0;
+      }
+      i = j;
+      continue;
+    }
+    uint64_t *csums = malloc ((j - i) * sizeof *csums);
+    uint64_t s = block_start (o, blk), e = block_end (o, b0 + j - 1);
+    if (csums == NULL ||
+        store_blocks (o, blk, j - i, s, e - s, src, csums, NULL,
+                      false) == -1) {
+      fill_failed (o, errno);
+      free (csums);
+      for (; i < nb; ++i)
+        if (claimed[i] == 1)
+          claimed[i] = 2;
+      break;
+    }
+    for (uint64_t k = i; k < j; ++k) {
+      publish_store (o, w, b0 + k, csums[k - i], false);
+      claimed[k] = 0;
+    }
+    free (csums);
+    i = j;
+  }
+
 }
 
 void
@@ -659,61 +743,7 @@ fsc_object_write_end (struct fsc_object *o, struct fsc_write *w,
     memset (claimed, 2, nb);    /* release without storing */
   }
 
-  /* Write the claimed blocks, whole runs at a time. */
-  for (uint64_t i = 0; i < nb; ) {
-    if (claimed[i] != 1) {
-      i++;
-      continue;
-    }
-    uint64_t blk = b0 + i;
-    const unsigned char *src;
-    uint64_t j = i + 1;
-    if (blk == b0 && w->head)
-      src = w->head;
-    else if (blk == b1 && w->tail)
-      src = w->tail;
-    else {
-      src = zero ? NULL
-        : (const unsigned char *) buf + (block_start (o, blk) - offset);
-      while (j < nb && claimed[j] == 1 && !(b0 + j == b1 && w->tail))
-        j++;
-    }
-    if (src == NULL) {
-      /* Zero blocks: their space punched, nothing written. */
-      if (punch_zero (o, blk, j - i) == -1) {
-        if (errno != EOPNOTSUPP)
-          fill_failed (o, errno);
-        for (; i < nb; ++i)
-          if (claimed[i] == 1)
-            claimed[i] = 2;
-        break;
-      }
-      for (uint64_t k = i; k < j; ++k) {
-        publish_store (o, w, b0 + k, zero_csum (o, b0 + k), true);
-        claimed[k] = 0;
-      }
-      i = j;
-      continue;
-    }
-    uint64_t *csums = malloc ((j - i) * sizeof *csums);
-    uint64_t s = block_start (o, blk), e = block_end (o, b0 + j - 1);
-    if (csums == NULL ||
-        store_blocks (o, blk, j - i, s, e - s, src, csums, NULL,
-                      false) == -1) {
-      fill_failed (o, errno);
-      free (csums);
-      for (; i < nb; ++i)
-        if (claimed[i] == 1)
-          claimed[i] = 2;
-      break;
-    }
-    for (uint64_t k = i; k < j; ++k) {
-      publish_store (o, w, b0 + k, csums[k - i], false);
-      claimed[k] = 0;
-    }
-    free (csums);
-    i = j;
-  }
+  store_claimed (o, w, buf, claimed, b0, b1);
 
   /* Release whatever is still claimed (errors). */
   pthread_mutex_lock (&o->lock);
