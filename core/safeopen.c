@@ -179,12 +179,10 @@ normalise (const char *path, char *out, size_t outlen)
   return 0;
 }
 
-int
-fsc_safe_open_dir (const char *path, bool create, char *why, size_t len)
+/* PATH made absolute into FULL (PATH_MAX).  0, or -1 (said in WHY). */
+static int
+absolute (const char *path, char *full, char *why, size_t len)
 {
-  char full[PATH_MAX], rest[PATH_MAX], walked[PATH_MAX];
-  int nlinks = 0, fd = -1;
-
   if (path == NULL || *path == '\0') {
     say (why, len, "empty cache directory path");
     errno = EINVAL;
@@ -196,17 +194,135 @@ fsc_safe_open_dir (const char *path, bool create, char *why, size_t len)
       say (why, len, "%s: getcwd: %s", path, strerror (errno));
       return -1;
     }
-    if (snprintf (full, sizeof full, "%s/%s", cwd, path) >= (int) sizeof full) {
+    if (snprintf (full, PATH_MAX, "%s/%s", cwd, path) >= PATH_MAX) {
       errno = ENAMETOOLONG;
       say (why, len, "%s: %s", path, strerror (errno));
       return -1;
     }
   }
-  else if (snprintf (full, sizeof full, "%s", path) >= (int) sizeof full) {
+  else if (snprintf (full, PATH_MAX, "%s", path) >= PATH_MAX) {
     errno = ENAMETOOLONG;
     say (why, len, "%s: %s", path, strerror (errno));
     return -1;
   }
+  return 0;
+}
+
+/* May the walk go on in directory FD (WALKED, "" for /)?  Not if it is
+ * another user's, or others may write it and it is not sticky.  0, or
+ * -1 with errno (said in WHY).
+ */
+static int
+dir_trusted (int fd, const char *walked, const char *path, char *why,
+             size_t len)
+{
+  struct stat dst;
+  const char *dname = *walked ? walked : "/";
+  if (fstat (fd, &dst) == -1) {
+    int e = errno;
+    say (why, len, "%s: %s", *walked ? walked : path, strerror (e));
+    errno = e;
+    return -1;
+  }
+  if (!trusted_owner (dst.st_uid)) {
+    say (why, len, "%s: refused: the cache path lies in %s, a directory "
+         "owned by another user", path, dname);
+    errno = EPERM;
+    return -1;
+  }
+  if (others_write (&dst) && !(dst.st_mode & S_ISVTX)) {
+    say (why, len, "%s: refused: the cache path lies in %s, a directory "
+         "others may write (and not sticky)", path, dname);
+    errno = EPERM;
+    return -1;
+  }
+  return 0;
+}
+
+/* Stat NAME in FD without following it; if missing and CREATE, create
+ * it first, ours, 0700 whatever the umask.  0, or -1 with errno.
+ */
+static int
+stat_or_create (int fd, const char *name, bool create, struct stat *st)
+{
+  if (fstatat (fd, name, st, AT_SYMLINK_NOFOLLOW) == 0)
+    return 0;
+  if (errno != ENOENT || !create)
+    return -1;
+  if (mkdirat (fd, name, 0700) == 0) {
+    int nfd = openat (fd, name,
+                      O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (nfd >= 0) {
+      (void) fchmod (nfd, 0700);
+      close (nfd);
+    }
+  }
+  else if (errno != EEXIST)
+    return -1;
+  return fstatat (fd, name, st, AT_SYMLINK_NOFOLLOW);
+}
+
+/* Say errno's error at WALKED (or PATH, if nothing was walked yet). */
+static void
+say_errno (char *why, size_t len, const char *walked, const char *path)
+{
+  int e = errno;
+  say (why, len, "%s: %s", *walked ? walked : path, strerror (e));
+  errno = e;
+}
+
+/* Rule 2: follow only a link that nobody else planted or can replace.
+ * NAME in FD is a symlink (ST), WALKED its path (the link's directory
+ * ends at WL): the path to walk next, its target and then the rest P,
+ * into FULL.  0, or -1 with errno (said).
+ */
+static int
+through_link (int fd, const char *name, const struct stat *st, char *walked,
+              size_t wl, const char *p, const char *path, char *full,
+              int *nlinks, char *why, size_t len)
+{
+  if (!trusted_owner (st->st_uid)) {
+    say (why, len, "%s: refused: %s is a symlink owned by another user",
+         path, walked);
+    errno = EPERM;
+    return -1;
+  }
+  if (++*nlinks > MAX_SYMLINKS) {
+    errno = ELOOP;
+    say_errno (why, len, walked, path);
+    return -1;
+  }
+  char target[PATH_MAX];
+  ssize_t t = readlinkat (fd, name, target, sizeof target - 1);
+  if (t == -1) {
+    say_errno (why, len, walked, path);
+    return -1;
+  }
+  target[t] = '\0';
+  char next[PATH_MAX];
+  int r;
+  walked[wl] = '\0';                /* the link's directory */
+  if (target[0] == '/')
+    r = snprintf (next, sizeof next, "%s/%s", target, p);
+  else
+    r = snprintf (next, sizeof next, "%s/%s/%s", walked, target, p);
+  if (r < 0 || (size_t) r >= sizeof next) {
+    errno = ENAMETOOLONG;
+    say_errno (why, len, walked, path);
+    return -1;
+  }
+  strcpy (full, next);
+  return 0;
+}
+
+int
+fsc_safe_open_dir (const char *path, bool create, char *why, size_t len)
+{
+  char full[PATH_MAX], rest[PATH_MAX], walked[PATH_MAX];
+  int nlinks = 0, fd = -1;
+
+  if (absolute (path, full, why, len) == -1)
+    return -1;
 
  restart:
   if (normalise (full, rest, sizeof rest) == -1) {
@@ -261,40 +377,11 @@ fsc_safe_open_dir (const char *path, bool create, char *why, size_t len)
     }
 
     /* The directory FD we stand in (WALKED, "" for /). */
-    struct stat dst, st;
-    if (fstat (fd, &dst) == -1)
+    struct stat st;
+    if (dir_trusted (fd, walked, path, why, len) == -1)
+      goto fail;
+    if (stat_or_create (fd, name, create, &st) == -1)
       goto fail_errno;
-    const char *dname = *walked ? walked : "/";
-    if (!trusted_owner (dst.st_uid)) {
-      say (why, len, "%s: refused: the cache path lies in %s, a directory "
-           "owned by another user", path, dname);
-      errno = EPERM;
-      goto fail;
-    }
-    if (others_write (&dst) && !(dst.st_mode & S_ISVTX)) {
-      say (why, len, "%s: refused: the cache path lies in %s, a directory "
-           "others may write (and not sticky)", path, dname);
-      errno = EPERM;
-      goto fail;
-    }
-
-    if (fstatat (fd, name, &st, AT_SYMLINK_NOFOLLOW) == -1) {
-      if (errno != ENOENT || !create)
-        goto fail_errno;
-      /* Create what is missing, ours, 0700 whatever the umask. */
-      if (mkdirat (fd, name, 0700) == 0) {
-        int nfd = openat (fd, name,
-                          O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-        if (nfd >= 0) {
-          (void) fchmod (nfd, 0700);
-          close (nfd);
-        }
-      }
-      else if (errno != EEXIST)
-        goto fail_errno;
-      if (fstatat (fd, name, &st, AT_SYMLINK_NOFOLLOW) == -1)
-        goto fail_errno;
-    }
     size_t wl = strlen (walked);
     if (wl + l + 2 > sizeof walked) {
       errno = ENAMETOOLONG;
@@ -304,36 +391,9 @@ fsc_safe_open_dir (const char *path, bool create, char *why, size_t len)
     memcpy (walked + wl + 1, name, l + 1);
 
     if (S_ISLNK (st.st_mode)) {
-      /* Rule 2: follow only a link that nobody else planted or can
-       * replace.
-       */
-      if (!trusted_owner (st.st_uid)) {
-        say (why, len, "%s: refused: %s is a symlink owned by another user",
-             path, walked);
-        errno = EPERM;
+      if (through_link (fd, name, &st, walked, wl, p, path, full, &nlinks,
+                        why, len) == -1)
         goto fail;
-      }
-      if (++nlinks > MAX_SYMLINKS) {
-        errno = ELOOP;
-        goto fail_errno;
-      }
-      char target[PATH_MAX];
-      ssize_t t = readlinkat (fd, name, target, sizeof target - 1);
-      if (t == -1)
-        goto fail_errno;
-      target[t] = '\0';
-      char next[PATH_MAX];
-      int r;
-      walked[wl] = '\0';                /* the link's directory */
-      if (target[0] == '/')
-        r = snprintf (next, sizeof next, "%s/%s", target, p);
-      else
-        r = snprintf (next, sizeof next, "%s/%s/%s", walked, target, p);
-      if (r < 0 || (size_t) r >= sizeof next) {
-        errno = ENAMETOOLONG;
-        goto fail_errno;
-      }
-      strcpy (full, next);
       goto restart;
     }
 

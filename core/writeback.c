@@ -369,6 +369,62 @@ rewind_log (struct fsc_wlog *wl)
     wl_reserve (wl);
 }
 
+/* A batch written back and flushed upstream (its N records, up to
+ * END_POS and END_SEQ): move the log's tail past it and free its
+ * space.  1 done; 0 not done (retried later, or the writer failed,
+ * said); -1 a failure for round_once's failed path.
+ */
+static int
+retire_batch (struct fsc_wlog *wl, struct batch *b, size_t n,
+              uint64_t end_pos, uint64_t end_seq)
+{
+  struct fsc_wlog_sample s;
+  if (resample (wl, b, &s) == -1)
+    return -1;
+  pthread_mutex_lock (&wl->lock);
+  struct fsc_wlog_sample old_sample = wl->sample;
+  uint64_t old_pos = wl->tail_pos, old_seq = wl->tail_seq;
+  wl->sample = s;
+  wl->tail_pos = end_pos;
+  wl->tail_seq = end_seq;
+  pthread_mutex_unlock (&wl->lock);
+  if (wl_write_header (wl) == -1) {
+    if (errno == ENOMEM) {
+      /* Nothing written: the tail stays, and the round is retried
+       * later (its requests are idempotent).
+       */
+      pthread_mutex_lock (&wl->lock);
+      wl->sample = old_sample;
+      wl->tail_pos = old_pos;
+      wl->tail_seq = old_seq;
+      pthread_mutex_unlock (&wl->lock);
+      return 0;
+    }
+    writer_fail (wl, errno, UINT64_MAX);
+    return 0;
+  }
+  /* The retired records' space: punched from the old tail's page on
+   * (whatever precedes the old tail in that page was retired before;
+   * rounding up would leave one page of every batch allocated until
+   * the log empties), up to the new tail's page, which stays.
+   */
+  pthread_mutex_lock (&wl->lock);
+  uint64_t punch_from = wl_entry_at (wl, 0)->pos;
+  pthread_mutex_unlock (&wl->lock);
+  wl_retire (wl, n);
+  pthread_rwlock_wrlock (&wl->punch);
+  uint64_t a = ROUND_DOWN (punch_from, (uint64_t) 4096);
+  uint64_t z = ROUND_DOWN (end_pos, (uint64_t) 4096);
+  if (a >= WL_START && z > a)
+    (void) punch_hole (wl->fd, a, z - a);
+  pthread_rwlock_unlock (&wl->punch);
+  /* What was punched behind the tail is reserved again ahead of it
+   * (rule 9 of wlog.c): dirty-max of space stays the log's.
+   */
+  wl_reserve (wl);
+  return 1;
+}
+
 /* One round; returns 1 if it wrote something back, 0 if there was
  * nothing to do, -1 on an upstream or cache failure.
  */
@@ -462,51 +518,11 @@ round_once (struct fsc_wlog *wl)
   }
 
   /* 4. Durable upstream: move the tail. */
-  struct fsc_wlog_sample s;
-  if (resample (wl, &b, &s) == -1)
+  int rb = retire_batch (wl, &b, n, end_pos, end_seq);
+  if (rb == -1)
     goto failed;
-  pthread_mutex_lock (&wl->lock);
-  struct fsc_wlog_sample old_sample = wl->sample;
-  uint64_t old_pos = wl->tail_pos, old_seq = wl->tail_seq;
-  wl->sample = s;
-  wl->tail_pos = end_pos;
-  wl->tail_seq = end_seq;
-  pthread_mutex_unlock (&wl->lock);
-  if (wl_write_header (wl) == -1) {
-    if (errno == ENOMEM) {
-      /* Nothing written: the tail stays, and the round is retried
-       * later (its requests are idempotent).
-       */
-      pthread_mutex_lock (&wl->lock);
-      wl->sample = old_sample;
-      wl->tail_pos = old_pos;
-      wl->tail_seq = old_seq;
-      pthread_mutex_unlock (&wl->lock);
-      goto out;
-    }
-    writer_fail (wl, errno, UINT64_MAX);
-    goto out;
-  }
-  /* The retired records' space: punched from the old tail's page on
-   * (whatever precedes the old tail in that page was retired before;
-   * rounding up would leave one page of every batch allocated until
-   * the log empties), up to the new tail's page, which stays.
-   */
-  pthread_mutex_lock (&wl->lock);
-  uint64_t punch_from = wl_entry_at (wl, 0)->pos;
-  pthread_mutex_unlock (&wl->lock);
-  wl_retire (wl, n);
-  pthread_rwlock_wrlock (&wl->punch);
-  uint64_t a = ROUND_DOWN (punch_from, (uint64_t) 4096);
-  uint64_t z = ROUND_DOWN (end_pos, (uint64_t) 4096);
-  if (a >= WL_START && z > a)
-    (void) punch_hole (wl->fd, a, z - a);
-  pthread_rwlock_unlock (&wl->punch);
-  /* What was punched behind the tail is reserved again ahead of it
-   * (rule 9 of wlog.c): dirty-max of space stays the log's.
-   */
-  wl_reserve (wl);
-  ret = 1;
+  if (rb == 1)
+    ret = 1;
   goto out;
 
  failed:
