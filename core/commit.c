@@ -158,6 +158,35 @@ fsc_object_mark_in_use (struct fsc_object *o)
   return r;
 }
 
+/* A commit's writes, without the lock: the data and sums synced if
+ * DSYNC, then the N records RECS of groups GIS into their SLOTS, synced.
+ * 0, or -1 with errno.
+ */
+static int
+write_records (struct fsc_object *o, bool dsync, const unsigned char *recs,
+               const uint64_t *gis, const uint8_t *slots, size_t n)
+{
+  /* Rule 1: data before the records that name it. */
+  int r = 0;
+  if (dsync) {
+    /* The kernel's writeback of the fills, done here: the disk's time
+     * for them, which the fill meter counts (fill.c).
+     */
+    fsc_meter_begin (&o->cache->fill_meter);
+    r = fsc_data_sync (o);
+    fsc_meter_end (&o->cache->fill_meter, 0);
+  }
+  if (dsync && r == 0)
+    r = fsc_io_sync (&o->cache->io, FSC_FILE_SUMS, o->sfd);
+  for (size_t i = 0; r == 0 && i < n; ++i)
+    r = fsc_io_pwrite (&o->cache->io, FSC_FILE_INDEX, o->ifd,
+                       recs + i * FSC_GREC_SIZE, FSC_GREC_SIZE,
+                       fsc_grec_offset (gis[i], slots[i]));
+  if (r == 0 && n > 0)
+    r = fsc_io_sync (&o->cache->io, FSC_FILE_INDEX, o->ifd);
+  return r;
+}
+
 /* Make every change up to TARGET durable: return at once if it is,
  * wait for a commit in progress and look again (group commit: it may
  * cover us), else commit everything changed so far.  Returns 0, or -1
@@ -236,24 +265,7 @@ fsc_commit_upto (struct fsc_object *o, uint64_t target)
   o->data_dirty = false;
   pthread_mutex_unlock (&o->lock);
 
-  /* Rule 1: data before the records that name it. */
-  int r = 0;
-  if (dsync) {
-    /* The kernel's writeback of the fills, done here: the disk's time
-     * for them, which the fill meter counts (fill.c).
-     */
-    fsc_meter_begin (&o->cache->fill_meter);
-    r = fsc_data_sync (o);
-    fsc_meter_end (&o->cache->fill_meter, 0);
-  }
-  if (dsync && r == 0)
-    r = fsc_io_sync (&o->cache->io, FSC_FILE_SUMS, o->sfd);
-  for (size_t i = 0; r == 0 && i < n; ++i)
-    r = fsc_io_pwrite (&o->cache->io, FSC_FILE_INDEX, o->ifd,
-                       recs + i * FSC_GREC_SIZE, FSC_GREC_SIZE,
-                       fsc_grec_offset (gis[i], slots[i]));
-  if (r == 0 && n > 0)
-    r = fsc_io_sync (&o->cache->io, FSC_FILE_INDEX, o->ifd);
+  int r = write_records (o, dsync, recs, gis, slots, n);
   int e = errno;
 
   pthread_mutex_lock (&o->lock);
