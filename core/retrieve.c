@@ -26,6 +26,9 @@
  *             read: read upstream, store nothing (the last counted as
  *             a skipped fill).
  *
+ * Serving hits (the reads, the checks, a bad block dropped) is hit.c's,
+ * fetching a miss run and handing its fill over fetch.c's.
+ *
  * A miss on a block somebody else is fetching waits for that fetch
  * instead of repeating it (dedup), unless the fetch is done and its
  * fill waits for the disk: the bytes are then copied from the fill job
@@ -54,6 +57,8 @@
 #include "xxh.h"
 
 #include "internal.h"
+#include "hit.h"
+#include "fetch.h"
 #include "utils.h"
 
 /* What read_pinned does with the run starting at a block, as classify
@@ -75,438 +80,6 @@ static uint64_t
 claim_epoch (const struct group *g)
 {
   return g->writers ? EPOCH_NEVER : g->epoch;
-}
-
-/* Copy the part of [start, end) that lies in the client's window. */
-static void
-copy_out (void *buf, uint64_t offset, uint32_t count,
-          const unsigned char *src, uint64_t start, uint64_t end)
-{
-  uint64_t lo = MAX (start, offset), hi = MIN (end, offset + count);
-  if (lo < hi)
-    memcpy ((unsigned char *) buf + (lo - offset), src + (lo - start),
-            hi - lo);
-}
-
-static uint64_t
-overlap (uint64_t start, uint64_t end, uint64_t offset, uint32_t count)
-{
-  uint64_t lo = MAX (start, offset), hi = MIN (end, offset + count);
-  return lo < hi ? hi - lo : 0;
-}
-
-/* Block BAD failed its checksum: drop it (if nobody changed it
- * meanwhile) so that the caller refetches it from upstream.
- */
-static void
-drop_bad (struct fsc_object *o, uint64_t bad, uint64_t csum)
-{
-  FSC_STAT_ADD (&o->cache->stats, verify_failures, 1);
-  FSC_OSTAT_ADD (o, verify_failures, 1);
-  pthread_mutex_lock (&o->lock);
-  struct group *g = group_of (o, bad, false);
-  if (g && (g->present & BIT_OF (bad)) && g->csum[IDX_OF (bad)] == csum) {
-    g->present &= ~BIT_OF (bad);
-    g->zero &= ~BIT_OF (bad);
-    fsc_note_gone (o, g, BIT_OF (bad));
-    if (fsc_mark_dirty (o, GROUP_OF (bad), g) == -1) {
-      pthread_mutex_unlock (&o->lock);
-      fsc_withdraw (o, ENOMEM);
-      return;
-    }
-  }
-  pthread_mutex_unlock (&o->lock);
-}
-
-/* A failed read of a cache file. */
-static void
-read_failed (struct fsc_object *o, ssize_t r)
-{
-  FSC_STAT_ADD (&o->cache->stats, read_errors, 1);
-  FSC_OSTAT_ADD (o, io_errors, 1);
-  fsc_withdraw (o, r == -1 ? errno : EIO);
-}
-
-/* The sub-block hashes of a hit's partly read end blocks, taken from
- * the hash cache (sums.c) in the read's first critical section, so
- * that a hit takes the object's lock once, not twice.
- */
-struct end_sums {
-  uint64_t blk[2];
-  bool have[2];
-  uint64_t sums[2][SCACHE_SUBS];
-};
-
-static const uint64_t *
-end_sums_of (const struct end_sums *es, uint64_t blk)
-{
-  for (int i = 0; es && i < 2; ++i)
-    if (es->have[i] && es->blk[i] == blk)
-      return es->sums[i];
-  return NULL;
-}
-
-/* Serve the part [LO, HI) of present block BLK, which does not cover
- * all of it, into BUF (the client's window starts at OFFSET).  Returns
- * true if served.
- */
-static bool
-hit_partial (struct fsc_object *o, uint64_t blk, void *buf, uint64_t offset,
-             uint64_t lo, uint64_t hi, uint64_t csum, unsigned pieces,
-             const uint64_t *pre)
-{
-  struct fsc_io *io = &o->cache->io;
-  unsigned char *out = (unsigned char *) buf + (lo - offset);
-  const uint64_t bs = block_start (o, blk), be = block_end (o, blk);
-  ssize_t r;
-
-  if (!o->verify) {
-    r = fsc_data_pread (o, out, hi - lo, lo);
-    if (r != (ssize_t) (hi - lo)) {
-      read_failed (o, r);
-      return false;
-    }
-    return true;
-  }
-
-  /* The block's sub-block hashes, checked against the index (those of
-   * pieces it does not hold count as 0).
-   */
-  const unsigned kb = DIV_ROUND_UP (be - bs, SUB_SIZE);
-  uint64_t sums[MAX_SUBS];
-  if (pre)
-    memcpy (sums, pre, kb * sizeof *sums);
-  else if (!fsc_scache_get (o, blk, csum, pieces, sums, kb)) {
-    unsigned char le[8 * MAX_SUBS];
-    r = fsc_io_pread (io, FSC_FILE_SUMS, o->sfd, le, 8 * kb,
-                      sums_offset (o, blk));
-    if (r == -1) {
-      read_failed (o, r);
-      return false;
-    }
-    memset (le + r, 0, 8 * kb - r);     /* short: fails the check */
-    for (unsigned i = 0; i < kb; ++i)
-      sums[i] = get_le64 (le + 8 * i);
-    fsc_sums_mask (o, sums, kb, pieces);
-    if (fsc_sums_csum (sums, kb) != csum) {
-      drop_bad (o, blk, csum);
-      return false;
-    }
-    fsc_scache_put (o, blk, csum, pieces, sums, kb);
-  }
-
-  /* Only the sub-blocks we serve. */
-  const uint64_t s0 = (lo - bs) >> SUB_SHIFT, s1 = (hi - 1 - bs) >> SUB_SHIFT;
-  const uint64_t ds = bs + (s0 << SUB_SHIFT);
-  const uint64_t de = MIN (bs + ((s1 + 1) << SUB_SHIFT), be);
-  /* Sub-block aligned (a 4 KiB read): straight into the client's
-   * buffer, no bounce.
-   */
-  unsigned char *tmp = lo == ds && hi == de ? out
-    : fsc_scratch (o->cache, de - ds);
-  if (tmp == NULL) {
-    /* No memory for a bounce buffer: serve this object uncached
-     * rather than spin on the same block.
-     */
-    fsc_withdraw (o, ENOMEM);
-    return false;
-  }
-  r = fsc_data_pread (o, tmp, de - ds, ds);
-  if (r != (ssize_t) (de - ds)) {
-    read_failed (o, r);
-    return false;
-  }
-  for (uint64_t i = s0; i <= s1; ++i) {
-    uint64_t so = (i - s0) << SUB_SHIFT;
-    if (XXH3_64bits (tmp + so, MIN (SUB_SIZE, de - ds - so)) != sums[i]) {
-      drop_bad (o, blk, csum);
-      return false;
-    }
-  }
-  if (tmp != out)
-    memcpy (out, tmp + (lo - ds), hi - lo);
-  return true;
-}
-
-/* Serve N zero blocks from B (their checksums in CSUMS): zeroes where
- * the client's window overlaps them, nothing read.  Returns how many
- * were served; fewer than N means block B+return has a checksum other
- * than that of zeroes (damage) and is no longer present.
- */
-static uint64_t
-hit_zero (struct fsc_object *o, uint64_t b, uint64_t n, void *buf,
-          uint64_t offset, uint32_t count, const uint64_t *csums)
-{
-  uint64_t i = 0;
-  for (; i < n; ++i)
-    if (o->verify && csums[i] != zero_csum (o, b + i)) {
-      drop_bad (o, b + i, csums[i]);
-      break;
-    }
-  if (i == 0)
-    return 0;
-  uint64_t lo = MAX (block_start (o, b), offset);
-  uint64_t hi = MIN (block_end (o, b + i - 1), offset + count);
-  memset ((unsigned char *) buf + (lo - offset), 0, hi - lo);
-  FSC_STAT_ADD (&o->cache->stats, hit_bytes, hi - lo);
-  FSC_OSTAT_ADD (o, hit_bytes, hi - lo);
-  return i;
-}
-
-/* Serve N present blocks from B (their checksums and pieces in CSUMS
- * and PIECES; only the blocks at the window's ends may be held in
- * pieces).  Returns how many were served; fewer than N means block
- * B+return failed its checksum or could not be read and is no longer
- * present (or the object was withdrawn).
- */
-static uint64_t
-hit_run (struct fsc_object *o, uint64_t b, uint64_t n, void *buf,
-         uint64_t offset, uint32_t count, const uint64_t *csums,
-         const uint16_t *pieces, const struct end_sums *es)
-{
-  struct fsc_stats *st = &o->cache->stats;
-  const uint64_t wend = offset + count;
-  const uint64_t start = block_start (o, b), end = block_end (o, b + n - 1);
-
-  if (start >= offset && end <= wend) {
-    /* Whole blocks: one read straight into the client's buffer. */
-    unsigned char *dst = (unsigned char *) buf + (start - offset);
-    ssize_t r = fsc_data_pread (o, dst, end - start, start);
-    if (r != (ssize_t) (end - start)) {
-      read_failed (o, r);
-      return 0;
-    }
-    uint64_t good = n;
-    for (uint64_t i = 0; o->verify && i < n; ++i) {
-      uint64_t bs = block_start (o, b + i), be = block_end (o, b + i);
-      if (fsc_block_csum (dst + (bs - start), be - bs) != csums[i]) {
-        drop_bad (o, b + i, csums[i]);
-        good = i;
-        break;
-      }
-    }
-    uint64_t hb = (good == n ? end : block_start (o, b + good)) - start;
-    FSC_STAT_ADD (st, hit_bytes, hb);
-    FSC_OSTAT_ADD (o, hit_bytes, hb);
-    return good;
-  }
-
-  /* The window starts or ends inside the run: block by block. */
-  for (uint64_t i = 0; i < n; ++i) {
-    uint64_t bs = block_start (o, b + i), be = block_end (o, b + i);
-    uint64_t lo = MAX (bs, offset), hi = MIN (be, wend);
-    if (lo == bs && hi == be) {
-      if (hit_run (o, b + i, 1, buf, offset, count, &csums[i],
-                   &pieces[i], NULL) == 0)
-        return i;
-      continue;
-    }
-    if (!hit_partial (o, b + i, buf, offset, lo, hi, csums[i], pieces[i],
-                      end_sums_of (es, b + i)))
-      return i;
-    FSC_STAT_ADD (st, hit_bytes, hi - lo);
-    FSC_OSTAT_ADD (o, hit_bytes, hi - lo);
-  }
-  return n;
-}
-
-/* Read LEN bytes at OFFSET upstream into DST, timed by the cache's
- * upstream meter (fill.c: is the cache disk the bottleneck?).
- */
-static int
-up_pread (struct fsc_object *o, const struct fsc_upstream *up, void *dst,
-          uint64_t len, uint64_t offset)
-{
-  struct fsc_meter *m = &o->cache->up_meter;
-  struct timespec t0, t1;
-  clock_gettime (CLOCK_MONOTONIC, &t0);
-  fsc_meter_begin (m);
-  int r = up->pread (up->opaque, dst, len, offset);
-  int e = errno;
-  fsc_meter_end (m, r == 0 ? len : 0);
-  clock_gettime (CLOCK_MONOTONIC, &t1);
-  if (r == 0)
-    fsc_upstream_latency (o->cache,
-                          (uint64_t) (t1.tv_sec - t0.tv_sec) * 1000000000 +
-                          (uint64_t) t1.tv_nsec - (uint64_t) t0.tv_nsec);
-  errno = e;
-  return r;
-}
-
-/* What fetch_run fetches of the N claimed blocks from B: [*START,
- * *END), from the read's window and the pieces its end blocks hold
- * (HELD_FIRST, HELD_LAST).
- */
-static void
-fetch_range (struct fsc_object *o, uint64_t b, uint64_t n, const void *buf,
-             uint64_t offset, uint32_t count, unsigned rflags,
-             unsigned held_first, unsigned held_last, uint64_t *startp,
-             uint64_t *endp)
-{
-  const uint64_t ps = piece_size (o);
-  uint64_t start = block_start (o, b), end = block_end (o, b + n - 1);
-  /* What the client's window needs of the run, in whole pieces (all of
-   * it for a prefetch).
-   */
-  const bool exact = !buf && (rflags & FSC_PREFETCH_EXACT);
-  const uint64_t wlo = buf || exact ? MAX (start, offset & ~(ps - 1)) : end;
-  const uint64_t whi = buf || exact
-    ? MIN (end, ROUND_UP (offset + count, ps)) : start;
-  if ((buf && !(rflags & (FSC_READ_SEQUENTIAL | FSC_READ_NEAR))) || exact) {
-    start = wlo;
-    end = whi;
-  }
-  /* Whole blocks, but never again the pieces the end blocks already
-   * hold, unless the window needs them (they are then fetched again
-   * rather than served in a second pass).  A read starts after the last
-   * piece its first block holds before the window, and ends before the
-   * first one its last block holds after it: the pieces beyond stay
-   * absent for a later read, where fetching through them would fetch a
-   * held piece twice (a stream whose requests overtake each other
-   * lands pieces mid-block).  A prefetch, which is there to complete
-   * blocks, trims only the pieces held at the run's very ends.
-   */
-  if (held_first) {
-    const uint64_t bs = block_start (o, b);
-    unsigned skip;                      /* pieces not fetched at the start */
-    if (buf) {
-      unsigned below = held_first;
-      if (wlo < block_end (o, b))
-        below &= (1u << ((wlo - bs) >> o->pshift)) - 1;
-      skip = below ? 32 - __builtin_clz (below) : 0;
-    }
-    else
-      skip = __builtin_ctz (~held_first);
-    start = MAX (start, MIN (bs + ((uint64_t) skip << o->pshift), wlo));
-  }
-  if (held_last) {
-    const uint64_t bl = b + n - 1, bls = block_start (o, bl);
-    uint64_t t;
-    if (buf) {
-      unsigned w1 = whi > bls ? (unsigned) DIV_ROUND_UP (whi - bls, ps) : 0;
-      unsigned above = held_last & ~((1u << w1) - 1);
-      t = above ? bls + ((uint64_t) __builtin_ctz (above) << o->pshift)
-        : block_end (o, bl);
-    }
-    else {
-      uint64_t top = 31 - __builtin_clz (full_pieces (o, bl) & ~held_last);
-      t = MIN (block_end (o, bl), bls + ((top + 1) << o->pshift));
-    }
-    end = MIN (end, MAX (t, whi));
-  }
-  *startp = start;
-  *endp = end;
-}
-
-/* Fetch N claimed blocks from B upstream, give the client its part,
- * and fill the cache: in the background when the cache's fill thread
- * runs and has room, so that the reply does not wait for local writes
- * (others missing on these blocks wait for the fill as for a fetch);
- * else here.  A read that is neither sequential nor near the last one
- * fetches only the pieces of the end blocks it covers, and so does an
- * exact prefetch (FSC_PREFETCH_EXACT); other prefetches and streams
- * fetch whole blocks.  EPOCHS holds the claim epoch of each
- * group from B's.  Returns 0 or -1 (upstream error).
- */
-static int
-fetch_run (struct fsc_object *o, uint64_t b, uint64_t n, void *buf,
-           uint64_t offset, uint32_t count, const struct fsc_upstream *up,
-           const uint64_t *epochs, unsigned rflags, unsigned held_first,
-           unsigned held_last, uint64_t *missed)
-{
-  const unsigned fflags = buf == NULL
-    ? FSC_FILL_PREFETCHED | FSC_FILL_SCAN
-    : (rflags & FSC_READ_SEQUENTIAL) ? FSC_FILL_SCAN : 0;
-  struct fsc_stats *st = &o->cache->stats;
-  uint64_t start, end;
-  fetch_range (o, b, n, buf, offset, count, rflags, held_first, held_last,
-               &start, &end);
-  uint64_t len = end - start;
-  bool direct = buf && start >= offset && end <= offset + count;
-  /* The fill job owns its buffer: read straight into the client's
-   * buffer only when the fill will not need it afterwards.
-   */
-  struct fsc_fill *f = fsc_fill_new (o->cache, len);
-  size_t cap = 0;
-  unsigned char *dst = f ? f->data
-    : direct ? (unsigned char *) buf + (start - offset)
-    : fsc_buf_get (o->cache, len, &cap);
-  int r = -1, e = ENOMEM;
-
-  if (dst != NULL) {
-    r = up_pread (o, up, dst, len, start);
-    e = errno;
-    FSC_STAT_ADD (st, upstream_reads, 1);
-    FSC_OSTAT_ADD (o, upstream_reads, 1);
-    if (r == 0) {
-      FSC_STAT_ADD (st, upstream_read_bytes, len);
-      FSC_OSTAT_ADD (o, upstream_bytes, len);
-    }
-  }
-  if (r == 0) {
-    if (buf) {
-      if (dst != (unsigned char *) buf + (start - offset))
-        copy_out (buf, offset, count, dst, start, end);
-      uint64_t mb = overlap (start, end, offset, count);
-      FSC_STAT_ADD (st, miss_bytes, mb);
-      FSC_OSTAT_ADD (o, miss_bytes, mb);
-      *missed += mb;
-    }
-    else {
-      FSC_STAT_ADD (st, prefetch_bytes, len);
-      FSC_OSTAT_ADD (o, prefetch_bytes, len);
-    }
-  }
-
-  /* Hand the fill over.  The queue refuses a job when it is full: the
-   * cache disk is behind.  If it is also the bottleneck (fill.c,
-   * fsc_fill_slower: fills are written at less than a third of the
-   * upstream's rate), a client's read, whose bytes are already in its
-   * buffer, does not wait for the disk: its blocks are released
-   * unstored (absent, or holding the pieces they held; a later miss
-   * may fill them) and the skip is counted.  Otherwise the backlog is
-   * a passing one (a stall, a burst) and the read fills inline, as one
-   * more writer.  A prefetch always fills inline: nobody has its bytes
-   * but the fill, and skipping would fetch them twice (readahead
-   * pauses while the disk is behind, so that this is rare).
-   */
-  bool skip = false;
-  if (f && r == 0) {
-    f->block = b;
-    f->nblocks = n;
-    f->start = start;
-    f->flags = fflags;
-    memcpy (f->epochs, epochs, (GROUP_OF (b + n - 1) - GROUP_OF (b) + 1)
-            * sizeof *epochs);
-    if (fsc_fill_submit (o->cache, o, f) == 0)   /* takes a ref on O */
-      return 0;
-    skip = buf && fsc_fill_slower (o->cache);
-  }
-  if (skip) {
-    FSC_STAT_ADD (st, fill_skipped, 1);
-    FSC_STAT_ADD (st, fill_skipped_bytes, len);
-    FSC_OSTAT_ADD (o, fill_skipped_bytes, len);
-    fsc_catchup_note (o, start, len);
-    pthread_mutex_lock (&o->lock);
-    o->notices |= FSC_NOTICE_SKIPPED;
-    pthread_mutex_unlock (&o->lock);
-  }
-  /* An inline fill writes, as the fill thread does: the fill meter
-   * counts it (fill.c).
-   */
-  const bool store = r == 0 && !skip;
-  if (store)
-    fsc_meter_begin (&o->cache->fill_meter);
-  fsc_fill_blocks (o, b, n, store ? dst : NULL, start, len, epochs, fflags);
-  if (store)
-    fsc_meter_end (&o->cache->fill_meter, len);
-  if (f)
-    fsc_fill_free (o->cache, f);
-  else if (!direct)
-    fsc_buf_put (o->cache, dst, cap);
-  if (r == -1)
-    errno = e;
-  return r;
 }
 
 /* Can present block B serve its part of [OFFSET, END)?  Yes if it is
@@ -831,9 +404,9 @@ serve_hit (struct fsc_object *o, const struct read_ctx *rc, uint64_t b,
     while (k < n && r->zeros[k] == r->zeros[done])
       k++;
     uint64_t got = r->zeros[done]
-      ? hit_zero (o, b + done, k - done, rc->buf, rc->offset, rc->count,
+      ? fsc_hit_zero (o, b + done, k - done, rc->buf, rc->offset, rc->count,
                   &r->csums[done])
-      : hit_run (o, b + done, k - done, rc->buf, rc->offset, rc->count,
+      : fsc_hit_run (o, b + done, k - done, rc->buf, rc->offset, rc->count,
                  &r->csums[done], &r->pieces[done], &r->es);
     done += got;
     if (done < k)
@@ -857,7 +430,7 @@ serve_uncached (struct fsc_object *o, const struct read_ctx *rc, uint64_t b,
     return 0;
   uint64_t lo = MAX (block_start (o, b), rc->offset);
   uint64_t hi = MIN (block_end (o, b + r->n - 1), rc->end);
-  int ret = up_pread (o, up, (unsigned char *) rc->buf + (lo - rc->offset),
+  int ret = fsc_up_pread (o, up, (unsigned char *) rc->buf + (lo - rc->offset),
                       hi - lo, lo);
   FSC_STAT_ADD (st, upstream_reads, 1);
   FSC_OSTAT_ADD (o, upstream_reads, 1);
@@ -917,7 +490,7 @@ read_pinned (struct fsc_object *o, void *buf, uint32_t count,
       b += serve_hit (o, &rc, b, &r);
       break;
     case RUN_MISS:
-      if (fetch_run (o, b, r.n, buf, offset, count, up, r.epochs, flags,
+      if (fsc_fetch_run (o, b, r.n, buf, offset, count, up, r.epochs, flags,
                      r.held_first, r.held_last, missed) == -1)
         return -1;
       b += r.n;

@@ -1,0 +1,31 @@
+/* libfscache: fetching miss runs (fetch.c), for the read path
+ * (retrieve.c).
+ */
+#ifndef FSC_FETCH_H
+#define FSC_FETCH_H
+
+#include <stdint.h>
+
+#include "internal.h"
+
+/* Read LEN bytes at OFFSET upstream into DST, timed by the cache's
+ * upstream meter (fill.c: is the cache disk the bottleneck?).
+ */
+extern int fsc_up_pread (struct fsc_object *o, const struct fsc_upstream *up,
+                         void *dst, uint64_t len, uint64_t offset);
+
+/* Fetch N claimed blocks from B upstream (EPOCHS: the claim epoch of
+ * each group from B's), give the client its part of BUF, the window
+ * [OFFSET, OFFSET + COUNT) (NULL: a prefetch), and fill the cache.
+ * HELD_FIRST and HELD_LAST: the pieces the end blocks hold.  Adds the
+ * bytes of BUF served from upstream to *MISSED.  0, or -1 (upstream
+ * error).
+ */
+extern int fsc_fetch_run (struct fsc_object *o, uint64_t b, uint64_t n,
+                          void *buf, uint64_t offset, uint32_t count,
+                          const struct fsc_upstream *up,
+                          const uint64_t *epochs, unsigned rflags,
+                          unsigned held_first, unsigned held_last,
+                          uint64_t *missed);
+
+#endif /* FSC_FETCH_H */
