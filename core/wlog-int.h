@@ -1,8 +1,8 @@
 /* libfscache: what the write log's files (wlog.c, the log;
  * wlog-map.c, its extent map; wlog-client.c, the client's operations;
- * wlog-recover.c, recovery, close and inspection) and writeback.c (the
- * writer) share, and nobody else.  Each prototype below says which
- * file owns the function.
+ * wlog-recover.c, recovery, close and inspection; wlog-format.c, the
+ * bytes on disk) and writeback.c (the writer) share, and nobody else.
+ * Each prototype below says which file owns the function.
  *
  * Locking: wl->lock guards everything in struct fsc_wlog but the file
  * and the writer's private state; it is never held across I/O.  It
@@ -183,10 +183,6 @@ wl_entry_at (struct fsc_wlog *wl, size_t i)
 }
 /* Milliseconds of the realtime clock (records' times, the map's seed). */
 extern uint64_t wl_now_ms (void);
-/* Bytes of E's header and unit hashes: where its data starts. */
-extern uint64_t wl_hdr_bytes (const struct wl_entry *e);
-/* The size in the log of a record of NUNITS hashes and DATALEN bytes. */
-extern uint64_t wl_rec_size (uint32_t nunits, uint64_t datalen);
 /* Free E with its hashes and unused map nodes (NULL: nothing). */
 extern void wl_free_entry (struct wl_entry *e);
 /* Add E at the ring's end; -1 if the ring cannot grow. */
@@ -213,6 +209,27 @@ extern int wl_sync_upto (struct fsc_wlog *wl, uint64_t target);
 extern void wl_reserve (struct fsc_wlog *wl);
 extern void wl_notice (struct fsc_wlog *wl, unsigned what, int err,
                        uint64_t off);
+
+/* wlog-format.c: the bytes on disk (docs/format.md, "Write log"). */
+/* WL's header as generation GEN into the slot buffer P (WL_SLOT). */
+extern void wl_encode_header (const struct fsc_wlog *wl, uint64_t gen,
+                              unsigned char *p);
+/* Slot P into WL's fields and *GEN; false if not a valid header. */
+extern bool wl_decode_header (struct fsc_wlog *wl, const unsigned char *p,
+                              uint64_t *gen);
+/* Bytes of E's header and unit hashes: where its data starts. */
+extern uint64_t wl_hdr_bytes (const struct wl_entry *e);
+/* The size in the log of a record of NUNITS hashes and DATALEN bytes. */
+extern uint64_t wl_rec_size (uint32_t nunits, uint64_t datalen);
+/* E's record header, its hashes and checksum, into P. */
+extern void wl_encode_rec (const struct fsc_wlog *wl,
+                           const struct wl_entry *e, unsigned char *p);
+/* A record header at P into E, unchecked: false if malformed. */
+extern bool wl_decode_rec_head (const struct fsc_wlog *wl,
+                                const unsigned char *p, struct wl_entry *e);
+/* Does the checksum of the record header at P (NUNITS hashes) hold? */
+extern bool wl_rec_csum_ok (const struct fsc_wlog *wl, const unsigned char *p,
+                            uint32_t nunits);
 
 /* wlog-client.c: read E's units [OFF, OFF+LEN), verified. */
 extern int wl_read_units (struct fsc_wlog *wl, const struct wl_entry *e,

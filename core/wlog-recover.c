@@ -9,8 +9,8 @@
  * stop decoding, what follows is a torn tail, cut, or damage, never cut
  * (rule 7, atop wlog.c, says which, and is kept here by scan_beyond,
  * scan_records and fsc_wlog_open).  What recovery adopts is synced
- * before the open returns (rule 8).  The header (two slots, the newer
- * valid one wins) is decoded here; wlog.c encodes and writes it.
+ * before the open returns (rule 8).  The bytes of the header and the
+ * records are decoded by wlog-format.c; wlog.c writes the header.
  *
  * A file of its own because it runs before the log takes requests and
  * the writer starts (and close after the writer stopped): it shares
@@ -37,39 +37,6 @@
  * Header.
  */
 
-/* Decode slot P into WL's fields; false if it is not a valid header. */
-static bool
-decode_header (struct fsc_wlog *wl, const unsigned char *p, uint64_t *gen)
-{
-  if (memcmp (p, WL_MAGIC, 8) != 0 ||
-      get_le64 (p + WL_SLOT - 8) != XXH3_64bits (p, WL_SLOT - 8) ||
-      get_le32 (p + 8) != WL_VERSION || get_le32 (p + 12) != FSC_WLOG_UNIT)
-    return false;
-  uint32_t n = get_le32 (p + 88), glen = get_le32 (p + 92);
-  if (n > FSC_WLOG_SAMPLES || (glen != UINT32_MAX && glen > FSC_GEN_MAX))
-    return false;
-  *gen = get_le64 (p + 16);
-  wl->incarnation = get_le64 (p + 24);
-  wl->key_lo = get_le64 (p + 32);
-  wl->key_hi = get_le64 (p + 40);
-  wl->key_len = get_le64 (p + 48);
-  wl->size = get_le64 (p + 56);
-  wl->tail_pos = get_le64 (p + 64);
-  wl->tail_seq = get_le64 (p + 72);
-  wl->epoch = get_le64 (p + 80);
-  wl->sample.n = n;
-  for (unsigned i = 0; i < FSC_WLOG_SAMPLES; ++i) {
-    wl->sample.off[i] = get_le64 (p + 96 + 8 * i);
-    wl->sample.len[i] = get_le32 (p + 160 + 4 * i);
-    wl->sample.hash[i] = get_le64 (p + 192 + 8 * i);
-  }
-  wl->has_generation = glen != UINT32_MAX;
-  memset (wl->generation, 0, sizeof wl->generation);
-  if (wl->has_generation)
-    memcpy (wl->generation, p + 256, glen);
-  return wl->tail_pos >= WL_START && wl->tail_seq >= 1;
-}
-
 /* Load the newer valid header slot of FD into WL; -1 EBADMSG if none. */
 static int
 load_header (struct fsc_wlog *wl)
@@ -90,14 +57,14 @@ load_header (struct fsc_wlog *wl)
     uint64_t gen;
     memset (&tmp, 0, sizeof tmp);
     if ((s + 1) * WL_SLOT <= (size_t) n &&
-        decode_header (&tmp, p + s * WL_SLOT, &gen) &&
+        wl_decode_header (&tmp, p + s * WL_SLOT, &gen) &&
         (best == -1 || gen > best_gen)) {
       best = s;
       best_gen = gen;
     }
   }
   if (best >= 0) {
-    decode_header (wl, p + best * WL_SLOT, &best_gen);
+    wl_decode_header (wl, p + best * WL_SLOT, &best_gen);
     wl->hdr_gen = best_gen;
     wl->hdr_slot = best;
   }
@@ -107,61 +74,6 @@ load_header (struct fsc_wlog *wl)
     return -1;
   }
   return 0;
-}
-
-/*----------------------------------------------------------------------
- * Records.
- */
-
-/* Decode a record header at P (WL_REC_HDR bytes) without the
- * checksum, which needs the hashes: false if malformed.
- */
-static bool
-decode_rec_head (const struct fsc_wlog *wl, const unsigned char *p,
-                 struct wl_entry *e)
-{
-  if (get_le32 (p) != WL_REC_MAGIC)
-    return false;
-  e->type = p[4];
-  e->seq = get_le64 (p + 8);
-  e->epoch = get_le64 (p + 16);
-  e->off = get_le64 (p + 24);
-  e->len = get_le64 (p + 32);
-  e->nunits = get_le32 (p + 40);
-  e->time_ms = get_le64 (p + 48);
-  /* A marker's offset is the sequence number up to which (exclusive)
-   * the log was synced before it was written.
-   */
-  if (e->type == WL_FLUSH)
-    return e->off <= e->seq && e->len == 0 && e->nunits == 0;
-  /* A void record's length is its slot's: a header at least, whole
-   * 8-byte words, at most the largest record.
-   */
-  if (e->type == WL_VOID)
-    return e->off == 0 && e->nunits == 0 && e->len >= WL_REC_HDR &&
-      e->len % 8 == 0 &&
-      e->len <= wl_rec_size (WL_REC_UNITS, (uint64_t) WL_REC_UNITS *
-                          FSC_WLOG_UNIT);
-  /* Whole units, but for a range that ends at the export's end. */
-  if (e->len == 0 || e->off % FSC_WLOG_UNIT || e->off >= wl->size ||
-      e->len > wl->size - e->off ||
-      (e->len % FSC_WLOG_UNIT && e->off + e->len != wl->size))
-    return false;
-  /* The length first: near 2^64 its unit count would wrap. */
-  if (e->type == WL_DATA)
-    return e->len <= (uint64_t) WL_REC_UNITS * FSC_WLOG_UNIT &&
-      e->nunits == DIV_ROUND_UP (e->len, FSC_WLOG_UNIT);
-  return (WL_IS_ZERO (e->type) || e->type == WL_TRIM) && e->nunits == 0;
-}
-
-static bool
-rec_csum_ok (const struct fsc_wlog *wl, const unsigned char *p,
-             uint32_t nunits)
-{
-  return get_le64 (p + 56) ==
-    (XXH3_64bits_withSeed (p, 56, wl->incarnation) ^
-     XXH3_64bits_withSeed (p + WL_REC_HDR, 8 * (size_t) nunits,
-                           wl->incarnation));
 }
 
 /*----------------------------------------------------------------------
@@ -255,12 +167,12 @@ scan_beyond (struct fsc_wlog *wl, uint64_t pos, uint64_t file_size,
     if (get_le32 (buf + (p - bstart)) == WL_REC_MAGIC &&
         fsc_io_pread (&wl->cache->io, FSC_FILE_WLOG, wl->fd, hb, WL_REC_HDR,
                       p) == WL_REC_HDR &&
-        decode_rec_head (wl, hb, &h) && h.seq > seq &&
+        wl_decode_rec_head (wl, hb, &h) && h.seq > seq &&
         h.nunits <= WL_REC_UNITS &&
         ((hl = 8 * (uint64_t) h.nunits) == 0 ||
          fsc_io_pread (&wl->cache->io, FSC_FILE_WLOG, wl->fd,
                        hb + WL_REC_HDR, hl, p + WL_REC_HDR) == (ssize_t) hl) &&
-        rec_csum_ok (wl, hb, h.nunits)) {
+        wl_rec_csum_ok (wl, hb, h.nunits)) {
       if (h.type == WL_FLUSH) {
         if (h.off > dmg->damage_cover)
           dmg->damage_cover = h.off;
@@ -311,14 +223,14 @@ scan_records (struct fsc_wlog *wl, uint64_t file_size, bool verify_data,
     memset (&h, 0, sizeof h);
     if (fsc_io_pread (&wl->cache->io, FSC_FILE_WLOG, wl->fd, hb, WL_REC_HDR,
                       pos) != WL_REC_HDR ||
-        !decode_rec_head (wl, hb, &h) || h.seq != seq || h.epoch < epoch)
+        !wl_decode_rec_head (wl, hb, &h) || h.seq != seq || h.epoch < epoch)
       break;
     uint64_t hl = 8 * (uint64_t) h.nunits;
     if (hl && fsc_io_pread (&wl->cache->io, FSC_FILE_WLOG, wl->fd,
                             hb + WL_REC_HDR, hl, pos + WL_REC_HDR)
         != (ssize_t) hl)
       break;
-    if (!rec_csum_ok (wl, hb, h.nunits))
+    if (!wl_rec_csum_ok (wl, hb, h.nunits))
       break;
     h.rsize = h.type == WL_VOID ? h.len
       : wl_rec_size (h.nunits, h.type == WL_DATA ? h.len : 0);

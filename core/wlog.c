@@ -2,15 +2,16 @@
  * for; docs/format.md, "Write log", has the bytes; docs/design.md,
  * "Writeback", the reasons).
  *
- * The log is four files.  This one: records and their ring, append,
+ * The log is five files.  This one: records and their ring, append,
  * apply, sync and flush, epochs, retiring, the header's writes, and
  * the rules below.  wlog-map.c: the extent map of dirty ranges (what a
  * read or the writer looks up).  wlog-client.c: the client's reads,
  * writes, zeroes and trims on top of the log and the map (rules 10 and
  * 11 are kept there).  wlog-recover.c: the log read back, recovery at
  * open (rule 7 is kept there), close, the counters and notices the
- * caller reads, and the tools' inspection.  wlog-int.h says which file
- * owns each helper they share.
+ * caller reads, and the tools' inspection.  wlog-format.c: the bytes
+ * of the header and the records, encoded and decoded.  wlog-int.h says
+ * which file owns each helper they share.
  *
  * The life of a record:
  *
@@ -120,36 +121,6 @@ wl_now_ms (void)
  * Header.
  */
 
-/* Encode WL's header (gen GEN) into the slot buffer P. */
-static void
-encode_header (const struct fsc_wlog *wl, uint64_t gen, unsigned char *p)
-{
-  memset (p, 0, WL_SLOT);
-  memcpy (p, WL_MAGIC, 8);
-  put_le32 (p + 8, WL_VERSION);
-  put_le32 (p + 12, FSC_WLOG_UNIT);
-  put_le64 (p + 16, gen);
-  put_le64 (p + 24, wl->incarnation);
-  put_le64 (p + 32, wl->key_lo);
-  put_le64 (p + 40, wl->key_hi);
-  put_le64 (p + 48, wl->key_len);
-  put_le64 (p + 56, wl->size);
-  put_le64 (p + 64, wl->tail_pos);
-  put_le64 (p + 72, wl->tail_seq);
-  put_le64 (p + 80, wl->epoch);
-  put_le32 (p + 88, wl->sample.n);
-  put_le32 (p + 92, wl->has_generation ? strlen (wl->generation)
-            : UINT32_MAX);
-  for (unsigned i = 0; i < FSC_WLOG_SAMPLES; ++i) {
-    put_le64 (p + 96 + 8 * i, wl->sample.off[i]);
-    put_le32 (p + 160 + 4 * i, wl->sample.len[i]);
-    put_le64 (p + 192 + 8 * i, wl->sample.hash[i]);
-  }
-  if (wl->has_generation)
-    memcpy (p + 256, wl->generation, strlen (wl->generation));
-  put_le64 (p + WL_SLOT - 8, XXH3_64bits (p, WL_SLOT - 8));
-}
-
 /* Write the header (the other slot) and sync.  Only one caller at a
  * time: open, the writer, close (the writer stopped).
  */
@@ -162,7 +133,7 @@ wl_write_header (struct fsc_wlog *wl)
   pthread_mutex_lock (&wl->lock);
   uint64_t gen = wl->hdr_gen + 1;
   int slot = 1 - wl->hdr_slot;
-  encode_header (wl, gen, p);
+  wl_encode_header (wl, gen, p);
   pthread_mutex_unlock (&wl->lock);
   int r = fsc_io_pwrite (&wl->cache->io, FSC_FILE_WLOG, wl->fd, p, WL_SLOT,
                          (uint64_t) slot * WL_SLOT);
@@ -181,42 +152,6 @@ wl_write_header (struct fsc_wlog *wl)
 /*----------------------------------------------------------------------
  * Records.
  */
-
-uint64_t
-wl_hdr_bytes (const struct wl_entry *e)
-{
-  return WL_REC_HDR + 8 * (uint64_t) e->nunits;
-}
-
-uint64_t
-wl_rec_size (uint32_t nunits, uint64_t datalen)
-{
-  return ROUND_UP (WL_REC_HDR + 8 * (uint64_t) nunits + datalen,
-                   (uint64_t) 8);
-}
-
-/* Header bytes of E (with hashes already at P + WL_REC_HDR), and its
- * checksum.
- */
-static void
-encode_rec (const struct fsc_wlog *wl, const struct wl_entry *e,
-            unsigned char *p)
-{
-  memset (p, 0, WL_REC_HDR);
-  put_le32 (p, WL_REC_MAGIC);
-  p[4] = e->type;
-  put_le64 (p + 8, e->seq);
-  put_le64 (p + 16, e->epoch);
-  put_le64 (p + 24, e->off);
-  put_le64 (p + 32, e->type == WL_VOID ? e->rsize : e->len);
-  put_le32 (p + 40, e->nunits);
-  put_le64 (p + 48, e->time_ms);
-  for (uint32_t i = 0; i < e->nunits; ++i)
-    put_le64 (p + WL_REC_HDR + 8 * i, e->hashes[i]);
-  put_le64 (p + 56, XXH3_64bits_withSeed (p, 56, wl->incarnation) ^
-            XXH3_64bits_withSeed (p + WL_REC_HDR, 8 * (size_t) e->nunits,
-                                  wl->incarnation));
-}
 
 void
 wl_free_entry (struct wl_entry *e)
@@ -402,7 +337,7 @@ fill_holes (struct fsc_wlog *wl)
     struct wl_entry *e = wl_entry_at (wl, s - wl->ring_seq);
     if (e->type != WL_VOID || e->done)
       continue;
-    encode_rec (wl, e, h);
+    wl_encode_rec (wl, e, h);
     uint64_t pos = e->pos;
     pthread_mutex_unlock (&wl->lock);
     r = fsc_io_pwrite (&wl->cache->io, FSC_FILE_WLOG, wl->fd, h, sizeof h,
@@ -550,7 +485,7 @@ wl_append (struct fsc_wlog *wl, int type, uint64_t off, uint64_t len,
   for (uint64_t i = 0; i < nrec; ++i) {
     struct wl_entry *e = es[i];
     memset (buf + p, 0, e->rsize);
-    encode_rec (wl, e, buf + p);
+    wl_encode_rec (wl, e, buf + p);
     if (type == WL_DATA)
       memcpy (buf + p + wl_hdr_bytes (e), data + (e->off - off), e->len);
     p += e->rsize;
