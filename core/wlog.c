@@ -359,38 +359,29 @@ fill_holes (struct fsc_wlog *wl)
   return r;
 }
 
-/* Append one client operation: TYPE over [OFF, OFF+LEN) (unit-aligned
- * but for the export's end), DATA for WL_DATA.  Split into records of
- * at most WL_REC_UNITS units, written with one pwrite.
- */
 static int mark_synced (struct fsc_wlog *wl, uint64_t upto);
 
-int
-wl_append (struct fsc_wlog *wl, int type, uint64_t off, uint64_t len,
-           const unsigned char *data, bool fua)
+/* The NREC records of an append of TYPE over [OFF, OFF+LEN) into ES
+ * (zeroed): their ranges, unit hashes, sizes and map nodes; their
+ * total size added to *TOTAL.  -1 out of memory (ES holds what was
+ * allocated, for the caller to free).
+ */
+static int
+make_records (int type, uint64_t off, uint64_t len,
+              const unsigned char *data, struct wl_entry **es,
+              uint64_t nrec, uint64_t *total)
 {
-  if (wl->salvage) {
-    errno = EROFS;              /* Rule 7: past the damage is not ours */
-    return -1;
-  }
-  uint64_t nrec = type == WL_DATA
-    ? DIV_ROUND_UP (len, (uint64_t) WL_REC_UNITS * FSC_WLOG_UNIT) : 1;
-  uint64_t total = 0;
-  struct wl_entry **es = calloc (nrec, sizeof *es);
-  unsigned char *buf = NULL;
-  if (es == NULL)
-    return -1;
   for (uint64_t i = 0; i < nrec; ++i) {
     struct wl_entry *e = calloc (1, sizeof *e);
     if (e == NULL)
-      goto nomem;
+      return -1;
     es[i] = e;
     e->type = type;
     /* Its map nodes now, so that applying it cannot fail. */
     if (type != WL_FLUSH &&
         ((e->spare[0] = malloc (sizeof (struct wl_ext))) == NULL ||
          (e->spare[1] = malloc (sizeof (struct wl_ext))) == NULL))
-      goto nomem;
+      return -1;
     if (type == WL_DATA) {
       uint64_t ro = i * WL_REC_UNITS * FSC_WLOG_UNIT;
       e->off = off + ro;
@@ -398,7 +389,7 @@ wl_append (struct fsc_wlog *wl, int type, uint64_t off, uint64_t len,
       e->nunits = DIV_ROUND_UP (e->len, FSC_WLOG_UNIT);
       e->hashes = malloc (8 * (size_t) e->nunits);
       if (e->hashes == NULL)
-        goto nomem;
+        return -1;
       for (uint32_t u = 0; u < e->nunits; ++u) {
         uint64_t uo = ro + (uint64_t) u * FSC_WLOG_UNIT;
         e->hashes[u] = XXH3_64bits (data + uo,
@@ -411,29 +402,26 @@ wl_append (struct fsc_wlog *wl, int type, uint64_t off, uint64_t len,
       e->len = len;
       e->rsize = wl_rec_size (0, 0);
     }
-    total += e->rsize;
+    *total += e->rsize;
   }
-  buf = malloc (total);
-  if (buf == NULL)
-    goto nomem;
+  return 0;
+}
 
-  /* Rule 9: a data, zero or trim record is charged one marker besides
-   * its bytes (and at least one unit of records in memory), so that
-   * the marker of a flush or FUA after it fits in what it reserved.
-   */
-  uint64_t charge = total + nrec * wl_rec_size (0, 0);
+/* Reserve the NREC records ES (step 1 of a record's life): wait while
+ * the writer rewinds, or while CHARGE more bytes or the records would
+ * pass the dirty bound (backpressure; a marker never waits), then give
+ * them their sequence numbers, epoch and bytes of the file, in the
+ * ring.  *POS is where they go, *SEQ0 the first's sequence number,
+ * *EPOCH the epoch they joined.  0, or -1 with errno EIO (the log
+ * failed: nothing reserved, ES left to the caller) or ENOMEM (the ring
+ * could not grow: nothing reserved).
+ */
+static int
+reserve_records (struct fsc_wlog *wl, int type, struct wl_entry **es,
+                 uint64_t nrec, uint64_t charge, uint64_t *pos,
+                 uint64_t *seq0, uint64_t *epoch)
+{
   uint64_t max_recs = wl->dirty_max / FSC_WLOG_UNIT;
-
-  /* A failed record's slot first (rule 9): nothing past it applies. */
-  pthread_mutex_lock (&wl->lock);
-  bool holes = wl->holes != 0;
-  pthread_mutex_unlock (&wl->lock);
-  if (holes && fill_holes (wl) == -1) {
-    for (uint64_t i = 0; i < nrec; ++i)
-      wl_free_entry (es[i]);
-    goto out;
-  }
-
   pthread_mutex_lock (&wl->lock);
   bool said = false;
   while (!wl->failed &&
@@ -450,17 +438,20 @@ wl_append (struct fsc_wlog *wl, int type, uint64_t off, uint64_t len,
   if (wl->failed) {
     pthread_mutex_unlock (&wl->lock);
     errno = EIO;
-    goto out;
+    return -1;
   }
-  uint64_t pos = wl->head_pos, seq0 = wl->next_seq, t = wl_now_ms ();
-  uint64_t my_epoch = wl->epoch;
+  *pos = wl->head_pos;
+  *seq0 = wl->next_seq;
+  uint64_t t = wl_now_ms ();
+  *epoch = wl->epoch;
   for (uint64_t i = 0; i < nrec; ++i) {
     if (wl_ring_push (wl, es[i]) == -1) {
       /* Nothing reserved yet for the rest: undo ours. */
       for (uint64_t j = 0; j < i; ++j)
         wl->rlen--;
       pthread_mutex_unlock (&wl->lock);
-      goto nomem;
+      errno = ENOMEM;
+      return -1;
     }
   }
   for (uint64_t i = 0; i < nrec; ++i) {
@@ -479,8 +470,17 @@ wl_append (struct fsc_wlog *wl, int type, uint64_t off, uint64_t len,
     wl->last_data_seq = wl->next_seq;
   }
   pthread_mutex_unlock (&wl->lock);
+  return 0;
+}
 
-  /* The records' bytes, then one write. */
+/* The bytes of the NREC records ES into BUF, for one write: headers,
+ * and for WL_DATA their part of DATA (the append's, from OFF).
+ */
+static void
+encode_records (const struct fsc_wlog *wl, int type, struct wl_entry **es,
+                uint64_t nrec, uint64_t off, const unsigned char *data,
+                unsigned char *buf)
+{
   uint64_t p = 0;
   for (uint64_t i = 0; i < nrec; ++i) {
     struct wl_entry *e = es[i];
@@ -490,35 +490,39 @@ wl_append (struct fsc_wlog *wl, int type, uint64_t off, uint64_t len,
       memcpy (buf + p + wl_hdr_bytes (e), data + (e->off - off), e->len);
     p += e->rsize;
   }
-  int r = fsc_io_pwrite (&wl->cache->io, FSC_FILE_WLOG, wl->fd, buf, total,
-                         pos);
-  int err = errno;
+}
 
-  pthread_mutex_lock (&wl->lock);
-  if (r == -1) {
-    /* Not fatal (rule 9): the slots become void records, this request
-     * fails, and the log goes on once a void header can be written
-     * (now, or at a later append).
-     */
-    wl_notice (wl, FSC_WLOG_NOTICE_WRITEFAIL, err, 0);
-    for (uint64_t i = 0; i < nrec; ++i) {
-      struct wl_entry *e = es[i];
-      wl->dirty_bytes -= e->len;
-      e->type = WL_VOID;
-      e->off = e->len = 0;
-      e->nunits = 0;
-      free (e->hashes);
-      e->hashes = NULL;
-    }
-    wl->holes += nrec;
-    pthread_cond_broadcast (&wl->apply_cond);
-    pthread_mutex_unlock (&wl->lock);
-    (void) fill_holes (wl);
-    free (buf);
-    free (es);
-    errno = EIO;
-    return -1;
+/* The write of the NREC records ES failed with ERR: their slots become
+ * void records, to be written by fill_holes (rule 9).  Caller holds
+ * wl->lock.
+ */
+static void
+void_records (struct fsc_wlog *wl, struct wl_entry **es, uint64_t nrec,
+              int err)
+{
+  wl_notice (wl, FSC_WLOG_NOTICE_WRITEFAIL, err, 0);
+  for (uint64_t i = 0; i < nrec; ++i) {
+    struct wl_entry *e = es[i];
+    wl->dirty_bytes -= e->len;
+    e->type = WL_VOID;
+    e->off = e->len = 0;
+    e->nunits = 0;
+    free (e->hashes);
+    e->hashes = NULL;
   }
+  wl->holes += nrec;
+  pthread_cond_broadcast (&wl->apply_cond);
+}
+
+/* The NREC records ES, from SEQ0, are in the file: apply them (step
+ * 3), wait until a write's are applied, and with FUA make them durable
+ * (step 4) and close their epoch MY_EPOCH (rule 6).  Caller holds
+ * wl->lock.  0, or -1.
+ */
+static int
+settle_records (struct fsc_wlog *wl, int type, struct wl_entry **es,
+                uint64_t nrec, uint64_t seq0, uint64_t my_epoch, bool fua)
+{
   for (uint64_t i = 0; i < nrec; ++i)
     es[i]->done = true;
   apply_done (wl);
@@ -533,7 +537,7 @@ wl_append (struct fsc_wlog *wl, int type, uint64_t off, uint64_t len,
    * record is in the log, and applies once the slot is filled, as a
    * failed write's bytes may).
    */
-  r = wl->failed || (type != WL_FLUSH && wl->applied_seq < seq0 + nrec)
+  int r = wl->failed || (type != WL_FLUSH && wl->applied_seq < seq0 + nrec)
     ? -1 : 0;
   if (r == 0 && fua) {
     r = wl_sync_upto (wl, seq0 + nrec);
@@ -551,6 +555,79 @@ wl_append (struct fsc_wlog *wl, int type, uint64_t off, uint64_t len,
       wl->epoch_used = false;
     }
   }
+  return r;
+}
+
+/* Append one client operation: TYPE over [OFF, OFF+LEN) (unit-aligned
+ * but for the export's end), DATA for WL_DATA.  Split into records of
+ * at most WL_REC_UNITS units, written with one pwrite.
+ */
+int
+wl_append (struct fsc_wlog *wl, int type, uint64_t off, uint64_t len,
+           const unsigned char *data, bool fua)
+{
+  if (wl->salvage) {
+    errno = EROFS;              /* Rule 7: past the damage is not ours */
+    return -1;
+  }
+  uint64_t nrec = type == WL_DATA
+    ? DIV_ROUND_UP (len, (uint64_t) WL_REC_UNITS * FSC_WLOG_UNIT) : 1;
+  uint64_t total = 0;
+  struct wl_entry **es = calloc (nrec, sizeof *es);
+  unsigned char *buf = NULL;
+  if (es == NULL)
+    return -1;
+  if (make_records (type, off, len, data, es, nrec, &total) == -1)
+    goto nomem;
+  buf = malloc (total);
+  if (buf == NULL)
+    goto nomem;
+
+  /* Rule 9: a data, zero or trim record is charged one marker besides
+   * its bytes (and at least one unit of records in memory), so that
+   * the marker of a flush or FUA after it fits in what it reserved.
+   */
+  uint64_t charge = total + nrec * wl_rec_size (0, 0);
+
+  /* A failed record's slot first (rule 9): nothing past it applies. */
+  pthread_mutex_lock (&wl->lock);
+  bool holes = wl->holes != 0;
+  pthread_mutex_unlock (&wl->lock);
+  if (holes && fill_holes (wl) == -1) {
+    for (uint64_t i = 0; i < nrec; ++i)
+      wl_free_entry (es[i]);
+    goto out;
+  }
+
+  uint64_t pos, seq0, my_epoch;
+  if (reserve_records (wl, type, es, nrec, charge, &pos, &seq0,
+                       &my_epoch) == -1) {
+    if (errno == ENOMEM)
+      goto nomem;
+    goto out;                   /* EIO: the log failed */
+  }
+
+  /* The records' bytes, then one write. */
+  encode_records (wl, type, es, nrec, off, data, buf);
+  int r = fsc_io_pwrite (&wl->cache->io, FSC_FILE_WLOG, wl->fd, buf, total,
+                         pos);
+  int err = errno;
+
+  pthread_mutex_lock (&wl->lock);
+  if (r == -1) {
+    /* Not fatal (rule 9): the slots become void records, this request
+     * fails, and the log goes on once a void header can be written
+     * (now, or at a later append).
+     */
+    void_records (wl, es, nrec, err);
+    pthread_mutex_unlock (&wl->lock);
+    (void) fill_holes (wl);
+    free (buf);
+    free (es);
+    errno = EIO;
+    return -1;
+  }
+  r = settle_records (wl, type, es, nrec, seq0, my_epoch, fua);
   pthread_mutex_unlock (&wl->lock);
   free (buf);
   free (es);
