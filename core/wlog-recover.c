@@ -379,15 +379,15 @@ fsc_wlog_mismatch_name (int m)
   }
 }
 
-int
-fsc_wlog_open (struct fsc_cache *cache, const struct fsc_wlog_params *p,
-               unsigned flags, struct fsc_wlog **wlp,
-               struct fsc_wlog_info *info)
+/* A log not yet opened: its locks, and what does not depend on the
+ * file.  NULL out of memory.
+ */
+static struct fsc_wlog *
+wlog_new (struct fsc_cache *cache, const struct fsc_wlog_params *p)
 {
-  memset (info, 0, sizeof *info);
   struct fsc_wlog *wl = calloc (1, sizeof *wl);
   if (wl == NULL)
-    return -1;
+    return NULL;
   wl->cache = cache;
   wl->fd = -1;
   wl->hdr_slot = 1;
@@ -404,6 +404,127 @@ fsc_wlog_open (struct fsc_cache *cache, const struct fsc_wlog_params *p,
                                  PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
   pthread_rwlock_init (&wl->punch, &ra);
   pthread_rwlockattr_destroy (&ra);
+  return wl;
+}
+
+/* An empty file: a new log, with P's coherency data.  0, or -1. */
+static int
+create_log (struct fsc_wlog *wl, const struct fsc_wlog_params *p,
+            struct fsc_wlog_info *info)
+{
+  /* New: a header of our own, both slots (the first write). */
+  uuid_t u;
+  uuid_generate_random (u);
+  memcpy (&wl->incarnation, u, sizeof wl->incarnation);
+  wl->tail_pos = wl->head_pos = WL_START;
+  wl->tail_seq = wl->next_seq = 1;
+  adopt (wl, p);
+  info->created = true;
+  if (wl_write_header (wl) == -1 || wl_write_header (wl) == -1)
+    return -1;
+  return 0;
+}
+
+/* A file of SIZE bytes with a log in it: its header and records
+ * (rule 7), cut and synced (rule 8), checked against the upstream P
+ * describes.  0, or -1 with errno (EUCLEAN: damaged; ESTALE: the
+ * upstream does not fit, INFO->mismatch says how).
+ */
+static int
+recover_log (struct fsc_wlog *wl, const struct fsc_wlog_params *p,
+             unsigned flags, off_t size, struct fsc_wlog_info *info)
+{
+  uint64_t lo = wl->key_lo, hi = wl->key_hi, kl = wl->key_len;
+  if (load_header (wl) == -1)
+    return -1;
+  if (wl->key_lo != lo || wl->key_hi != hi || wl->key_len != kl) {
+    errno = EBADMSG;
+    return -1;
+  }
+  uint64_t dropped;
+  if (scan_records (wl, size, true, &dropped, info) == -1)
+    return -1;
+  if (info->damaged) {
+    /* Rule 7: never cut a damaged log.  A salvage takes the records
+     * before the damage and leaves the file as it is.
+     */
+    fsc_wlog_counters (wl, info);
+    if (!(flags & FSC_WLOG_SALVAGE)) {
+      errno = EUCLEAN;
+      return -1;
+    }
+    wl->salvage = true;
+    dropped = 0;
+  }
+  info->dropped_records = dropped;
+  /* Cut what follows the last good record: nothing there was
+   * promised, and a record of this run must never be followed by a
+   * stale one of the last run.  Then sync, cut or not (rule 8): a
+   * run killed before its flush left its records in the page cache
+   * only, and from here on they count as durable.
+   */
+  if ((!wl->salvage && (uint64_t) size > wl->head_pos &&
+       ftruncate (wl->fd, wl->head_pos) == -1) ||
+      fsc_io_sync (&wl->cache->io, FSC_FILE_WLOG, wl->fd) == -1)
+    return -1;
+  if (wl->rlen) {
+    info->mismatch = check_fit (wl, p);
+    if (info->mismatch != FSC_WLOG_FITS) {
+      fsc_wlog_counters (wl, info);
+      info->mismatch = check_fit (wl, p);
+      errno = ESTALE;
+      return -1;
+    }
+    /* New writes come after whatever survived of the last epoch. */
+    wl->epoch = wl_entry_at (wl, wl->rlen - 1)->epoch + 1;
+    wl->first_epoch = wl_entry_at (wl, 0)->epoch;
+  }
+  else if (!wl->salvage) {
+    /* Empty: start over at the beginning, with today's upstream. */
+    adopt (wl, p);
+    wl->tail_pos = wl->head_pos = WL_START;
+    wl->tail_seq = wl->next_seq;
+    if (wl_write_header (wl) == -1 ||
+        ftruncate (wl->fd, WL_START) == -1)
+      return -1;
+  }
+  return 0;
+}
+
+/* The records recovered into the map, all applied and durable.  0, or
+ * -1 ENOMEM.
+ */
+static int
+map_recovered (struct fsc_wlog *wl, struct fsc_wlog_info *info)
+{
+  wl->ring_seq = wl->tail_seq;
+  for (size_t i = 0; i < wl->rlen; ++i) {
+    struct wl_entry *e = wl_entry_at (wl, i);
+    if (e->bad)
+      info->damaged_records++;
+    if (e->type != WL_FLUSH && e->type != WL_VOID) {
+      wl_map_insert (wl, &wl->root, e->off, e->off + e->len, e);
+      wl->last_data_seq = e->seq + 1;
+    }
+  }
+  /* Durable: the open synced the file (rule 8). */
+  wl->applied_seq = wl->durable_seq = wl->next_seq;
+  if (wl->failed) {
+    errno = ENOMEM;
+    return -1;
+  }
+  return 0;
+}
+
+int
+fsc_wlog_open (struct fsc_cache *cache, const struct fsc_wlog_params *p,
+               unsigned flags, struct fsc_wlog **wlp,
+               struct fsc_wlog_info *info)
+{
+  memset (info, 0, sizeof *info);
+  struct fsc_wlog *wl = wlog_new (cache, p);
+  if (wl == NULL)
+    return -1;
 
   fsc_key_hash (p->key, p->key_len, &wl->key_lo, &wl->key_hi);
   wl->key_len = p->key_len;
@@ -421,89 +542,13 @@ fsc_wlog_open (struct fsc_cache *cache, const struct fsc_wlog_params *p,
     goto err;
 
   if (st.st_size == 0) {
-    /* New: a header of our own, both slots (the first write). */
-    uuid_t u;
-    uuid_generate_random (u);
-    memcpy (&wl->incarnation, u, sizeof wl->incarnation);
-    wl->tail_pos = wl->head_pos = WL_START;
-    wl->tail_seq = wl->next_seq = 1;
-    adopt (wl, p);
-    info->created = true;
-    if (wl_write_header (wl) == -1 || wl_write_header (wl) == -1)
+    if (create_log (wl, p, info) == -1)
       goto err;
   }
-  else {
-    uint64_t lo = wl->key_lo, hi = wl->key_hi, kl = wl->key_len;
-    if (load_header (wl) == -1)
-      goto err;
-    if (wl->key_lo != lo || wl->key_hi != hi || wl->key_len != kl) {
-      errno = EBADMSG;
-      goto err;
-    }
-    uint64_t dropped;
-    if (scan_records (wl, st.st_size, true, &dropped, info) == -1)
-      goto err;
-    if (info->damaged) {
-      /* Rule 7: never cut a damaged log.  A salvage takes the records
-       * before the damage and leaves the file as it is.
-       */
-      fsc_wlog_counters (wl, info);
-      if (!(flags & FSC_WLOG_SALVAGE)) {
-        errno = EUCLEAN;
-        goto err;
-      }
-      wl->salvage = true;
-      dropped = 0;
-    }
-    info->dropped_records = dropped;
-    /* Cut what follows the last good record: nothing there was
-     * promised, and a record of this run must never be followed by a
-     * stale one of the last run.  Then sync, cut or not (rule 8): a
-     * run killed before its flush left its records in the page cache
-     * only, and from here on they count as durable.
-     */
-    if ((!wl->salvage && (uint64_t) st.st_size > wl->head_pos &&
-         ftruncate (wl->fd, wl->head_pos) == -1) ||
-        fsc_io_sync (&cache->io, FSC_FILE_WLOG, wl->fd) == -1)
-      goto err;
-    if (wl->rlen) {
-      info->mismatch = check_fit (wl, p);
-      if (info->mismatch != FSC_WLOG_FITS) {
-        fsc_wlog_counters (wl, info);
-        info->mismatch = check_fit (wl, p);
-        errno = ESTALE;
-        goto err;
-      }
-      /* New writes come after whatever survived of the last epoch. */
-      wl->epoch = wl_entry_at (wl, wl->rlen - 1)->epoch + 1;
-      wl->first_epoch = wl_entry_at (wl, 0)->epoch;
-    }
-    else if (!wl->salvage) {
-      /* Empty: start over at the beginning, with today's upstream. */
-      adopt (wl, p);
-      wl->tail_pos = wl->head_pos = WL_START;
-      wl->tail_seq = wl->next_seq;
-      if (wl_write_header (wl) == -1 ||
-          ftruncate (wl->fd, WL_START) == -1)
-        goto err;
-    }
-  }
-  wl->ring_seq = wl->tail_seq;
-  for (size_t i = 0; i < wl->rlen; ++i) {
-    struct wl_entry *e = wl_entry_at (wl, i);
-    if (e->bad)
-      info->damaged_records++;
-    if (e->type != WL_FLUSH && e->type != WL_VOID) {
-      wl_map_insert (wl, &wl->root, e->off, e->off + e->len, e);
-      wl->last_data_seq = e->seq + 1;
-    }
-  }
-  /* Durable: the open synced the file (rule 8). */
-  wl->applied_seq = wl->durable_seq = wl->next_seq;
-  if (wl->failed) {
-    errno = ENOMEM;
+  else if (recover_log (wl, p, flags, st.st_size, info) == -1)
     goto err;
-  }
+  if (map_recovered (wl, info) == -1)
+    goto err;
   wl->unordered = getenv ("NBD_FSCACHE_WB_UNORDERED") != NULL;
   wl->fua_unordered = getenv ("NBD_FSCACHE_WB_FUA_UNORDERED") != NULL;
   /* Rule 9: the space dirty-max may take, so that an accepted write
