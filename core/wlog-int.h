@@ -1,5 +1,8 @@
-/* libfscache: what wlog.c (the log, its recovery and the client's
- * operations) and writeback.c (the writer) share, and nobody else.
+/* libfscache: what the write log's files (wlog.c, the log;
+ * wlog-map.c, its extent map; wlog-client.c, the client's operations;
+ * wlog-recover.c, recovery, close and inspection; wlog-format.c, the
+ * bytes on disk) and writeback.c (the writer) share, and nobody else.
+ * Each prototype below says which file owns the function.
  *
  * Locking: wl->lock guards everything in struct fsc_wlog but the file
  * and the writer's private state; it is never held across I/O.  It
@@ -172,14 +175,26 @@ struct fsc_wlog {
                                          * round, 0 after a good one */
 };
 
-/* wlog.c, for writeback.c. */
+/* wlog.c: the log. */
 static inline struct wl_entry *
 wl_entry_at (struct fsc_wlog *wl, size_t i)
 {
   return wl->ring[(wl->rhead + i) % wl->rcap];
 }
-extern uint64_t wl_hdr_bytes (const struct wl_entry *e);
+/* Milliseconds of the realtime clock (records' times, the map's seed). */
+extern uint64_t wl_now_ms (void);
+/* Free E with its hashes and unused map nodes (NULL: nothing). */
+extern void wl_free_entry (struct wl_entry *e);
+/* Add E at the ring's end; -1 if the ring cannot grow. */
+extern int wl_ring_push (struct fsc_wlog *wl, struct wl_entry *e);
+/* Write the header to the other slot and sync (one caller at a time). */
 extern int wl_write_header (struct fsc_wlog *wl);
+/* Append one client operation: TYPE over [OFF, OFF+LEN), DATA for
+ * WL_DATA; with FUA, durable (and its epoch closed) on return.  0, or
+ * -1 with errno.
+ */
+extern int wl_append (struct fsc_wlog *wl, int type, uint64_t off,
+                      uint64_t len, const unsigned char *data, bool fua);
 extern void wl_retire (struct fsc_wlog *wl, size_t n);
 /* Sync the log until every record below TARGET is durable (and every
  * record applied when a sync starts); shared by flushers and the
@@ -194,10 +209,40 @@ extern int wl_sync_upto (struct fsc_wlog *wl, uint64_t target);
 extern void wl_reserve (struct fsc_wlog *wl);
 extern void wl_notice (struct fsc_wlog *wl, unsigned what, int err,
                        uint64_t off);
+
+/* wlog-format.c: the bytes on disk (docs/format.md, "Write log"). */
+/* WL's header as generation GEN into the slot buffer P (WL_SLOT). */
+extern void wl_encode_header (const struct fsc_wlog *wl, uint64_t gen,
+                              unsigned char *p);
+/* Slot P into WL's fields and *GEN; false if not a valid header. */
+extern bool wl_decode_header (struct fsc_wlog *wl, const unsigned char *p,
+                              uint64_t *gen);
+/* Bytes of E's header and unit hashes: where its data starts. */
+extern uint64_t wl_hdr_bytes (const struct wl_entry *e);
+/* The size in the log of a record of NUNITS hashes and DATALEN bytes. */
+extern uint64_t wl_rec_size (uint32_t nunits, uint64_t datalen);
+/* E's record header, its hashes and checksum, into P. */
+extern void wl_encode_rec (const struct fsc_wlog *wl,
+                           const struct wl_entry *e, unsigned char *p);
+/* A record header at P into E, unchecked: false if malformed. */
+extern bool wl_decode_rec_head (const struct fsc_wlog *wl,
+                                const unsigned char *p, struct wl_entry *e);
+/* Does the checksum of the record header at P (NUNITS hashes) hold? */
+extern bool wl_rec_csum_ok (const struct fsc_wlog *wl, const unsigned char *p,
+                            uint32_t nunits);
+
+/* wlog-client.c: read E's units [OFF, OFF+LEN), verified. */
 extern int wl_read_units (struct fsc_wlog *wl, const struct wl_entry *e,
                           uint64_t off, uint64_t len, unsigned char *dst);
 
-/* The extent map (wlog.c). */
+/* The extent map (wlog-map.c). */
+/* Make [START, END) map to E in *ROOT with the caller's nodes X and
+ * REST: it cannot fail (applying an append's record).
+ */
+extern void wl_map_insert_nodes (struct fsc_wlog *wl, struct wl_ext **root,
+                                 uint64_t start, uint64_t end,
+                                 struct wl_entry *e, struct wl_ext *x,
+                                 struct wl_ext *rest);
 extern void wl_map_insert (struct fsc_wlog *wl, struct wl_ext **root,
                            uint64_t start, uint64_t end, struct wl_entry *e);
 /* The same, but out of memory it returns -1 (ENOMEM), the map as it
@@ -206,14 +251,17 @@ extern void wl_map_insert (struct fsc_wlog *wl, struct wl_ext **root,
 extern int wl_map_try_insert (struct fsc_wlog *wl, struct wl_ext **root,
                               uint64_t start, uint64_t end,
                               struct wl_entry *e);
+/* Remove the extents that still map to E (a retire): cannot fail. */
+extern void wl_map_remove_entry (struct wl_ext **root,
+                                 const struct wl_entry *e);
 extern void wl_map_free (struct wl_ext *t);
 typedef void wl_visit_fn (void *opaque, const struct wl_ext *x);
 extern void wl_map_visit (const struct wl_ext *t, uint64_t a, uint64_t b,
                           wl_visit_fn *fn, void *opaque);
 
-/* The extents a visit met, copied out (wl_collect is a wl_visit_fn):
- * what a reader, the writer's batch and a retire work from.  NOMEM is
- * set if the array could not grow; free V.
+/* The extents a visit met, copied out (wl_collect is a wl_visit_fn,
+ * wlog-map.c): what a reader, the writer's batch and a retire work
+ * from.  NOMEM is set if the array could not grow; free V.
  */
 struct wl_seg {
   uint64_t start, end;

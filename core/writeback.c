@@ -5,7 +5,7 @@
  * a FUA write was acknowledged reaches the upstream only after that
  * flush's writes, or that FUA write, are on the upstream and flushed
  * there.  An epoch ends at a flush and at a completed FUA write
- * (wlog.c, fsc_wlog_flush and append); the writer sends one epoch at a
+ * (wlog.c, fsc_wlog_flush and wl_append); the writer sends one epoch at a
  * time and flushes the upstream before it touches the next.  Broken by
  * tests/test-wb-fua.sh (FUA: the knob NBD_FSCACHE_WB_FUA_UNORDERED=1
  * leaves a FUA write's epoch open) and tests/test-wb-cacheloss.sh
