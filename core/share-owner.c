@@ -221,7 +221,7 @@ note_refs (struct fsc_object *o, const uint64_t *v, size_t n)
 
 /* A connection is past its hello (or gave up before): it no longer
  * counts against MAX_PENDING.  Once per connection (*DONE; conn_thread
- * counts it if serve did not).
+ * counts it if admit did not).
  */
 static void
 hello_done (struct fsc_object *o, bool *done)
@@ -234,19 +234,14 @@ hello_done (struct fsc_object *o, bool *done)
   srv->npending--;
 }
 
-/* Serve one joiner's socket until it closes.  Returns false if the
- * hello was refused or the link broke (either way: done).
+/* Admit one joiner's socket: who it is, its hello in time, its
+ * settings, then the welcome (with our refusal's reason, if any).
+ * Returns true if its requests are to be served.
  */
-static void
-serve (struct fsc_object *o, int fd, bool *hello_counted)
+static bool
+admit (struct fsc_object *o, int fd, bool *hello_counted)
 {
   struct fsc_stats *st = &o->cache->stats;
-  struct joiner_link jl = { .o = o, .fd = fd };
-  struct fsc_upstream up = { .pread = fetch_from_joiner, .opaque = &jl };
-  struct fsc_write w;
-  bool in_write = false;
-  unsigned char *buf = NULL;
-  size_t cap = 0;
   struct msg m;
 
   /* Who it is: our user or root, else refused, and said (the plugin
@@ -264,7 +259,7 @@ serve (struct fsc_object *o, int fd, bool *hello_counted)
       o->notices |= FSC_NOTICE_PEER;
       pthread_mutex_unlock (&o->lock);
     }
-    return;
+    return false;
   }
 
   /* The hello, in time: a connection that says nothing is closed. */
@@ -276,14 +271,14 @@ serve (struct fsc_object *o, int fd, bool *hello_counted)
       h.version != SHARE_VERSION || h.key_len > 65536 ||
       h.gen_len > FSC_GEN_MAX || m.count != sizeof h + h.key_len + h.gen_len) {
     FSC_STAT_ADD (st, share_peers_refused, 1);
-    return;
+    return false;
   }
   char *kg = malloc (h.key_len + h.gen_len + 1);
   if (kg == NULL ||
       sh_recv_all_until (fd, kg, h.key_len + h.gen_len, hello_by) == -1) {
     free (kg);
     FSC_STAT_ADD (st, share_peers_refused, 1);
-    return;
+    return false;
   }
   kg[h.key_len + h.gen_len] = '\0';
   int reason = check_joiner (o, &h, kg, kg + h.key_len);
@@ -300,115 +295,167 @@ serve (struct fsc_object *o, int fd, bool *hello_counted)
                    sizeof wel) == -1 || reason != FSC_OK) {
     if (reason != FSC_OK)
       FSC_STAT_ADD (st, share_refused, 1);
-    return;
+    return false;
   }
+  return true;
+}
 
-  while (sh_recv_msg (fd, &m) == 0) {
-    int r = 0;
-    uint32_t out = 0;
-    FSC_STAT_ADD (st, share_served, 1);
-    /* What a joiner may ask: ranges inside the object, reads of at
-     * most nbdkit's largest request, write spans of at most its
-     * largest zero or trim (the 32-bit count), and hit reports of the
-     * size the joiner sends.  Anything else ends the link.
-     */
-    uint64_t end;
-    switch (m.type) {
-    case MSG_READ:
-    case MSG_PREFETCH:
-    case MSG_WBEGIN:
-      if ((m.type != MSG_WBEGIN && m.count > SHARE_MAX_COUNT) ||
-          ADD_OVERFLOW (m.offset, (uint64_t) m.count, &end) || end > o->size)
-        goto refuse;
-      break;
-    case MSG_REF:
-      if (m.count > (MAX_REF_BLOCKS + 2) * 8)
-        goto refuse;
-      break;
-    }
-    switch (m.type) {
-    case MSG_READ:
-    case MSG_WEND:
-    case MSG_REF:
-      if (m.count > SHARE_MAX_COUNT)
-        goto refuse;
-      if (m.count > cap) {
-        unsigned char *nb = realloc (buf, m.count);
-        if (nb == NULL)
-          goto out;
-        buf = nb;
-        cap = m.count;
-      }
-      break;
-    }
-    unsigned dflags = 0;
-    switch (m.type) {
-    case MSG_READ: {
-      uint64_t missed = 0;
-      r = fsc_read_counted (o, buf, m.count, m.offset, &up, m.flags,
-                            &missed);
-      out = r == 0 ? m.count : 0;
-      if (r == 0 && missed == 0)
-        dflags = DONE_HIT;
-      break;
-    }
-    case MSG_PREFETCH:
-      r = fsc_object_prefetch (o, m.offset, m.count, &up, m.flags);
-      break;
-    case MSG_WBEGIN:
-      if (in_write) {
-        errno = EPROTO;
-        goto out;
-      }
-      r = fsc_object_write_begin_flags (o, m.offset, m.count, m.flags, &w);
-      in_write = true;          /* paired with an end, even if it failed */
-      break;
-    case MSG_WEND:
-      if (!in_write || ((m.flags & WEND_DATA) && m.count != w.count) ||
-          (!(m.flags & WEND_DATA) && m.count != 0) ||
-          (m.count && sh_recv_all (fd, buf, m.count) == -1))
-        goto out;
-      fsc_object_write_end (o, &w, (m.flags & WEND_DATA) ? buf : NULL,
-                            m.flags & WEND_OK);
-      in_write = false;
-      break;
-    case MSG_COMMIT:
-      r = fsc_object_commit (o);
-      break;
-    case MSG_REF:
-      if (m.count < 16 || m.count % 8 ||
-          sh_recv_all (fd, buf, m.count) == -1)
-        goto out;
-      note_refs (o, (const uint64_t *) buf, m.count / 8);
-      break;
-    case MSG_MAP:
-      if (cap < sizeof (struct gmap)) {
-        unsigned char *nb = realloc (buf, sizeof (struct gmap));
-        if (nb == NULL)
-          goto out;
-        buf = nb;
-        cap = sizeof (struct gmap);
-      }
-      r = take_map (o, m.offset, (struct gmap *) buf);
-      out = r == 0 ? sizeof (struct gmap) : 0;
-      break;
-    default:
-      goto out;
-    }
-    if (sh_send_msg (fd, MSG_DONE, dflags, out, r == -1 ? errno : 0, 0, buf,
-                     out) == -1)
-      goto out;
+/* An admitted joiner's socket, between its requests. */
+struct session {
+  struct fsc_object *o;
+  int fd;
+  struct joiner_link jl;
+  struct fsc_upstream up;       /* fetches through the joiner: jl */
+  struct fsc_write w;
+  bool in_write;
+  unsigned char *buf;           /* payloads, both ways */
+  size_t cap;
+};
+
+/* S's buffer of at least N bytes.  False if there is no memory. */
+static bool
+grow (struct session *s, size_t n)
+{
+  if (n > s->cap) {
+    unsigned char *nb = realloc (s->buf, n);
+    if (nb == NULL)
+      return false;
+    s->buf = nb;
+    s->cap = n;
   }
-  goto out;
- refuse:
-  FSC_STAT_ADD (st, share_peers_refused, 1);
- out:
+  return true;
+}
+
+enum { REQ_OK, REQ_REFUSE, REQ_END };
+
+/* What a joiner may ask: ranges inside the object, reads of at most
+ * nbdkit's largest request, write spans of at most its largest zero or
+ * trim (the 32-bit count), and hit reports of the size the joiner
+ * sends.  Anything else ends the link (REQ_REFUSE, counted as a
+ * refusal; REQ_END if there is no memory for its payload).
+ */
+static int
+check_request (struct session *s, const struct msg *m)
+{
+  uint64_t end;
+  switch (m->type) {
+  case MSG_READ:
+  case MSG_PREFETCH:
+  case MSG_WBEGIN:
+    if ((m->type != MSG_WBEGIN && m->count > SHARE_MAX_COUNT) ||
+        ADD_OVERFLOW (m->offset, (uint64_t) m->count, &end) ||
+        end > s->o->size)
+      return REQ_REFUSE;
+    break;
+  case MSG_REF:
+    if (m->count > (MAX_REF_BLOCKS + 2) * 8)
+      return REQ_REFUSE;
+    break;
+  }
+  switch (m->type) {
+  case MSG_READ:
+  case MSG_WEND:
+  case MSG_REF:
+    if (m->count > SHARE_MAX_COUNT)
+      return REQ_REFUSE;
+    if (!grow (s, m->count))
+      return REQ_END;
+    break;
+  }
+  return REQ_OK;
+}
+
+/* Run request M (checked) and send its DONE.  Returns false if the
+ * link is to end.
+ */
+static bool
+answer (struct session *s, const struct msg *m)
+{
+  struct fsc_object *o = s->o;
+  int r = 0;
+  uint32_t out = 0;
+  unsigned dflags = 0;
+  switch (m->type) {
+  case MSG_READ: {
+    uint64_t missed = 0;
+    r = fsc_read_counted (o, s->buf, m->count, m->offset, &s->up, m->flags,
+                          &missed);
+    out = r == 0 ? m->count : 0;
+    if (r == 0 && missed == 0)
+      dflags = DONE_HIT;
+    break;
+  }
+  case MSG_PREFETCH:
+    r = fsc_object_prefetch (o, m->offset, m->count, &s->up, m->flags);
+    break;
+  case MSG_WBEGIN:
+    if (s->in_write) {
+      errno = EPROTO;
+      return false;
+    }
+    r = fsc_object_write_begin_flags (o, m->offset, m->count, m->flags,
+                                      &s->w);
+    s->in_write = true;         /* paired with an end, even if it failed */
+    break;
+  case MSG_WEND:
+    if (!s->in_write || ((m->flags & WEND_DATA) && m->count != s->w.count) ||
+        (!(m->flags & WEND_DATA) && m->count != 0) ||
+        (m->count && sh_recv_all (s->fd, s->buf, m->count) == -1))
+      return false;
+    fsc_object_write_end (o, &s->w, (m->flags & WEND_DATA) ? s->buf : NULL,
+                          m->flags & WEND_OK);
+    s->in_write = false;
+    break;
+  case MSG_COMMIT:
+    r = fsc_object_commit (o);
+    break;
+  case MSG_REF:
+    if (m->count < 16 || m->count % 8 ||
+        sh_recv_all (s->fd, s->buf, m->count) == -1)
+      return false;
+    note_refs (o, (const uint64_t *) s->buf, m->count / 8);
+    break;
+  case MSG_MAP:
+    if (!grow (s, sizeof (struct gmap)))
+      return false;
+    r = take_map (o, m->offset, (struct gmap *) s->buf);
+    out = r == 0 ? sizeof (struct gmap) : 0;
+    break;
+  default:
+    return false;
+  }
+  return sh_send_msg (s->fd, MSG_DONE, dflags, out, r == -1 ? errno : 0, 0,
+                      s->buf, out) == 0;
+}
+
+/* Serve one joiner's socket until it closes, the hello is refused or
+ * the link breaks.
+ */
+static void
+serve (struct fsc_object *o, int fd, bool *hello_counted)
+{
+  struct fsc_stats *st = &o->cache->stats;
+  if (!admit (o, fd, hello_counted))
+    return;
+
+  struct session s = { .o = o, .fd = fd, .jl = { .o = o, .fd = fd } };
+  s.up = (struct fsc_upstream) { .pread = fetch_from_joiner,
+                                 .opaque = &s.jl };
+  struct msg m;
+  while (sh_recv_msg (fd, &m) == 0) {
+    FSC_STAT_ADD (st, share_served, 1);
+    int c = check_request (&s, &m);
+    if (c == REQ_REFUSE)
+      FSC_STAT_ADD (st, share_peers_refused, 1);
+    if (c != REQ_OK || !answer (&s, &m))
+      break;
+  }
   /* A joiner gone between the two halves of a write: its blocks stay
    * dropped, as after a failed upstream write.
    */
-  if (in_write)
-    fsc_object_write_end (o, &w, NULL, false);
-  free (buf);
+  if (s.in_write)
+    fsc_object_write_end (o, &s.w, NULL, false);
+  free (s.buf);
 }
 
 struct conn_arg {
