@@ -78,31 +78,14 @@ fetch_map (struct fsc_object *o, uint64_t gi)
   return 0;
 }
 
-/* Serve a read from the shared files ourselves, without asking the
- * owner: the hit path of a joiner.  Safe without any lock the owner
- * holds because
- *  - what we serve is checked against the checksums of the group's
- *    map (the owner's index checksums, and for a block read in part
- *    its sub-block hashes from the sums file): a block evicted since
- *    (a hole) or being refilled fails the check;
- *  - a write changes a block's contents: the owner drops the block and
- *    then bumps its group's epoch before the write goes upstream
- *    (fsc_share_bump), so a map showing the old contents is stale
- *    before the write can be acknowledged; the epochs are read before
- *    and after our read, as a seqlock's readers do;
- *  - a withdrawal or a new owner bumps the object's epoch.
- * Returns DIRECT_SERVED; or (and nothing is known of BUF) if the owner
- * must serve it, DIRECT_ABSENT (a block not present or held in pieces
- * in our map) or DIRECT_NO (a read not aligned to sub-blocks at a
- * partial end, a check failing, a map we could not get).
- */
 /* The epochs of the object (*E0) and of groups G0..G1 (at most two,
- * into EG).  They only grow (sh_map_epochs): a slot lower than we saw it
- * was rolled back (a damaged or tampered file), and a map tagged with
- * the lower value might show blocks written since.  Then -1, and no
- * more hits of our own from these files: the owner serves every read.
- * Else the highest values seen are kept.  Loaded under j->lock, so
- * that two readers' loads are ordered and a slower one is no rollback.
+ * into EG).  They only grow (sh_map_epochs): a slot lower than we saw
+ * it was rolled back (a damaged or tampered file), and a map tagged
+ * with the lower value might show blocks written since.  Then -1, and
+ * no more hits of our own from these files: the owner serves every
+ * read.  Else the highest values seen are kept.  Loaded under j->lock,
+ * so that two readers' loads are ordered and a slower one is no
+ * rollback.
  */
 static int
 load_epochs (struct fsc_join *j, uint64_t g0, uint64_t g1, uint32_t *e0,
@@ -128,26 +111,18 @@ load_epochs (struct fsc_join *j, uint64_t g0, uint64_t g1, uint32_t *e0,
   return 0;
 }
 
-enum direct
-sh_direct_read (struct fsc_object *o, void *buf, uint32_t count,
-                uint64_t offset, unsigned flags)
+/* The checksums (CSUM) and zero bits (ZERO) of blocks B0..B1 from our
+ * maps of their groups, which must be tagged with the epochs E0 and EG
+ * (load_epochs).  A map missing or stale is taken again, once.
+ * Returns DIRECT_SERVED if the maps show every block present (it may
+ * be read here), else what sh_direct_read returns.
+ */
+static enum direct
+map_blocks (struct fsc_object *o, uint64_t b0, uint64_t b1, uint32_t e0,
+            const uint32_t *eg, uint64_t *csum, bool *zero)
 {
   struct fsc_join *j = o->join;
-  uint64_t end;
-  if (j->ep == NULL || count == 0 ||
-      ADD_OVERFLOW (offset, (uint64_t) count, &end) || end > o->size)
-    return DIRECT_NO;
-  const uint64_t b0 = offset >> o->bshift, b1 = (end - 1) >> o->bshift;
   const uint64_t g0 = GROUP_OF (b0), g1 = GROUP_OF (b1);
-  if (b1 - b0 >= FSC_GROUP_BLOCKS)
-    return DIRECT_NO;                       /* spans at most two groups */
-
-  uint32_t e0, eg[2];
-  if (load_epochs (j, g0, g1, &e0, eg) == -1)
-    return DIRECT_NO;
-
-  uint64_t csum[FSC_GROUP_BLOCKS];
-  bool zero[FSC_GROUP_BLOCKS];
   for (int attempt = 0; ; ++attempt) {
     bool stale = false, absent = false;
     pthread_mutex_lock (&j->lock);
@@ -181,7 +156,7 @@ sh_direct_read (struct fsc_object *o, void *buf, uint32_t count,
     if (!stale) {
       if (absent)
         return DIRECT_ABSENT;
-      break;
+      return DIRECT_SERVED;
     }
     if (attempt > 0)
       return DIRECT_NO;
@@ -189,7 +164,18 @@ sh_direct_read (struct fsc_object *o, void *buf, uint32_t count,
       if (fetch_map (o, gi) == -1)
         return DIRECT_NO;
   }
+}
 
+/* Read [OFFSET, OFFSET+COUNT), blocks B0..B1, from the files into BUF,
+ * checked with the maps' CSUM and ZERO (map_blocks).  Returns
+ * DIRECT_SERVED if every check passed, else DIRECT_NO.
+ */
+static enum direct
+read_blocks (struct fsc_object *o, void *buf, uint32_t count,
+             uint64_t offset, uint64_t b0, uint64_t b1, const uint64_t *csum,
+             const bool *zero)
+{
+  const uint64_t end = offset + count;
   /* Block by block: whole ones straight into BUF, checked with the
    * index checksum; partial ends by sub-blocks, checked with their
    * hashes, which are checked with the index checksum.
@@ -229,23 +215,47 @@ sh_direct_read (struct fsc_object *o, void *buf, uint32_t count,
         goto stale;
     }
   }
+  return DIRECT_SERVED;
 
-  /* Nothing changed meanwhile, and the owner that gave the maps is
-   * still there (else the owner, or its successor, serves it).  Once
-   * is enough, at the end: a watch that has not ended now had not
-   * ended when the read began either.
+ stale:
+  /* A check failed: the block was evicted or is being refilled since
+   * the map was taken (or a read failed).  Take the maps again next
+   * time, so that a block gone stays with the owner.
    */
+  sh_forget_maps (o, offset, count);
+  return DIRECT_NO;
+}
+
+/* Nothing changed meanwhile (the epochs of the object, E0, and of
+ * groups G0..G1, EG), and the owner that gave the maps is still there
+ * (else the owner, or its successor, serves it).  Once is enough, at
+ * the end: a watch that has not ended now had not ended when the read
+ * began either.
+ */
+static bool
+unchanged (struct fsc_join *j, uint64_t g0, uint64_t g1, uint32_t e0,
+           const uint32_t *eg)
+{
   if (__atomic_load_n (&j->ep[0], __ATOMIC_SEQ_CST) != e0)
-    return DIRECT_NO;
+    return false;
   for (uint64_t gi = g0; gi <= g1; ++gi)
     if (__atomic_load_n (&j->ep[sh_slot_of (gi)], __ATOMIC_SEQ_CST) !=
         eg[gi - g0])
-      return DIRECT_NO;
+      return false;
   pthread_mutex_lock (&j->lock);
   bool alive = sh_owner_alive_locked (j);
   pthread_mutex_unlock (&j->lock);
-  if (!alive)
-    return DIRECT_NO;
+  return alive;
+}
+
+/* A hit of COUNT bytes, blocks B0..B1, served here: counted, and kept
+ * for the owner's counters and policy (sh_report_hits).
+ */
+static void
+note_hit (struct fsc_object *o, uint64_t b0, uint64_t b1, uint32_t count,
+          unsigned flags)
+{
+  struct fsc_join *j = o->join;
   FSC_STAT_ADD (&o->cache->stats, share_direct_bytes, count);
   FSC_STAT_ADD (&o->cache->stats, hit_bytes, count);
   /* For the owner's counters and policy: a stream's hits are no
@@ -262,15 +272,54 @@ sh_direct_read (struct fsc_object *o, void *buf, uint32_t count,
   pthread_mutex_unlock (&j->lock);
   if (full)
     sh_report_hits (o, false);
-  return DIRECT_SERVED;
+}
 
- stale:
-  /* A check failed: the block was evicted or is being refilled since
-   * the map was taken (or a read failed).  Take the maps again next
-   * time, so that a block gone stays with the owner.
-   */
-  sh_forget_maps (o, offset, count);
-  return DIRECT_NO;
+/* Serve a read from the shared files ourselves, without asking the
+ * owner: the hit path of a joiner.  Safe without any lock the owner
+ * holds because
+ *  - what we serve is checked against the checksums of the group's
+ *    map (the owner's index checksums, and for a block read in part
+ *    its sub-block hashes from the sums file): a block evicted since
+ *    (a hole) or being refilled fails the check;
+ *  - a write changes a block's contents: the owner drops the block and
+ *    then bumps its group's epoch before the write goes upstream
+ *    (fsc_share_bump), so a map showing the old contents is stale
+ *    before the write can be acknowledged; the epochs are read before
+ *    and after our read, as a seqlock's readers do;
+ *  - a withdrawal or a new owner bumps the object's epoch.
+ * Returns DIRECT_SERVED; or (and nothing is known of BUF) if the owner
+ * must serve it, DIRECT_ABSENT (a block not present or held in pieces
+ * in our map) or DIRECT_NO (a read not aligned to sub-blocks at a
+ * partial end, a check failing, a map we could not get).
+ */
+enum direct
+sh_direct_read (struct fsc_object *o, void *buf, uint32_t count,
+                uint64_t offset, unsigned flags)
+{
+  struct fsc_join *j = o->join;
+  uint64_t end;
+  if (j->ep == NULL || count == 0 ||
+      ADD_OVERFLOW (offset, (uint64_t) count, &end) || end > o->size)
+    return DIRECT_NO;
+  const uint64_t b0 = offset >> o->bshift, b1 = (end - 1) >> o->bshift;
+  const uint64_t g0 = GROUP_OF (b0), g1 = GROUP_OF (b1);
+  if (b1 - b0 >= FSC_GROUP_BLOCKS)
+    return DIRECT_NO;                       /* spans at most two groups */
+
+  uint32_t e0, eg[2];
+  if (load_epochs (j, g0, g1, &e0, eg) == -1)
+    return DIRECT_NO;
+
+  uint64_t csum[FSC_GROUP_BLOCKS];
+  bool zero[FSC_GROUP_BLOCKS];
+  enum direct d = map_blocks (o, b0, b1, e0, eg, csum, zero);
+  if (d != DIRECT_SERVED)
+    return d;
+  if (read_blocks (o, buf, count, offset, b0, b1, csum, zero) !=
+      DIRECT_SERVED || !unchanged (j, g0, g1, e0, eg))
+    return DIRECT_NO;
+  note_hit (o, b0, b1, count, flags);
+  return DIRECT_SERVED;
 }
 
 /* Send the hits served here to the owner (note_refs): when REF_BATCH
