@@ -342,7 +342,7 @@ each_object (struct fsc_cache *cache, bool budgets)
 
   pthread_mutex_lock (&cache->lock);
   for (struct fsc_object *o = cache->objects; o; o = o->next) {
-    /* A shell (share.c) has nothing to commit: its owner does that. */
+    /* A shell (share-joiner.c) has nothing to commit: its owner does that. */
     if (o->closing || !o->ready || o->join)
       continue;
     /* Another process wrote upstream past us: drop our copy. */
@@ -486,7 +486,7 @@ fsc_cache_close (struct fsc_cache *cache)
    * here, which commits them and marks them clean.  First the other
    * processes' requests end (their references are the closer's then),
    * and shells let go of the objects they took over, which are listed
-   * themselves (share.c).
+   * themselves (share-joiner.c).
    */
   pthread_mutex_lock (&cache->lock);
   size_t nobj = 0;

@@ -160,7 +160,7 @@ struct fsc_open_info {
   unsigned old_version;         /* reused an index of this older format
                                  * version (now upgraded); 0 if not */
   bool joined;                  /* another process holds it: requests go
-                                 * to that process (share.c) */
+                                 * to that process (share-*.c) */
   bool refused;                 /* that process refused us: REASON says
                                  * why, the owner_* fields its settings */
   int owner_pid;                /* the holder, when joined or refused */
@@ -175,7 +175,7 @@ struct fsc_open_info {
  * (INFO->refused, INFO->reason and the owner_* fields say which).
  *
  * If another process holds it, the object returned joins that one's
- * (INFO->joined; share.c): its requests are served by that process.
+ * (INFO->joined; share-joiner.c): its requests are served by that process.
  *
  * With PARAMS->offline the recorded copy is taken as it is, without the
  * fingerprint comparison (nothing upstream to sample), and nothing is
@@ -290,9 +290,9 @@ struct fsc_write {
   uint64_t first_group, ngroups;
   uint32_t *epochs;             /* epoch of each group after invalidating */
   void *head, *tail;            /* old contents of partial end blocks */
-  struct fsc_object *local;     /* share.c: the object a joined write
+  struct fsc_object *local;     /* share-joiner.c: the object a joined write
                                  * went to, once taken over */
-  int join_fd;                  /* share.c: the socket a joined write
+  int join_fd;                  /* share-joiner.c: the socket a joined write
                                  * holds until its end, or -1 */
 };
 

@@ -258,9 +258,9 @@ struct fsc_object {
   int withdraw_err;             /* errno that withdrew it */
   unsigned pending_fills;       /* queued on the cache's fill thread */
   bool busy;                    /* another process holds it: uncached */
-  struct share_server *share;   /* share.c: serving other processes */
-  struct fsc_join *join;        /* share.c: joined another's: a shell */
-  struct fsc_open_info refusal; /* share.c: its owner refused us */
+  struct share_server *share;   /* share-owner.c: serving others */
+  struct fsc_join *join;        /* share-*.c: joined another's: a shell */
+  struct fsc_open_info refusal; /* share-*.c: its owner refused us */
   bool test_no_claim;           /* NBD_FSCACHE_TEST_NO_CLAIM: a read
                                  * does not wait for a block another
                                  * request is fetching (tests only) */
@@ -946,7 +946,7 @@ extern void fsc_fill_blocks (struct fsc_object *o, uint64_t b, uint64_t n,
                              unsigned flags);
 
 
-/* share.c: one object for the whole host (see there). */
+/* share-*.c: one object for the whole host (share-int.h). */
 extern int fsc_share_start (struct fsc_object *o);
 extern void fsc_share_stop (struct fsc_object *o);
 extern int fsc_share_join (struct fsc_object *o,
@@ -975,7 +975,7 @@ extern int fsc_read_counted (struct fsc_object *o, void *buf, uint32_t count,
 extern void fsc_share_bump (struct fsc_object *o, uint64_t g0, uint64_t g1);
 extern void fsc_share_bump_all (struct fsc_object *o);
 /* object.c: open the object for P in this process, holding it (no
- * joining), listed; for share.c's takeover.  Returns 0 or -1 (busy,
+ * joining), listed; for share-link.c's takeover.  Returns 0 or -1 (busy,
  * or the files failed).
  */
 extern int fsc_object_open_local (struct fsc_cache *c,

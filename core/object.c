@@ -25,7 +25,7 @@
  * cache's own files: the files are unlinked, so that nothing stale
  * survives, and the object stays listed, withdrawn, until its last
  * user closes it.  An object held by another process is joined: this
- * process's requests go to that one (share.c).  One that cannot be
+ * process's requests go to that one (share-*.c).  One that cannot be
  * joined (writeback, offline, another upstream) is served uncached
  * here; a write through it leaves a mark (NAME.stale) beside the
  * object's files, and the holder withdraws its copy when it sees the
@@ -91,7 +91,7 @@ fsc_withdraw (struct fsc_object *o, int err)
 
   FSC_STAT_ADD (&o->cache->stats, withdrawals, 1);
   FSC_OSTAT_ADD (o, withdrawals, 1);
-  /* Joiners stop serving hits from the files themselves (share.c). */
+  /* Joiners stop serving hits from the files themselves (share-direct.c). */
   fsc_share_bump_all (o);
   /* The index may name blocks whose upstream content will change while
    * we are not tracking writes any more: remove it so that nobody can
@@ -359,7 +359,7 @@ fsc_object_open (struct fsc_cache *c, const struct fsc_object_params *p,
     fsc_data_close (o);
     if (o->sfd >= 0) { close (o->sfd); o->sfd = -1; }
     if (o->ifd >= 0) { close (o->ifd); o->ifd = -1; }
-    /* Another process holds it: join that one's (share.c). */
+    /* Another process holds it: join that one's (share-joiner.c). */
     if (o->busy && !p->exclusive && !p->offline) {
       if (fsc_share_join (o, p, info) == 0) {
         info->err = 0;
@@ -554,7 +554,7 @@ close_object (struct fsc_object *o)
   struct fsc_cache *c = o->cache;
 
   if (o->join) {
-    /* A shell (share.c): nothing of its own on disk. */
+    /* A shell (share-joiner.c): nothing of its own on disk. */
     fsc_share_leave (o);
     unlist_object (c, o);
     free_object (o);

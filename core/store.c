@@ -372,7 +372,7 @@ fsc_object_write_begin_flags (struct fsc_object *o, uint64_t offset,
   int r = write_begin_pinned (o, offset, count, flags, w);
   int e = errno;
   /* The blocks are dropped: joiners' maps of them are stale from now
-   * on, before the write goes upstream (share.c).
+   * on, before the write goes upstream (share-epochs.c).
    */
   fsc_share_bump (o, g0, g1);
   if (pinned)

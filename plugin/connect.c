@@ -601,7 +601,7 @@ fscache_prepare (nbdkit_next *next, void *handle, int readonly)
     return prepare_offline (h, &p);
   if (wb_wanted (h) == -1)
     return -1;
-  /* The write log is one process's: never shared (share.c). */
+  /* The write log is one process's: never shared (core/share-*.c). */
   p.exclusive = h->wbmode;
 
   int64_t size = upstream_get_size (&h->upstream);

@@ -770,7 +770,7 @@ test_paging (void)
 
 /* Two caches on one directory stand for two processes (the index's
  * flock is per open file, so the second finds the object held): the
- * second joins the first's object (share.c).  Its reads are served by
+ * second joins the first's object (share-joiner.c).  Its reads are served by
  * the owner and filled once, its writes drop the owner's blocks, a
  * block size of its own is refused, and when the owner's cache closes
  * the joiner takes the object over, still warm.
