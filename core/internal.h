@@ -1,4 +1,7 @@
-/* libfscache: what the files of core/ share, and nobody else.
+/* libfscache: what the files of core/ share, and nobody else: the
+ * cache's and the object's state.  Each file's own interface is in a
+ * header of its own where one has grown (fill.h, hit.h, fetch.h,
+ * lookup.h, share-int.h, wlog-int.h).
  *
  * Locking, in the order they may be taken:
  *   cache->lock   the object list and the committer's state
@@ -22,46 +25,8 @@
 #include "keyenc.h"
 #include "utils.h"
 
-/* A fill handed to the cache's fill thread: N claimed blocks from
- * BLOCK of OBJ (a reference is held), their bytes in DATA.
- */
-#define FSC_FILL_MAX_GROUPS (1024 / 64 + 2)
-struct fsc_fill {
-  struct fsc_fill *next;
-  struct fsc_object *obj;
-  unsigned readers;             /* copying from DATA (fsc_fill_copy) */
-  bool done;                    /* written: the last reader frees it */
-  uint64_t block, nblocks;
-  uint64_t start;               /* export offset of DATA: the first
-                                 * block's start, or one of its pieces */
-  size_t len;
-  size_t cap;                   /* of DATA's buffer */
-  unsigned flags;               /* FSC_FILL_* */
-  uint64_t epochs[FSC_FILL_MAX_GROUPS];
-  unsigned char *data;          /* LEN bytes, from fsc_buf_get */
-};
-
-/* A throughput meter (fill.c): bytes per second of busy time, "busy"
- * meaning at least one measured operation in progress, so that
- * overlapping operations (the upstream's concurrent fetches) count
- * their time once and idle time (no client asking) not at all.  Bytes
- * and busy time add up in a window; once it holds METER_WINDOW_NS of
- * busy time, the next end closes it, and its rate moves the average
- * RATE a quarter of the way (an exponential moving average over the
- * last few windows).  Begin and end take LOCK; RATE is read without it.
- */
-struct fsc_meter {
-  pthread_mutex_t lock;
-  unsigned active;              /* operations in progress */
-  uint64_t mark_ns;             /* busy time is counted up to here */
-  uint64_t win_ns, win_bytes;   /* the window being filled */
-  uint64_t total_ns;            /* all busy time, for BUSY_US */
-  uint64_t *busy_us;            /* the stats counter it adds to */
-  uint64_t rate;                /* bytes/s (relaxed atomics); 0 until
-                                 * the first window closes */
-  uint64_t peak;                /* the best window's rate, decaying
-                                 * (relaxed atomics) */
-};
+/* The fill thread, its jobs and its meters (fill.c). */
+#include "fill.h"
 
 struct fsc_cache {
   int dirfd;                    /* the cache directory */
@@ -377,97 +342,6 @@ extern bool fsc_object_has_dirty (struct fsc_object *obj);
  */
 extern void *fsc_scratch (struct fsc_cache *cache, size_t size);
 
-/* fill.c: a fill job with room for LEN bytes, or NULL with errno if
- * fills are not done in the background (ENOTSUP: no thread, or it is
- * stopping; ENOMEM).
- */
-extern struct fsc_fill *fsc_fill_new (struct fsc_cache *cache, size_t len);
-
-/* fill.c: bytes the fill queue has room for now (a hint: no lock
- * held after).  Takes cache->fill_lock.
- */
-extern size_t fsc_fill_room (struct fsc_cache *cache);
-
-/* fill.c: queue F for OBJ (taking a reference on OBJ), or -1 with
- * errno EAGAIN if the queue is full (the cache disk is behind) or the
- * thread is stopping; F is then still the caller's.
- */
-extern int fsc_fill_submit (struct fsc_cache *cache, struct fsc_object *obj,
-                            struct fsc_fill *f);
-
-/* fill.c: if a fill job of OBJ, queued or being written, holds the
- * bytes [LO, HI) of block B with claim epoch EPOCH, copy them to DST
- * and return true.  Takes cache->fill_lock, never obj->lock.
- */
-extern bool fsc_fill_copy (struct fsc_cache *cache, struct fsc_object *obj,
-                           uint64_t b, uint64_t epoch, uint64_t lo,
-                           uint64_t hi, void *dst);
-
-/* fill.c: true if the cache disk is the bottleneck: fills are written
- * at less than a third of the upstream's rate (their meters' rates).
- * A client's read whose fill a full queue refuses then skips it rather
- * than wait for the disk.  No lock.
- */
-extern bool fsc_fill_slower (struct fsc_cache *cache);
-
-/* fill.c: may a client's read fill LEN more bytes?  Always, unless
- * fills are slower than the upstream; then they are admitted at a
- * fiftieth of the fills' own rate, after a burst of 64 MiB, so that
- * they take a bounded share of the CPUs a fast upstream's reads need
- * too.  Before the rates are known, only within that burst; that
- * alone applies to a SPECULATIVE prefetch (readahead).  Takes
- * cache->budget_lock.
- */
-extern bool fsc_fill_budget (struct fsc_cache *cache, uint64_t len,
-                             bool speculative);
-
-/* fill.c: true if fills are slower than the upstream, so that client
- * reads fill only within the budget above.  No lock.
- */
-extern bool fsc_fill_budgeted (struct fsc_cache *cache);
-
-/* fill.c: note one upstream read's time; and is the upstream remote,
- * its reads taking REMOTE_NS (1 ms) or more on average?  No lock.
- */
-extern void fsc_upstream_latency (struct fsc_cache *cache, uint64_t ns);
-extern bool fsc_upstream_remote (struct fsc_cache *cache);
-
-/* fill.c: true if the fill queue is more than half full, i.e. the
- * cache disk is behind the upstream (whether it is also the bottleneck
- * is fsc_fill_slower's question).  No lock.
- */
-extern bool fsc_fill_congested (struct fsc_cache *cache);
-
-/* fill.c: set up meter M, whose busy time adds to the stats counter
- * *BUSY_US; and free it.
- */
-extern void fsc_meter_init (struct fsc_meter *m, uint64_t *busy_us);
-extern void fsc_meter_destroy (struct fsc_meter *m);
-
-/* fill.c: an operation of meter M begins; it ends having moved BYTES
- * (0 if it failed).  Take m->lock.
- */
-extern void fsc_meter_begin (struct fsc_meter *m);
-extern void fsc_meter_end (struct fsc_meter *m, uint64_t bytes);
-
-/* fill.c: free a job that was not submitted. */
-extern void fsc_fill_free (struct fsc_cache *cache, struct fsc_fill *f);
-
-/* fill.c: a buffer of at least SIZE bytes, mapped apart from malloc's
- * arenas or reused, its capacity in *CAP; or NULL.  Give it back with
- * fsc_buf_put (P may be NULL); fsc_buf_pool_free unmaps those kept.
- * Takes cache->fill_lock.
- */
-extern void *fsc_buf_get (struct fsc_cache *cache, size_t size, size_t *cap);
-extern void fsc_buf_put (struct fsc_cache *cache, void *p, size_t cap);
-extern void fsc_buf_pool_free (struct fsc_cache *cache);
-
-/* fill.c: start the fill thread (without it fills are synchronous), and
- * stop it after finishing every queued job.
- */
-extern int fsc_fill_start (struct fsc_cache *cache);
-extern void fsc_fill_stop (struct fsc_cache *cache);
-
 /* cache.c: ask the committer to run soon. */
 extern void fsc_cache_kick (struct fsc_cache *cache);
 
@@ -585,58 +459,8 @@ extern int fsc_open_file_flags (const struct fsc_object *o,
 /* object.c: the same for file NAME in directory DIRFD. */
 extern int fsc_openat_own (int dirfd, const char *name, int flags);
 
-/* groups.c: set up and free O's group table; allocate group GI (and
- * its path) if absent, returning it or NULL (no memory); the first
- * allocated group at GI or after, or o->ngroups.  Under o->lock once
- * the object is listed.
- */
-extern int fsc_gtable_init (struct fsc_object *o);
-extern void fsc_gtable_free (struct fsc_object *o);
-extern struct group *fsc_grp_alloc (struct fsc_object *o, uint64_t gi);
-extern uint64_t fsc_grp_next (const struct fsc_object *o, uint64_t gi);
-
-/* groups.c: paging (see the top of groups.c).  Make groups G0..G1
- * resident, reading the records of those that are not, and pin them
- * (not paged out until unpinned).  Without o->lock.  Returns 0, or -1
- * with errno and no pins held if a record could not be read or a group
- * held (the object is withdrawn then).
- */
-extern int fsc_groups_pin (struct fsc_object *o, uint64_t g0, uint64_t g1);
-/* groups.c: pin G0..G1 if all are resident (not loading) and return
- * true; else pin nothing and return false.  Caller holds o->lock.
- */
-extern bool fsc_groups_pin_resident (struct fsc_object *o, uint64_t g0,
-                                     uint64_t g1);
-/* groups.c: drop the pins of G0..G1 (taken by a successful
- * fsc_groups_pin).  Without o->lock.
- */
-extern void fsc_groups_unpin (struct fsc_object *o, uint64_t g0,
-                              uint64_t g1);
-/* groups.c: page out unused groups until at most o->res_max are
- * resident, or none more can go.  Caller holds o->lock.
- */
-extern void fsc_groups_trim (struct fsc_object *o);
-/* groups.c: read the records of up to N groups with records from
- * group *GI on (wrapping), so that the eviction policy sees them;
- * *FIRST is set to the first of them, *GI moves past them.  Without
- * o->lock.  Returns 0 or -1 with errno.
- */
-extern int fsc_groups_page_in (struct fsc_object *o, uint64_t *first,
-                               uint64_t *gi, unsigned n);
-/* groups.c: fill G (of group REC->group, slot SLOT on disk) from the
- * record REC, dropping what damage could have made wrong.
- */
-extern void fsc_group_from_rec (struct fsc_object *o, struct group *g,
-                                const struct fsc_grec *rec, int slot);
-/* groups.c: the present blocks of G (group GI) and their bytes. */
-extern void fsc_group_count (const struct fsc_object *o, uint64_t gi,
-                             const struct group *g, uint64_t *blocks,
-                             uint64_t *bytes);
-/* groups.c: the census (after a crash, or an index without gauges):
- * count every non-resident group's record into o->nonres_*.  Stops
- * early (returning 0) if the object is withdrawn.  Without o->lock.
- */
-extern int fsc_groups_census (struct fsc_object *o);
+/* The group table and its paging (groups.c). */
+#include "groups.h"
 
 /* Group GI (< o->ngroups), or NULL if none is allocated. */
 static inline struct group *
@@ -732,43 +556,8 @@ zero_csum (const struct fsc_object *o, uint64_t b)
     ? o->zcsum : o->zcsum_last;
 }
 
-/* sums.c: hash each 4 KiB sub-block of LEN bytes at P into OUT;
- * returns how many (the last may be short).
- */
-extern unsigned fsc_sub_hashes (const unsigned char *p, uint64_t len,
-                                uint64_t *out);
-
-/* sums.c: the index checksum of a block from its K sub-block hashes. */
-extern uint64_t fsc_sums_csum (const uint64_t *sums, unsigned k);
-
-/* sums.c: the index checksum of a whole block of LEN bytes at P. */
-extern uint64_t fsc_block_csum (const unsigned char *p, uint64_t len);
-
-/* sums.c: set O->zcsum and O->zcsum_last from its geometry (block_size,
- * size, nblocks).
- */
-extern void fsc_zero_csums (struct fsc_object *o);
-
-/* sums.c: copy into SUMS the K hashes of block B kept from an earlier
- * check against CSUM with PIECES, and return true; or false if none are
- * kept.  Remember them after a check.  Take o->lock (the _locked one:
- * the caller holds it).
- */
-extern bool fsc_scache_get_locked (struct fsc_object *o, uint64_t b,
-                                   uint64_t csum, unsigned pieces,
-                                   uint64_t *sums, unsigned k);
-extern bool fsc_scache_get (struct fsc_object *o, uint64_t b, uint64_t csum,
-                            unsigned pieces, uint64_t *sums, unsigned k);
-extern void fsc_scache_put (struct fsc_object *o, uint64_t b, uint64_t csum,
-                            unsigned pieces, const uint64_t *sums,
-                            unsigned k);
-
-/* sums.c: zero the K sub-block hashes of a block at SUMS that lie in
- * none of its pieces P (0: the whole block, nothing to zero), as the
- * index checksum of a block held in pieces counts them.
- */
-extern void fsc_sums_mask (const struct fsc_object *o, uint64_t *sums,
-                           unsigned k, unsigned p);
+/* Checksums and the hash cache (sums.c). */
+#include "sums.h"
 
 /* commit.c: queue group GI for the next commit.  Caller holds
  * o->lock.  Returns 0, or -1 (ENOMEM).
