@@ -335,6 +335,13 @@ reclaimer (void *arg)
 {
   struct fsc_object *o = arg;
   int r = 0;
+  /* Test knob: with NBD_FSCACHE_TEST_RECLAIM_GATE=FILE the walk (and
+   * the census) waits until FILE exists, so that a test can count the
+   * index reads of an open alone (tests/unit-object.c, paging).
+   */
+  const char *gate = getenv ("NBD_FSCACHE_TEST_RECLAIM_GATE");
+  while (gate && *gate && access (gate, F_OK) == -1 && !stopping (o))
+    poll (NULL, 0, 10);
   /* The gauges first: leaked () needs them. */
   if (o->census_next < o->ngroups)
     r = fsc_groups_census (o);

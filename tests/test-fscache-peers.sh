@@ -25,6 +25,10 @@
 #     --tls-psk) exchange ranges; a third without the key gets nothing
 #     through the peer path (peer_read_bytes 0, refused for no TLS),
 #     and neither does a bare client asking for a peer export name.
+#  7. Membership read again: node 1's file first lists only itself,
+#     and it serves node 2's copy; then its file lists both, and node
+#     1's own copy takes node 2's ranges from node 2: node 1 read bytes
+#     from a peer, and the origin sent the image about once.
 #  6. Real components: two proxies over TCP on 127.0.0.1 in front of
 #     nginx through the curl plugin: identical copies, and nginx's
 #     access log sent the image about once.
@@ -274,6 +278,27 @@ fresh
        "$(stat_value "$TMP/s2" peer_read_bytes) bytes from each other;" \
        "$r connections refused"
   stop_nbdkit "$TMP/o6.pid"
+
+# ---- 7. The peers file read again when it changes. ----
+fresh
+origin o7 "$img"
+self 1 > "$TMP/p7a"
+{ self 1; self 2; } > "$TMP/p7b"
+node 1 o7 "$TMP/p7a"; node 2 o7 "$TMP/p7b"
+copy 2
+cmp "$img" "$TMP/out2" || fail "part 7: node 2's copy differs"
+{ self 1; self 2; } > "$TMP/p7a"
+copy 1
+cmp "$img" "$TMP/out1" || fail "part 7: node 1's copy differs"
+stop_nodes 1 2
+got=$(log_read_bytes "$TMP/o7.log")
+pr=$(stat_value "$TMP/s1" peer_read_bytes)
+echo "part 7: after its file changed node 1 read $pr bytes from node 2;" \
+     "the origin sent $got bytes for two copies of $size"
+[ "$pr" -gt 0 ] || fail "part 7: node 1 did not take up its new peers file"
+[ "$got" -le $((size * 11 / 10)) ] ||
+  fail "part 7: the origin sent $got bytes, over 1.1 times the image"
+stop_nbdkit "$TMP/o7.pid"
 
 # ---- 6. TCP peers, nginx and curl. ----
 if ! nbdkit curl --dump-plugin >/dev/null 2>&1 || ! command -v nginx >/dev/null
