@@ -98,21 +98,13 @@
  */
 #define PAGE_IN_GROUPS 256
 
-static uint64_t
-now_ms (void)
-{
-  struct timespec ts;
-  clock_gettime (CLOCK_MONOTONIC, &ts);
-  return (uint64_t) ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 /* Below the free space floor, or stopped by the daemon?  Looks at most
  * every SPACE_CHECK_MS; between looks, the last answer.
  */
 static bool
 space_low (struct fsc_cache *c)
 {
-  uint64_t now = now_ms ();
+  uint64_t now = fsc_mono_ms ();
   uint64_t last = __atomic_load_n (&c->space_checked_ms, __ATOMIC_RELAXED);
   if (now - last < SPACE_CHECK_MS ||
       !__atomic_compare_exchange_n (&c->space_checked_ms, &last, now, false,

@@ -78,14 +78,6 @@ fsc_object_counters (struct fsc_object *o, struct fsc_ostats *out)
   fsc_ostats_snapshot (o, out);
 }
 
-static uint64_t
-now_ms (void)
-{
-  struct timespec ts;
-  clock_gettime (CLOCK_REALTIME, &ts);
-  return (uint64_t) ts.tv_sec * 1000 + (uint64_t) ts.tv_nsec / 1000000;
-}
-
 void
 fsc_live_format (FILE *fp, const struct fsc_live_head *h,
                  const struct fsc_ostats *s)
@@ -149,7 +141,7 @@ fsc_live_write (int dirfd, const char *name, const struct fsc_live_head *h,
 void
 fsc_live_publish (struct fsc_object *o, bool open, bool force)
 {
-  const uint64_t now = now_ms ();
+  const uint64_t now = fsc_wall_ms ();
   const uint64_t interval = o->cache->commit_interval_ms;
   /* Only while we hold the object (ifd, with its flock): an object
    * another process holds is that process's to publish.

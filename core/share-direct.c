@@ -72,7 +72,7 @@ fetch_map (struct fsc_object *o, uint64_t gi)
   sh_put_conn (o, fd, true);
   if (err || m.gi != gi)
     return -1;
-  m.taken_ms = sh_now_ms ();
+  m.taken_ms = fsc_mono_ms ();
   SCOPED_LOCK (&j->lock);
   j->maps[gi % NMAPS] = m;
   return 0;
@@ -145,7 +145,7 @@ map_blocks (struct fsc_object *o, uint64_t b0, uint64_t b1, uint32_t e0,
            * filled since are served here.
            */
           absent = true;
-          if (sh_now_ms () - m->taken_ms > MAP_FRESH_MS)
+          if (fsc_mono_ms () - m->taken_ms > MAP_FRESH_MS)
             j->maps[gi % NMAPS].gi = UINT64_MAX;
         }
         csum[b - b0] = m->csum[IDX_OF (b)];

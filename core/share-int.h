@@ -221,7 +221,6 @@ struct fsc_join {
 };
 
 /* share-wire.c: the socket and its messages. */
-extern uint64_t sh_now_ms (void);
 extern int sh_sock_addr (const struct fsc_object *o, struct sockaddr_un *sa,
                          char *name, size_t namelen);
 extern int sh_send_all (int fd, const void *buf, size_t len);

@@ -69,10 +69,10 @@ fsc_share_join (struct fsc_object *o, const struct fsc_object_params *p,
    * writeback proxy, nbd-fscached culling, a tool) leaves us uncached,
    * as before sharing.
    */
-  uint64_t deadline = sh_now_ms () + TAKEOVER_MS;
+  uint64_t deadline = fsc_mono_ms () + TAKEOVER_MS;
   int fd;
   while ((fd = sh_join_connect (o, p, &reason, &wel)) == -1 &&
-         (errno == ENOENT || errno == ECONNREFUSED) && sh_now_ms () < deadline)
+         (errno == ENOENT || errno == ECONNREFUSED) && fsc_mono_ms () < deadline)
     poll (NULL, 0, RETRY_MS);
   if (fd == -1 && errno == EPERM) {
     info->reason = reason;

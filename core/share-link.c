@@ -104,7 +104,7 @@ sh_join_connect (struct fsc_object *o, const struct fsc_object_params *p,
   };
   struct msg m;
   uid_t uid;
-  const uint64_t welcome_by = sh_now_ms () + HELLO_MS;
+  const uint64_t welcome_by = fsc_mono_ms () + HELLO_MS;
   sh_set_send_timeout (fd);
   /* An owner of another user (a socket planted in its place) could
    * feed us bytes that we would serve as the upstream's: refused.
@@ -187,11 +187,11 @@ sh_get_conn (struct fsc_object *o, struct fsc_object **local)
     pthread_mutex_unlock (&j->lock);
     return fd;
   }
-  if (j->broken && sh_now_ms () < j->retry_at) {
+  if (j->broken && fsc_mono_ms () < j->retry_at) {
     pthread_mutex_unlock (&j->lock);
     return -1;
   }
-  uint64_t deadline = sh_now_ms () + TAKEOVER_MS;
+  uint64_t deadline = fsc_mono_ms () + TAKEOVER_MS;
  again:;
   /* Connect (with the lock: one rejoin or takeover at a time). */
   struct welcome wel;
@@ -240,7 +240,7 @@ sh_get_conn (struct fsc_object *o, struct fsc_object **local)
     *local = l;
     FSC_STAT_ADD (&o->cache->stats, share_takeovers, 1);
   }
-  else if (errno == EWOULDBLOCK && sh_now_ms () < deadline) {
+  else if (errno == EWOULDBLOCK && fsc_mono_ms () < deadline) {
     /* Another process holds it and is not listening yet: it is
      * taking over (or starting).  Its socket comes in milliseconds;
      * the upstream would cost this request far more.
@@ -258,7 +258,7 @@ sh_get_conn (struct fsc_object *o, struct fsc_object **local)
   else {
     /* Nobody came: uncached for a while, then requests try again. */
     j->broken = true;
-    j->retry_at = sh_now_ms () + RETRY_AFTER_MS;
+    j->retry_at = fsc_mono_ms () + RETRY_AFTER_MS;
   }
   pthread_mutex_unlock (&j->lock);
   return -1;
@@ -317,7 +317,7 @@ sh_run (struct fsc_object *o, int fd, unsigned type, unsigned flags,
      * taken for gone: the link breaks, and the request is served
      * without it.
      */
-    const uint64_t reply_by = sh_now_ms () + REPLY_MS;
+    const uint64_t reply_by = fsc_mono_ms () + REPLY_MS;
     if (sh_recv_msg_until (fd, &m, reply_by) == -1)
       goto out;
     if (m.type == MSG_DONE) {

@@ -79,7 +79,7 @@ fetch_deadline (struct share_server *srv, uint32_t count)
                       FETCH_SLOW_FACTOR * srv->slow_ms);
   uint64_t per_mib = MAX ((uint64_t) FETCH_FLOOR_MS_PER_MIB,
                           FETCH_SLOW_FACTOR * srv->slow_ms_per_mib);
-  return sh_now_ms () + lat + per_mib * count / (1024 * 1024);
+  return fsc_mono_ms () + lat + per_mib * count / (1024 * 1024);
 }
 
 /* A fetch of COUNT bytes took MS (the maxima decay by 1/8 a fetch), or
@@ -123,7 +123,7 @@ fetch_from_joiner (void *opaque, void *buf, uint32_t count, uint64_t offset)
 {
   struct joiner_link *jl = opaque;
   struct share_server *srv = jl->o->share;
-  const uint64_t t0 = sh_now_ms (), deadline = fetch_deadline (srv, count);
+  const uint64_t t0 = fsc_mono_ms (), deadline = fetch_deadline (srv, count);
   struct msg m;
   if (sh_send_msg (jl->fd, MSG_FETCH, 0, count, 0, offset, NULL, 0) == -1 ||
       sh_recv_msg_until (jl->fd, &m, deadline) == -1)
@@ -142,7 +142,7 @@ fetch_from_joiner (void *opaque, void *buf, uint32_t count, uint64_t offset)
   }
   if (sh_recv_all_until (jl->fd, buf, count, deadline) == -1)
     goto broken;
-  note_fetch_time (srv, count, sh_now_ms () - t0);
+  note_fetch_time (srv, count, fsc_mono_ms () - t0);
   return 0;
  broken:;
   int e = errno;
@@ -264,7 +264,7 @@ admit (struct fsc_object *o, int fd, bool *hello_counted)
 
   /* The hello, in time: a connection that says nothing is closed. */
   struct hello h;
-  const uint64_t hello_by = sh_now_ms () + HELLO_MS;
+  const uint64_t hello_by = fsc_mono_ms () + HELLO_MS;
   if (sh_recv_msg_until (fd, &m, hello_by) == -1 || m.type != MSG_HELLO ||
       m.count < sizeof h ||
       sh_recv_all_until (fd, &h, sizeof h, hello_by) == -1 ||

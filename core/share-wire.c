@@ -30,14 +30,6 @@
 #include "keyenc.h"
 #include "utils.h"
 
-uint64_t
-sh_now_ms (void)
-{
-  struct timespec ts;
-  clock_gettime (CLOCK_MONOTONIC, &ts);
-  return (uint64_t) ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 /* The socket's address: its name in the fan-out directory, reached
  * through /proc so that a deep cache directory still fits sun_path.
  * The name is the key's hash: fixed length, whatever the key.
@@ -90,7 +82,7 @@ static int
 wait_readable (int fd, uint64_t deadline)
 {
   for (;;) {
-    uint64_t now = sh_now_ms ();
+    uint64_t now = fsc_mono_ms ();
     if (now >= deadline) {
       errno = ETIMEDOUT;
       return -1;

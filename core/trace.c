@@ -63,14 +63,6 @@ struct fsc_trace {
   int err;                      /* first write error, 0 if none */
 };
 
-static uint64_t
-now_ms (void)
-{
-  struct timespec ts;
-  clock_gettime (CLOCK_REALTIME, &ts);
-  return (uint64_t) ts.tv_sec * 1000 + (uint64_t) ts.tv_nsec / 1000000;
-}
-
 int
 fsc_trace_open (const char *path, uint64_t limit, struct fsc_trace **tp)
 {
@@ -130,7 +122,7 @@ fsc_trace_bind (struct fsc_trace *t, uint64_t key_lo, uint64_t key_hi,
   t->key_lo = key_lo;
   t->key_hi = key_hi;
   t->size = size;
-  t->start_ms = t->last_flush_ms = now_ms ();
+  t->start_ms = t->last_flush_ms = fsc_wall_ms ();
   memset (h, 0, sizeof h);
   memcpy (h + FSC_TH_MAGIC, FSC_TRACE_MAGIC, 8);
   put_le32 (h + FSC_TH_VERSION, FSC_TRACE_VERSION);
@@ -216,7 +208,7 @@ flush_locked (struct fsc_trace *t)
   }
   memcpy (out, c, body + 8);
   t->nentries = 0;
-  t->last_flush_ms = now_ms ();
+  t->last_flush_ms = fsc_wall_ms ();
   const uint64_t ticket = t->next_ticket++;
   pthread_mutex_unlock (&t->lock);
   pthread_mutex_lock (&t->wlock);
@@ -264,7 +256,7 @@ fsc_trace_note (struct fsc_trace *t, uint64_t offset, uint64_t count)
     return;
   }
   count = MIN (count, t->size - offset);
-  const uint64_t now = now_ms ();
+  const uint64_t now = fsc_wall_ms ();
   const uint32_t ms =
     (uint32_t) MIN (now - t->start_ms, (uint64_t) UINT32_MAX);
   uint64_t u = offset >> UNIT_SHIFT;

@@ -110,4 +110,24 @@ deadline_ms (struct timespec *ts, uint64_t ms)
   }
 }
 
+/* Milliseconds on the monotonic clock (deadlines, intervals, rates)
+ * and on the wall clock (times written to disk or shown to people):
+ * one helper each, so that no file picks the wrong clock by accident.
+ */
+static inline uint64_t
+fsc_mono_ms (void)
+{
+  struct timespec ts;
+  clock_gettime (CLOCK_MONOTONIC, &ts);
+  return (uint64_t) ts.tv_sec * 1000 + (uint64_t) ts.tv_nsec / 1000000;
+}
+
+static inline uint64_t
+fsc_wall_ms (void)
+{
+  struct timespec ts;
+  clock_gettime (CLOCK_REALTIME, &ts);
+  return (uint64_t) ts.tv_sec * 1000 + (uint64_t) ts.tv_nsec / 1000000;
+}
+
 #endif /* FSC_UTILS_H */

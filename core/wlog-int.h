@@ -181,8 +181,6 @@ wl_entry_at (struct fsc_wlog *wl, size_t i)
 {
   return wl->ring[(wl->rhead + i) % wl->rcap];
 }
-/* Milliseconds of the realtime clock (records' times, the map's seed). */
-extern uint64_t wl_now_ms (void);
 /* Free E with its hashes and unused map nodes (NULL: nothing). */
 extern void wl_free_entry (struct wl_entry *e);
 /* Add E at the ring's end; -1 if the ring cannot grow. */

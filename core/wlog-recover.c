@@ -392,7 +392,7 @@ wlog_new (struct fsc_cache *cache, const struct fsc_wlog_params *p)
   wl->fd = -1;
   wl->hdr_slot = 1;
   wl->dirty_max = p->dirty_max ? p->dirty_max : FSC_WLOG_DEFAULT_DIRTY_MAX;
-  wl->prng = (uint32_t) (uintptr_t) wl ^ (uint32_t) wl_now_ms ();
+  wl->prng = (uint32_t) (uintptr_t) wl ^ (uint32_t) fsc_wall_ms ();
   pthread_mutex_init (&wl->lock, NULL);
   pthread_cond_init (&wl->cond, NULL);
   pthread_cond_init (&wl->apply_cond, NULL);

@@ -109,14 +109,6 @@
 
 #include "wlog-int.h"
 
-uint64_t
-wl_now_ms (void)
-{
-  struct timespec ts;
-  clock_gettime (CLOCK_REALTIME, &ts);
-  return (uint64_t) ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 /*----------------------------------------------------------------------
  * Header.
  */
@@ -442,7 +434,7 @@ reserve_records (struct fsc_wlog *wl, int type, struct wl_entry **es,
   }
   *pos = wl->head_pos;
   *seq0 = wl->next_seq;
-  uint64_t t = wl_now_ms ();
+  uint64_t t = fsc_wall_ms ();
   *epoch = wl->epoch;
   for (uint64_t i = 0; i < nrec; ++i) {
     if (wl_ring_push (wl, es[i]) == -1) {

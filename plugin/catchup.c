@@ -65,14 +65,6 @@ static bool stopping;
 static uint64_t last_request_ms;        /* atomic: last start or end */
 static unsigned inflight;               /* atomic: client requests */
 
-static uint64_t
-now_ms (void)
-{
-  struct timespec ts;
-  clock_gettime (CLOCK_MONOTONIC, &ts);
-  return (uint64_t) ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 void
 catchup_set_backend (nbdkit_backend *b)
 {
@@ -83,13 +75,13 @@ void
 catchup_client_request (void)
 {
   __atomic_add_fetch (&inflight, 1, __ATOMIC_RELAXED);
-  __atomic_store_n (&last_request_ms, now_ms (), __ATOMIC_RELAXED);
+  __atomic_store_n (&last_request_ms, fsc_mono_ms (), __ATOMIC_RELAXED);
 }
 
 void
 catchup_client_done (void)
 {
-  __atomic_store_n (&last_request_ms, now_ms (), __ATOMIC_RELAXED);
+  __atomic_store_n (&last_request_ms, fsc_mono_ms (), __ATOMIC_RELAXED);
   __atomic_sub_fetch (&inflight, 1, __ATOMIC_RELAXED);
 }
 
@@ -118,7 +110,7 @@ wait_idle (void)
     if (stop)
       return false;
     uint64_t last = __atomic_load_n (&last_request_ms, __ATOMIC_RELAXED);
-    uint64_t now = now_ms ();
+    uint64_t now = fsc_mono_ms ();
     if (now - last >= IDLE_MS &&
         __atomic_load_n (&inflight, __ATOMIC_RELAXED) == 0)
       return true;

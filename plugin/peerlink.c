@@ -76,9 +76,7 @@ peer_link_configure (int timeout_ms, const char *psk_file,
 int64_t
 peer_now_ms (void)
 {
-  struct timespec ts;
-  clock_gettime (CLOCK_MONOTONIC, &ts);
-  return (int64_t) ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+  return (int64_t) fsc_mono_ms ();
 }
 
 struct peer_link *
