@@ -942,8 +942,32 @@ decode_trace (size_t *np)
   return v;
 }
 
+/* Whether record T holds WANT for the bytes [A, B) of the export it
+ * covers (zero and trim records hold zeroes).
+ */
+static bool
+trec_holds (const struct trec *t, uint64_t a, uint64_t b,
+            const unsigned char *want)
+{
+  static const unsigned char zero[WUNIT];
+  return t->type == 1 ? memcmp (t->data + (a - t->off), want, b - a) == 0
+    : memcmp (zero, want, b - a) == 0;
+}
+
 /* How many units of upstream writes came from a record no completed
  * sync covered when it was sent (rule 8 of core/wlog.c).
+ *
+ * A unit's source is the newest record before the send that holds its
+ * bytes.  The same bytes can be in a newer record that is not durable
+ * yet: a zero, or an unaligned write's read-modify-write, copies the
+ * untouched part of a unit from the record before it, and zeroes look
+ * alike whichever record they come from.  So a newest match that is
+ * not durable is excused by an older durable record holding the same
+ * bytes, if every record between them holds those bytes too where it
+ * overlaps the unit: the upstream then got what the durable log holds.
+ * (An oracle that took the newest match alone failed about 1 run in 8
+ * under load, always on such a copy; the writer had sent the durable
+ * record.)
  */
 static uint64_t
 sent_not_durable (const ssize_t *sync_begin, unsigned seed)
@@ -952,8 +976,7 @@ sent_not_durable (const ssize_t *sync_begin, unsigned seed)
   struct trec *r = decode_trace (&nr);
   ssize_t durable_ev = -1;              /* log events below are synced */
   size_t ri = 0;                        /* records of events before j */
-  uint64_t bad = 0, units = 0;
-  static const unsigned char zero[WUNIT];
+  uint64_t bad = 0, units = 0, excused = 0;
   for (size_t j = 0; j < nev; ++j) {
     if (ev[j].type == EV_SYNC && sync_begin[j] > durable_ev)
       durable_ev = sync_begin[j];
@@ -970,25 +993,52 @@ sent_not_durable (const ssize_t *sync_begin, unsigned seed)
         const struct trec *t = &r[k];
         if (t->type == 4 || t->off > u || t->off + t->len < ue)
           continue;
-        if (t->type == 1 ? memcmp (t->data + (u - t->off), want, ue - u) == 0
-            : memcmp (zero, want, ue - u) == 0)
+        if (trec_holds (t, u, ue, want))
           break;
       }
       units++;
       if (k == (size_t) -1)
         continue;               /* from no record: not the writer's */
-      if ((ssize_t) r[k].ev >= durable_ev) {
-        if (bad++ == 0)
-          fprintf (stderr, "unit-powerloss: wlog: seed %u: event %zu sent "
-                   "bytes %" PRIu64 "..%" PRIu64 " of the log write at event "
-                   "%zu upstream, but only events before %zd were synced\n",
-                   seed, j, u, ue, r[k].ev, durable_ev);
+      if ((ssize_t) r[k].ev < durable_ev)
+        continue;
+      /* The same bytes in an older durable record? */
+      bool ok = false;
+      for (size_t q = k; q-- > 0 && !ok; ) {
+        const struct trec *t = &r[q];
+        if (t->type == 4 || t->off >= ue || t->off + t->len <= u)
+          continue;
+        uint64_t a = MAX (u, t->off), e = MIN (ue, t->off + t->len);
+        if (!trec_holds (t, a, e, want + (a - u)))
+          break;
+        ok = (ssize_t) t->ev < durable_ev && a == u && e == ue;
+      }
+      if (ok) {
+        excused++;
+        continue;
+      }
+      if (bad++ == 0) {
+        fprintf (stderr, "unit-powerloss: wlog: seed %u: event %zu sent "
+                 "bytes %" PRIu64 "..%" PRIu64 " of the log write at event "
+                 "%zu upstream, but only events before %zd were synced\n",
+                 seed, j, u, ue, r[k].ev, durable_ev);
+        /* What the log held for the unit, newest first. */
+        for (size_t q = ri; q-- > 0; ) {
+          const struct trec *t = &r[q];
+          if (t->type == 4 || t->off >= ue || t->off + t->len <= u)
+            continue;
+          fprintf (stderr, "  record at event %zu: type %d, %" PRIu64
+                   "..%" PRIu64 "%s\n", t->ev, t->type, t->off,
+                   t->off + t->len, (ssize_t) t->ev < durable_ev
+                   ? ", durable" : "");
+        }
+        wdump (durable_ev > 10 ? durable_ev - 10 : 0, j + 3);
       }
     }
   }
-  fprintf (stderr, "unit-powerloss: wlog: %" PRIu64 " units sent upstream, %"
+  fprintf (stderr, "unit-powerloss: wlog: %" PRIu64 " units sent upstream "
+           "(%" PRIu64 " whose bytes a newer record also held), %"
            PRIu64 " of them before their record was durable in the log\n",
-           units, bad);
+           units, excused, bad);
   free (r);
   return bad;
 }
