@@ -6,14 +6,21 @@
 # of RATES (bits/s), in the proxy's own process.  fio (nbd engine, one
 # connection) reads READ bytes (default 2G) in random 64 KiB blocks at
 # iodepth 16, each block once, from a fresh cache; after a clean stop,
-# the share of what was read that the cache holds (nbd-fscache stat's
-# cached_bytes), with fscache-catchup=false so that only the fills of
-# the read itself count.  The ceiling: fio's random 64 KiB writes with
+# the share of what was read that the cache holds (nbd-fscache ls's
+# cached_bytes of that export; the rate filter's initial burst is
+# drained first through another export), with fscache-catchup=false
+# so that only the fills of the read itself count.  The ceiling: fio's random 64 KiB writes with
 # an fdatasync every 256 on the cache's file system.
 #
+# Side by side in one run, ROUNDS times (medians, min..max): "nocache"
+# (the same link with no filter: what the link gives a client) and each
+# build named in VARIANTS ("name:path/to/filter.so ...", default the
+# tree's build as "fscache").
+#
 # Options (or environment): --read=SIZE (READ), --rates="800M 1600M
-# 3200M" (RATES), --out=DIR (OUT, default /tmp/fscache-fill.XXXXXX).
-
+# 3200M" (RATES), --rounds=N (ROUNDS, default 1), --variant=NAME:SO
+# (VARIANTS, repeatable), --out=DIR (OUT, default
+# /tmp/fscache-fill.XXXXXX).
 set -euo pipefail
 BENCH_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 : "${top_srcdir:=$(cd "$BENCH_DIR/../.." && pwd)}"
@@ -21,12 +28,15 @@ BENCH_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 FILTER="${FSCACHE_FILTER:-$top_builddir/plugin/.libs/nbdkit-fscache-filter.so}"
 TOOL="${FSCACHE_TOOL:-$top_builddir/tools/nbd-fscache/nbd-fscache}"
 READ="${READ:-2G}" RATES="${RATES:-800M 1600M 3200M}" OUT="${OUT:-}"
+ROUNDS="${ROUNDS:-1}" VARIANTS="${VARIANTS:-}"
 for a in "$@"; do
   case "$a" in
     --read=*) READ="${a#*=}" ;;
     --rates=*) RATES="${a#*=}" ;;
+    --rounds=*) ROUNDS="${a#*=}" ;;
+    --variant=*) VARIANTS="$VARIANTS ${a#*=}" ;;
     --out=*) OUT="${a#*=}" ;;
-    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
     *) echo "fill.sh: unknown option: $a" >&2; exit 2 ;;
   esac
 done
@@ -40,19 +50,68 @@ fio --name=ceiling --filename="$OUT/fio.tmp" --rw=randwrite --bs=64k \
 rm -f "$OUT/fio.tmp"
 python3 -c 'import json,sys; print("ceiling: fio random 64k writes, fdatasync/256: %.0f MiB/s" % (json.load(open(sys.argv[1]))["jobs"][0]["write"]["bw"] / 1024))' "$OUT/ceiling.json"
 
-for rate in $RATES; do
-  rm -rf "$OUT/cache" "$OUT/s.sock" "$OUT/s.pid"
-  nbdkit -U "$OUT/s.sock" -P "$OUT/s.pid" --filter="$FILTER" --filter=rate \
-    null 1T rate="$rate" fscache-dir="$OUT/cache" fscache-validate=size \
-    fscache-catchup=false fscache-stats="$OUT/s.stats" 2>>"$OUT/nbdkit.log"
-  for i in $(seq 100); do [ -s "$OUT/s.pid" ] && break; sleep 0.1; done
-  fio --name=r --ioengine=nbd --uri="nbd+unix:///?socket=$OUT/s.sock" \
-      --rw=randread --bs=64k --iodepth=16 --size="$READ" \
-      --output-format=json --output="$OUT/r-$rate.json" >/dev/null
-  p=$(cat "$OUT/s.pid"); kill "$p"; while kill -0 "$p" 2>/dev/null; do sleep 0.1; done
-  c=$("$TOOL" stat --dir "$OUT/cache" | awk '$1 == "cached_bytes" { print $2 }')
-  bw=$(python3 -c 'import json,sys; print("%.0f" % (json.load(open(sys.argv[1]))["jobs"][0]["read"]["bw"] / 1024))' "$OUT/r-$rate.json")
-  fb=$(awk '$1 == "fill_bytes" { b = $2 } $1 == "fill_busy_us" { u = $2 } END { if (u) printf "%.0f", b / u * 1e6 / 1048576; else print "-" }' "$OUT/s.stats")
-  echo "link $rate: client $bw MiB/s, cached $((c * 100 / readb))% at the clean stop, fills $fb MiB/s of their busy time"
+[ -n "${VARIANTS// /}" ] || VARIANTS="fscache:$FILTER"
+: > "$OUT/results"
+for round in $(seq "$ROUNDS"); do
+ for rate in $RATES; do
+  for v in nocache $VARIANTS; do
+    name="${v%%:*}"
+    rm -rf "$OUT/cache" "$OUT/s.sock" "$OUT/s.pid" "$OUT/s.stats"
+    if [ "$name" = nocache ]; then
+      nbdkit -U "$OUT/s.sock" -P "$OUT/s.pid" --filter=rate null 1T \
+        rate="$rate" 2>>"$OUT/nbdkit.log"
+    else
+      nbdkit -U "$OUT/s.sock" -P "$OUT/s.pid" --filter="${v#*:}" \
+        --filter=rate null 1T rate="$rate" fscache-dir="$OUT/cache" \
+        fscache-validate=size fscache-catchup=false \
+        fscache-stats="$OUT/s.stats" 2>>"$OUT/nbdkit.log"
+    fi
+    for i in $(seq 100); do [ -s "$OUT/s.pid" ] && break; sleep 0.1; done
+    # The rate filter starts with a full bucket: about 2 s of its rate
+    # come at memory speed (a link never does that), which the budget
+    # rightly takes for a local upstream.  Drained first, through an
+    # export of its own (another object), so that the read measured
+    # sees the link alone.
+    fio --name=drain --ioengine=nbd \
+        --uri="nbd+unix:///drain?socket=$OUT/s.sock" --rw=read --bs=1M \
+        --iodepth=8 --size=64G --runtime=4 --time_based \
+        --output-format=terse >/dev/null
+    fio --name=r --ioengine=nbd --uri="nbd+unix:///?socket=$OUT/s.sock" \
+        --rw=randread --bs=64k --iodepth=16 --size="$READ" \
+        --output-format=json --output="$OUT/r.json" >/dev/null
+    p=$(cat "$OUT/s.pid"); kill "$p"
+    while kill -0 "$p" 2>/dev/null; do sleep 0.1; done
+    bw=$(python3 -c 'import json,sys; print("%.0f" % (json.load(open(sys.argv[1]))["jobs"][0]["read"]["bw"] / 1024))' "$OUT/r.json")
+    c=0 fb=-
+    if [ "$name" != nocache ]; then
+      c=$("$TOOL" ls --dir "$OUT/cache" --json | python3 -c 'import json,sys; print(sum(o["cached_bytes"] for o in json.load(sys.stdin)["objects"] if o["export"] == ""))')
+      c=$((c * 100 / readb))
+      fb=$(awk '$1 == "fill_bytes" { b = $2 } $1 == "fill_busy_us" { u = $2 } END { if (u) printf "%.0f", b / u * 1e6 / 1048576; else print "-" }' "$OUT/s.stats")
+    fi
+    echo "$rate $name $bw $c $fb" >> "$OUT/results"
+    echo "round $round, link $rate, $name: client $bw MiB/s, cached $c% at the clean stop, fills $fb MiB/s of their busy time"
+  done
+ done
 done
+python3 - "$OUT/results" <<'PY'
+import sys, statistics
+rows = {}
+order = []
+for line in open(sys.argv[1]):
+    rate, name, bw, c, fb = line.split()
+    k = (rate, name)
+    if k not in rows:
+        rows[k] = []; order.append(k)
+    rows[k].append((float(bw), float(c), None if fb == "-" else float(fb)))
+def m(v):
+    v = [x for x in v if x is not None]
+    if not v: return "-"
+    return "%.0f (%.0f..%.0f)" % (statistics.median(v), min(v), max(v))
+print("| link | build | client MiB/s | cached at the clean stop, % | fills, MiB/s of busy time |")
+print("|---|---|---:|---:|---:|")
+for k in order:
+    r = rows[k]
+    print("| %s | %s | %s | %s | %s |" % (k[0], k[1], m([x[0] for x in r]),
+          "-" if k[1] == "nocache" else m([x[1] for x in r]), m([x[2] for x in r])))
+PY
 echo "raw results in $OUT"
