@@ -103,9 +103,12 @@
  * queue refuses skips its fill (noted for the catch-up) rather than
  * wait for the disk, whatever the margin of SLOWER_PCT: what the disk
  * cannot take is skipped, all it can take is stored (86% of that read,
- * the client as fast as with no cache).  A link stays one for 10 s
- * after its reads last averaged 1 ms (fsc_upstream_remote), through
- * the bursts of its burst credit.
+ * the client as fast as with no cache).  (A link is told by its
+ * reads' average time.  Held for 10 s after that average last passed
+ * 1 ms, to ride out a link's bursts of credit, it also caught local
+ * upstreams slowed for a moment by a loaded machine, and their fills,
+ * no longer bounded, took the CPUs their reads needed: cold reads from
+ * nbdkit null and a page-cached file fell to 0.4-0.7 of no cache.)
  *
  * So a slow upstream (a link) never has a fill skipped, however loaded
  * the machine: its rate per busy second is the link's, while the
@@ -327,32 +330,19 @@ budget_engaged (struct fsc_cache *c, uint64_t *fill)
  */
 #define REMOTE_NS 1000000
 
-/* ... and stays one for REMOTE_HOLD_NS after its reads last averaged
- * that: a link with burst credit (a cloud VM's network, a token-bucket
- * shaper such as nbdkit's rate filter, which banks 2 s of its rate)
- * answers a burst of reads at memory speed after any pause, and under
- * the local upstream's rules (the peak alone, the bucket at a fiftieth
- * of the fills) that burst bypassed the cache: a third of a cold read
- * at 1.6 Gbit/s (tools/bench/fill.sh).
- */
-#define REMOTE_HOLD_NS ((uint64_t) 10 * 1000 * 1000 * 1000)
 
 void
 fsc_upstream_latency (struct fsc_cache *c, uint64_t ns)
 {
   uint64_t old = __atomic_load_n (&c->up_latency_ns, __ATOMIC_RELAXED);
-  const uint64_t avg = old ? old - old / 8 + ns / 8 : ns;
-  __atomic_store_n (&c->up_latency_ns, avg, __ATOMIC_RELAXED);
-  if (avg >= REMOTE_NS)
-    __atomic_store_n (&c->up_remote_until_ns, now_ns () + REMOTE_HOLD_NS,
-                      __ATOMIC_RELAXED);
+  __atomic_store_n (&c->up_latency_ns, old ? old - old / 8 + ns / 8 : ns,
+                    __ATOMIC_RELAXED);
 }
 
 bool
 fsc_upstream_remote (struct fsc_cache *c)
 {
-  return __atomic_load_n (&c->up_latency_ns, __ATOMIC_RELAXED) >= REMOTE_NS ||
-    now_ns () < __atomic_load_n (&c->up_remote_until_ns, __ATOMIC_RELAXED);
+  return __atomic_load_n (&c->up_latency_ns, __ATOMIC_RELAXED) >= REMOTE_NS;
 }
 
 /* Over a link the budget's bucket is not what bounds the fills (see

@@ -114,9 +114,7 @@ extern bool fsc_fill_link_bound (struct fsc_cache *cache);
 extern bool fsc_fill_budgeted (struct fsc_cache *cache);
 
 /* fill.c: note one upstream read's time; and is the upstream remote,
- * its reads taking REMOTE_NS (1 ms) or more on average, now or within
- * the last 10 s (a link's bursts of burst credit are still a link)?
- * No lock.
+ * its reads taking REMOTE_NS (1 ms) or more on average?  No lock.
  */
 extern void fsc_upstream_latency (struct fsc_cache *cache, uint64_t ns);
 extern bool fsc_upstream_remote (struct fsc_cache *cache);

@@ -85,9 +85,6 @@ struct fsc_cache {
   uint64_t up_latency_ns;               /* a moving average of one
                                          * upstream read's time (relaxed
                                          * atomics; fsc_upstream_remote) */
-  uint64_t up_remote_until_ns;         /* a link until then (fill.c,
-                                         * fsc_upstream_remote; relaxed
-                                         * atomics) */
   struct fsc_meter fill_meter;          /* fills written (thread and
                                          * inline) and synced */
 

@@ -20,8 +20,7 @@
  *   link's peak and average  at the disk's speed, and a client's fill
  *                            that the full queue refuses is skipped
  *                            (fsc_fill_link_bound) rather than waited
- *                            for; a link stays one through a burst of
- *                            fast reads.
+ *                            for.
  */
 #include <config.h>
 
@@ -106,17 +105,6 @@ main (void)
   __atomic_store_n (&c->up_meter.rate, 80 * MiB, __ATOMIC_RELAXED);
   CHECK (!fsc_fill_budgeted (c));
   CHECK (!fsc_fill_link_bound (c));
-  CHECK (fsc_fill_budget (c, 64 * MiB, false));
-
-  /* A link's burst (its reads at memory speed for a while, after a
-   * pause banked credit) is still a link: the same rule holds.
-   */
-  for (unsigned i = 0; i < 100; ++i)
-    fsc_upstream_latency (c, 2000);
-  CHECK (c->up_latency_ns < 1000 * 1000);
-  CHECK (fsc_upstream_remote (c));
-  __atomic_store_n (&c->up_meter.rate, 300 * MiB, __ATOMIC_RELAXED);
-  CHECK (fsc_fill_link_bound (c));
   CHECK (fsc_fill_budget (c, 64 * MiB, false));
 
   fsc_cache_close (c);

@@ -3,14 +3,17 @@
 # speed leaves cached, against what the cache's file system takes.
 #
 # The upstream is `nbdkit null 1T` behind nbdkit's rate filter at each
-# of RATES (bits/s), in the proxy's own process.  fio (nbd engine, one
+# of RATES (bits/s) and its delay filter at RTT per read (default 2ms:
+# a link has a round trip; 16 reads of 64 KiB in flight over 2 ms still
+# carry 500 MB/s), in the proxy's own process.  fio (nbd engine, one
 # connection) reads READ bytes (default 2G) in random 64 KiB blocks at
 # iodepth 16, each block once, from a fresh cache; after a clean stop,
 # the share of what was read that the cache holds (nbd-fscache ls's
 # cached_bytes of that export; the rate filter's initial burst is
-# drained first through another export), with fscache-catchup=false
-# so that only the fills of the read itself count.  The ceiling: fio's random 64 KiB writes with
-# an fdatasync every 256 on the cache's file system.
+# drained first through another export), with fscache-catchup=false so
+# that only the fills of the read itself count.  The ceiling: fio's
+# random 64 KiB writes with an fdatasync every 256 on the cache's file
+# system.
 #
 # Side by side in one run, ROUNDS times (medians, min..max): "nocache"
 # (the same link with no filter: what the link gives a client) and each
@@ -18,8 +21,8 @@
 # tree's build as "fscache").
 #
 # Options (or environment): --read=SIZE (READ), --rates="800M 1600M
-# 3200M" (RATES), --rounds=N (ROUNDS, default 1), --variant=NAME:SO
-# (VARIANTS, repeatable), --out=DIR (OUT, default
+# 3200M" (RATES), --rtt=TIME (RTT), --rounds=N (ROUNDS, default 1),
+# --variant=NAME:SO (VARIANTS, repeatable), --out=DIR (OUT, default
 # /tmp/fscache-fill.XXXXXX).
 set -euo pipefail
 BENCH_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -28,15 +31,16 @@ BENCH_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 FILTER="${FSCACHE_FILTER:-$top_builddir/plugin/.libs/nbdkit-fscache-filter.so}"
 TOOL="${FSCACHE_TOOL:-$top_builddir/tools/nbd-fscache/nbd-fscache}"
 READ="${READ:-2G}" RATES="${RATES:-800M 1600M 3200M}" OUT="${OUT:-}"
-ROUNDS="${ROUNDS:-1}" VARIANTS="${VARIANTS:-}"
+ROUNDS="${ROUNDS:-1}" VARIANTS="${VARIANTS:-}" RTT="${RTT:-2ms}"
 for a in "$@"; do
   case "$a" in
     --read=*) READ="${a#*=}" ;;
     --rates=*) RATES="${a#*=}" ;;
     --rounds=*) ROUNDS="${a#*=}" ;;
+    --rtt=*) RTT="${a#*=}" ;;
     --variant=*) VARIANTS="$VARIANTS ${a#*=}" ;;
     --out=*) OUT="${a#*=}" ;;
-    -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
     *) echo "fill.sh: unknown option: $a" >&2; exit 2 ;;
   esac
 done
@@ -58,11 +62,13 @@ for round in $(seq "$ROUNDS"); do
     name="${v%%:*}"
     rm -rf "$OUT/cache" "$OUT/s.sock" "$OUT/s.pid" "$OUT/s.stats"
     if [ "$name" = nocache ]; then
-      nbdkit -U "$OUT/s.sock" -P "$OUT/s.pid" --filter=rate null 1T \
-        rate="$rate" 2>>"$OUT/nbdkit.log"
+      nbdkit -U "$OUT/s.sock" -P "$OUT/s.pid" --filter=rate \
+        --filter=delay null 1T rate="$rate" delay-read="$RTT" \
+        2>>"$OUT/nbdkit.log"
     else
       nbdkit -U "$OUT/s.sock" -P "$OUT/s.pid" --filter="${v#*:}" \
-        --filter=rate null 1T rate="$rate" fscache-dir="$OUT/cache" \
+        --filter=rate --filter=delay null 1T rate="$rate" \
+        delay-read="$RTT" fscache-dir="$OUT/cache" \
         fscache-validate=size fscache-catchup=false \
         fscache-stats="$OUT/s.stats" 2>>"$OUT/nbdkit.log"
     fi
