@@ -203,8 +203,7 @@ fsc_fetch_run (struct fsc_object *o, uint64_t b, uint64_t n, void *buf,
             * sizeof *epochs);
     if (fsc_fill_submit (o->cache, o, f) == 0)   /* takes a ref on O */
       return 0;
-    skip = buf && (fsc_fill_slower (o->cache) ||
-                   fsc_fill_link_bound (o->cache));
+    skip = buf && fsc_fill_slower (o->cache);
   }
   if (skip) {
     FSC_STAT_ADD (st, fill_skipped, 1);

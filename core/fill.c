@@ -93,22 +93,7 @@
  * Over a link (an upstream whose reads average 1 ms or more,
  * fsc_upstream_remote), the budget also wants the average to say the
  * fills are slower: a rate-limited link's bursts made its peak exceed
- * fills that were three times its average (budget_engaged).  And over
- * a link the bucket does not bound the fills once the rates are known
- * (fsc_fill_link_bound): the fifth of the CPUs that the bucket keeps
- * for a fast local upstream's reads is not what a link's reads need,
- * and at a fiftieth of the fills' rate a link faster than the disk
- * (3.2 Gbit/s here) left 4% of a cold read cached.  The fill thread
- * writes at the disk's speed, and a client's read whose job the full
- * queue refuses skips its fill (noted for the catch-up) rather than
- * wait for the disk, whatever the margin of SLOWER_PCT: what the disk
- * cannot take is skipped, all it can take is stored (86% of that read,
- * the client as fast as with no cache).  (A link is told by its
- * reads' average time.  Held for 10 s after that average last passed
- * 1 ms, to ride out a link's bursts of credit, it also caught local
- * upstreams slowed for a moment by a loaded machine, and their fills,
- * no longer bounded, took the CPUs their reads needed: cold reads from
- * nbdkit null and a page-cached file fell to 0.4-0.7 of no cache.)
+ * fills that were three times its average (budget_engaged).
  *
  * So a slow upstream (a link) never has a fill skipped, however loaded
  * the machine: its rate per busy second is the link's, while the
@@ -305,8 +290,6 @@ fsc_fill_slower (struct fsc_cache *c)
  * bypassed the cache, and test-fscache-max-size's hot set was never
  * cached at all.
  */
-static bool rates_known (struct fsc_cache *c, uint64_t fill);
-
 static bool
 budget_engaged (struct fsc_cache *c, uint64_t *fill)
 {
@@ -330,7 +313,6 @@ budget_engaged (struct fsc_cache *c, uint64_t *fill)
  */
 #define REMOTE_NS 1000000
 
-
 void
 fsc_upstream_latency (struct fsc_cache *c, uint64_t ns)
 {
@@ -343,29 +325,6 @@ bool
 fsc_upstream_remote (struct fsc_cache *c)
 {
   return __atomic_load_n (&c->up_latency_ns, __ATOMIC_RELAXED) >= REMOTE_NS;
-}
-
-/* Over a link the budget's bucket is not what bounds the fills (see
- * the top of this file): the fill thread writes at the disk's speed
- * and a client's read whose job the full queue refuses skips its fill
- * instead of waiting for the disk, when the fills are slower than the
- * link (budget_engaged).  The test knob keeps the bucket, so that a
- * test's outcome does not depend on how fast this machine's link and
- * disk are.
- */
-static bool
-link_paced (struct fsc_cache *c, uint64_t fill)
-{
-  return c->test_budget < 0 && fsc_upstream_remote (c) &&
-    rates_known (c, fill);
-}
-
-bool
-fsc_fill_link_bound (struct fsc_cache *c)
-{
-  uint64_t fill;
-  return c->test_budget < 0 && fsc_upstream_remote (c) &&
-    budget_engaged (c, &fill);
 }
 
 bool
@@ -398,8 +357,7 @@ fsc_fill_budget (struct fsc_cache *c, uint64_t len, bool speculative)
   if (c->test_budget == 0)
     return true;
   const bool engaged = budget_engaged (c, &fill);
-  if (rates_known (c, fill) &&
-      (!engaged || speculative || link_paced (c, fill)))
+  if (rates_known (c, fill) && (!engaged || speculative))
     return true;
   const uint64_t rate = engaged ? fill / 100 * DUTY_PCT : 0;
   const uint64_t now = now_ns ();

@@ -99,15 +99,6 @@ extern bool fsc_fill_slower (struct fsc_cache *cache);
 extern bool fsc_fill_budget (struct fsc_cache *cache, uint64_t len,
                              bool speculative);
 
-/* fill.c: true if the upstream is a link (fsc_upstream_remote) and
- * fills are slower than it: then the budget's bucket does not bound a
- * client's fills (fsc_fill_budget admits them), but a read whose job
- * the full fill queue refuses skips its fill rather than wait for the
- * disk, so that fills run at the disk's speed and the client at the
- * link's.  Never with the test knob NBD_FSCACHE_TEST_BUDGET.  No lock.
- */
-extern bool fsc_fill_link_bound (struct fsc_cache *cache);
-
 /* fill.c: true if fills are slower than the upstream, so that client
  * reads fill only within the budget above.  No lock.
  */

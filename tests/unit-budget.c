@@ -15,12 +15,7 @@
  *                            refilled at a fiftieth of the fills'
  *                            rate; a speculative prefetch is not
  *                            charged (readahead asks fsc_fill_budgeted
- *                            and pauses instead);
- *   fills slower than a      the bucket bounds nothing: the fills run
- *   link's peak and average  at the disk's speed, and a client's fill
- *                            that the full queue refuses is skipped
- *                            (fsc_fill_link_bound) rather than waited
- *                            for.
+ *                            and pauses instead).
  */
 #include <config.h>
 
@@ -85,27 +80,6 @@ main (void)
   CHECK (fsc_fill_budgeted (c));
   CHECK (!fsc_fill_budget (c, 64 * MiB, false));
   CHECK (fsc_fill_budget (c, 64 * MiB, true));
-  CHECK (!fsc_fill_link_bound (c));
-
-  /* Over a link (reads of 1 ms or more each), fills slower than its
-   * peak and its average: the bucket, still empty, bounds nothing; the
-   * fills run at the disk's speed and a full queue skips a client's
-   * fill instead of making it wait (fsc_fill_link_bound, fetch.c).
-   */
-  fsc_upstream_latency (c, 10 * 1000 * 1000);
-  CHECK (fsc_upstream_remote (c));
-  __atomic_store_n (&c->up_meter.rate, 300 * MiB, __ATOMIC_RELAXED);
-  CHECK (fsc_fill_budgeted (c));
-  CHECK (fsc_fill_link_bound (c));
-  for (unsigned i = 0; i < 4; ++i)
-    CHECK (fsc_fill_budget (c, 64 * MiB, false));
-  /* Slower than the link's bursts (its peak) but not its average: not
-   * engaged, nothing skipped.
-   */
-  __atomic_store_n (&c->up_meter.rate, 80 * MiB, __ATOMIC_RELAXED);
-  CHECK (!fsc_fill_budgeted (c));
-  CHECK (!fsc_fill_link_bound (c));
-  CHECK (fsc_fill_budget (c, 64 * MiB, false));
 
   fsc_cache_close (c);
   char cmd[128];
