@@ -330,10 +330,8 @@ fsc_object_save_counters (struct fsc_object *o)
 }
 
 int
-fsc_object_commit (struct fsc_object *o)
+fsc_local_commit (struct fsc_object *o)
 {
-  if (o->join)
-    return fsc_share_commit (o);
   pthread_mutex_lock (&o->lock);
   uint64_t now = o->change_seq;
   pthread_mutex_unlock (&o->lock);

@@ -23,6 +23,7 @@
 #include "index.h"
 #include "io.h"
 #include "keyenc.h"
+#include "objops.h"
 #include "utils.h"
 
 /* The fill thread, its jobs and its meters (fill.c). */
@@ -225,6 +226,8 @@ struct fsc_object {
   bool busy;                    /* another process holds it: uncached */
   struct share_server *share;   /* share-owner.c: serving others */
   struct fsc_join *join;        /* share-*.c: joined another's: a shell */
+  const struct fsc_object_ops *ops; /* objops.h: fsc_join_ops if join,
+                                     * else fsc_local_ops */
   struct fsc_open_info refusal; /* share-*.c: its owner refused us */
   bool test_no_claim;           /* NBD_FSCACHE_TEST_NO_CLAIM: a read
                                  * does not wait for a block another

@@ -213,6 +213,7 @@ new_object (struct fsc_cache *c, const struct fsc_object_params *p)
   if (o == NULL)
     return NULL;
   o->cache = c;
+  o->ops = &fsc_local_ops;
   o->refs = 1;
   o->fandirfd = o->ifd = o->sfd = -1;
   o->verify = p->verify;
@@ -547,19 +548,22 @@ fsc_object_linger_done (struct fsc_object *o)
   close_object (o);
 }
 
-/* The last reference is gone and O is marked closing. */
+/* The last reference is gone and O is marked closing: its
+ * implementation lets go (a joined one, share-joiner.c, has nothing of
+ * its own on disk), then it leaves the list.
+ */
 static void
 close_object (struct fsc_object *o)
 {
-  struct fsc_cache *c = o->cache;
+  o->ops->close (o);
+  unlist_object (o->cache, o);
+  free_object (o);
+}
 
-  if (o->join) {
-    /* A shell (share-joiner.c): nothing of its own on disk. */
-    fsc_share_leave (o);
-    unlist_object (c, o);
-    free_object (o);
-    return;
-  }
+/* The local object's close (objops.h). */
+void
+fsc_local_close (struct fsc_object *o)
+{
   /* Other processes' requests first: their sockets close, and they
    * take the object over once we let go of the index.
    */
@@ -591,9 +595,6 @@ close_object (struct fsc_object *o)
   fsc_data_close (o);
   if (o->sfd >= 0) { close (o->sfd); o->sfd = -1; }
   if (o->ifd >= 0) { close (o->ifd); o->ifd = -1; }   /* drops the flock */
-
-  unlist_object (c, o);
-  free_object (o);
 }
 
 bool

@@ -532,12 +532,10 @@ do_read (struct fsc_object *o, void *buf, uint32_t count, uint64_t offset,
 }
 
 int
-fsc_object_read (struct fsc_object *o, void *buf, uint32_t count,
-                 uint64_t offset, const struct fsc_upstream *up,
-                 unsigned flags)
+fsc_local_read (struct fsc_object *o, void *buf, uint32_t count,
+                uint64_t offset, const struct fsc_upstream *up,
+                unsigned flags)
 {
-  if (o->join)
-    return fsc_share_read (o, buf, count, offset, up, flags);
   uint64_t missed;
   return fsc_read_counted (o, buf, count, offset, up, flags, &missed);
 }
@@ -563,11 +561,9 @@ fsc_read_counted (struct fsc_object *o, void *buf, uint32_t count,
 }
 
 int
-fsc_object_prefetch (struct fsc_object *o, uint64_t offset, uint64_t count,
-                     const struct fsc_upstream *up, unsigned flags)
+fsc_local_prefetch (struct fsc_object *o, uint64_t offset, uint64_t count,
+                    const struct fsc_upstream *up, unsigned flags)
 {
-  if (o->join)
-    return fsc_share_prefetch (o, offset, count, up, flags);
   if (offset > o->size) {
     errno = EINVAL;
     return -1;

@@ -108,6 +108,7 @@ fsc_share_join (struct fsc_object *o, const struct fsc_object_params *p,
     info->present_blocks = wel.present_blocks;
   }
   o->join = j;
+  o->ops = &fsc_join_ops;
   info->joined = true;
   FSC_STAT_ADD (&o->cache->stats, share_joins, 1);
   return 0;
@@ -122,6 +123,7 @@ fsc_share_leave (struct fsc_object *o)
   sh_report_hits (o, true);
   struct fsc_object *l = j->local;
   o->join = NULL;
+  o->ops = &fsc_local_ops;
   free_join (j);
   if (l)
     fsc_object_close (l);
@@ -294,3 +296,15 @@ fsc_share_owner_pid (struct fsc_object *o)
   SCOPED_LOCK (&o->join->lock);
   return o->join->local ? (int) getpid () : o->join->owner_pid;
 }
+
+/* A joined object's operations (objops.h): set with o->join in
+ * fsc_share_join, back to fsc_local_ops in fsc_share_leave.
+ */
+const struct fsc_object_ops fsc_join_ops = {
+  .read = fsc_share_read,
+  .prefetch = fsc_share_prefetch,
+  .write_begin = fsc_share_write_begin,
+  .write_end = fsc_share_write_end,
+  .commit = fsc_share_commit,
+  .close = fsc_share_leave,
+};

@@ -351,12 +351,10 @@ static int write_begin_pinned (struct fsc_object *o, uint64_t offset,
  * memory until fsc_object_write_end.
  */
 int
-fsc_object_write_begin_flags (struct fsc_object *o, uint64_t offset,
-                              uint64_t count, unsigned flags,
-                              struct fsc_write *w)
+fsc_local_write_begin (struct fsc_object *o, uint64_t offset,
+                       uint64_t count, unsigned flags,
+                       struct fsc_write *w)
 {
-  if (o->join)
-    return fsc_share_write_begin (o, offset, count, flags, w);
   memset (w, 0, sizeof *w);
   w->offset = offset;
   w->count = count;
@@ -665,15 +663,10 @@ store_claimed (struct fsc_object *o, const struct fsc_write *w,
 }
 
 void
-fsc_object_write_end (struct fsc_object *o, struct fsc_write *w,
-                      const void *buf, bool upstream_ok)
+fsc_local_write_end (struct fsc_object *o, struct fsc_write *w,
+                     const void *buf, bool upstream_ok)
 {
   uint8_t *claimed = NULL;
-
-  if (o->join) {
-    fsc_share_write_end (o, w, buf, upstream_ok);
-    return;
-  }
 
   if (w->counted) {
     pthread_mutex_lock (&o->lock);
