@@ -87,7 +87,8 @@ for round in $(seq "$ROUNDS"); do
         --output-format=json --output="$OUT/r.json" >/dev/null
     p=$(cat "$OUT/s.pid"); kill "$p"
     while kill -0 "$p" 2>/dev/null; do sleep 0.1; done
-    bw=$(python3 -c 'import json,sys; print("%.0f" % (json.load(open(sys.argv[1]))["jobs"][0]["read"]["bw"] / 1024))' "$OUT/r.json")
+    bw=$(python3 "$BENCH_DIR/report.py" fio "$OUT/r.json" |
+           awk '{ printf "%.0f", $1 }')
     c=0 fb=-
     if [ "$name" != nocache ]; then
       c=$("$TOOL" ls --dir "$OUT/cache" --json | python3 -c 'import json,sys; print(sum(o["cached_bytes"] for o in json.load(sys.stdin)["objects"] if o["export"] == ""))')
