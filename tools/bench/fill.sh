@@ -11,7 +11,9 @@
 # the share of what was read that the cache holds (nbd-fscache ls's
 # cached_bytes of that export; the rate filter's initial burst is
 # drained first through another export), with fscache-catchup=false so
-# that only the fills of the read itself count.  The ceiling: fio's
+# that only the fills of the read itself count; the fills' rate is the
+# process's fill_bytes over fill_busy_us (the drain's fills included,
+# a rate either way).  The ceiling: fio's
 # random 64 KiB writes with an fdatasync every 256 on the cache's file
 # system.
 #
@@ -40,7 +42,7 @@ for a in "$@"; do
     --rtt=*) RTT="${a#*=}" ;;
     --variant=*) VARIANTS="$VARIANTS ${a#*=}" ;;
     --out=*) OUT="${a#*=}" ;;
-    -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
     *) echo "fill.sh: unknown option: $a" >&2; exit 2 ;;
   esac
 done
