@@ -57,6 +57,8 @@ struct fscache_params {
                                  * fills when idle (catchup.c) */
   unsigned upstream_connections; /* fscache-upstream-connections: the
                                  * pool's size (pool.c), 0: none */
+  bool upstream_connections_given; /* ... given on the command line:
+                                 * a pool over a parallel plugin too */
   bool dynamic_export;          /* the plugin got dynamic-export=true */
   char *peers_file;             /* fscache-peers, absolute, or NULL:
                                  * no peer tier (peers.c) */

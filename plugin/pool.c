@@ -23,10 +23,24 @@
  * one at a time; several client connections (multi-conn) share the
  * pool.
  *
- * Only under serialize_requests.  Under parallel, a context carries
- * many calls at once and the connection's own is enough; under
- * serialize_all_requests and serialize_connections one call at a time
- * is the whole server's rule, which a pool would break.  (An upstream
+ * By default only under serialize_requests.  Under parallel, a
+ * context carries many calls at once and the connection's own is
+ * enough; under serialize_all_requests and serialize_connections one
+ * call at a time is the whole server's rule, which a pool would break.
+ *
+ * Over a parallel plugin, when asked by name.  Because nbdkit
+ * dispatches one request at a time per client connection under
+ * serialize_requests, a client's queue depth never reaches a filter in
+ * front of curl or ssh in the same process.  It does when the serial
+ * plugin runs in processes of its own behind the parallel nbd plugin
+ * (nbd command=nbdkit arg=curl ...: one child, one NBD connection, per
+ * context): then the front is parallel, and every context of the pool
+ * is a connection of its own to a serial server, so random misses of
+ * one client connection run as many at a time as the pool has
+ * contexts.  The filter cannot see that the server behind nbd is
+ * serial, so the pool is used there only when
+ * fscache-upstream-connections is given (the man page, "A serial
+ * upstream at a client's queue depth"; docs/benchmarks.md).  (An upstream
  * that can write and offers no multi-conn gives each context a view
  * of its own, and fills through several views can mix a block's
  * versions once clients write: issue 29, item 4, which the pool does
@@ -224,8 +238,10 @@ worker (void *arg)
 bool
 pool_wanted (struct upstream *u)
 {
-  (void) u;
-  return params.upstream_connections > 0 && upstream_serial_requests ();
+  if (params.upstream_connections == 0)
+    return false;
+  return upstream_serial_requests () ||
+    (params.upstream_connections_given && upstream_parallel (u));
 }
 
 struct pool *

@@ -19,7 +19,8 @@ struct upstream;
 extern void pool_set_backend (nbdkit_backend *backend);
 
 /* Should a connection whose own context is U read through a pool?
- * (fscache-upstream-connections > 0 and serialize_requests.)
+ * (fscache-upstream-connections > 0, and serialize_requests, or
+ * parallel with fscache-upstream-connections given: pool.c.)
  */
 extern bool pool_wanted (struct upstream *u);
 

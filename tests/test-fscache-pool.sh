@@ -23,12 +23,21 @@
 #     noparallel serialize=requests): the copy is identical, no client
 #     error, and the proxy logs exactly one line that the pool goes on
 #     with fewer.
-#  3. nginx through the curl plugin (serialize_requests in nbdkit
+#  3. The serial plugin in a process of its own, the filter in front
+#     of it over NBD (the nbd plugin: parallel, so one client
+#     connection's queue depth reaches the filter), one client
+#     connection with 16 random 4 KiB reads in flight, each checked
+#     against the image: without fscache-upstream-connections the pool
+#     stays off over a parallel plugin (at most 1 read at once at the
+#     serial server, through the front's one connection); given, the
+#     reads overlap across the server's connections (at least 2 at
+#     once), and its overlap log stays empty.
+#  4. nginx through the curl plugin (serialize_requests in nbdkit
 #     1.32), with the pool: the copy is identical, nginx served it in
 #     range requests, and the upstream reads overlapped in time (a log
 #     filter between the cache and curl: nginx's own $request_time
 #     reads 0.000 for a 1 MiB response on loopback, rate-limited or
-#     not, so its log cannot show overlap).  (Skipped, after parts 1 and 2 passed,
+#     not, so its log cannot show overlap).  (Skipped, after parts 1 to 3 passed,
 #     without nginx or the curl plugin.)
 #
 # Truth: the image (cmp, qemu-img compare), the serial plugin's own
@@ -143,7 +152,59 @@ said=$(grep -c "the upstream refused another connection; the pool goes on" \
 echo "limit 2: $said log line(s) about the refused connection"
 [ "$said" -eq 1 ] || fail "limit 2: $said lines about the refusal, not 1"
 
-# ---- 3. nginx and the curl plugin ----------------------------------------
+# ---- 3. the serial plugin behind the nbd plugin ---------------------------
+rand_reader ()                  # URI: 16 random 4 KiB reads in flight, checked
+{
+  $PYTHON - "$1" "$img" <<'EOF'
+import random, sys, nbd
+h = nbd.NBD()
+h.connect_uri(sys.argv[1])
+data = open(sys.argv[2], "rb").read()
+rnd = random.Random(27)
+offs = [rnd.randrange(len(data) // 4096) * 4096 for _ in range(300)]
+flight = []
+while offs or flight:
+    while offs and len(flight) < 16:
+        o = offs.pop()
+        b = nbd.Buffer(4096)
+        flight.append((h.aio_pread(b, o), b, o))
+    h.poll(-1)
+    for t in flight[:]:
+        if h.aio_command_completed(t[0]):
+            if t[1].to_bytearray() != data[t[2]:t[2] + 4096]:
+                sys.exit("random reader: wrong data at %d" % t[2])
+            flight.remove(t)
+EOF
+}
+for given in no yes; do
+  export SERIAL_DIR="$TMP/split-$given"
+  mkdir -p "$SERIAL_DIR"
+  start_nbdkit -P "$TMP/back.pid" -U "$TMP/back.sock" sh "$plugin"
+  pool=(); [ $given = yes ] && pool=(fscache-upstream-connections=8)
+  start_nbdkit -P "$TMP/front.pid" -U "$TMP/front.sock" --filter="$FILTER" \
+    nbd socket="$TMP/back.sock" fscache-dir="$TMP/cache-split-$given" \
+    "${pool[@]}"
+  rand_reader "nbd+unix:///?socket=$TMP/front.sock" ||
+    fail "split, pool given: $given: the random reader failed"
+  stop_nbdkit "$TMP/front.pid"
+  stop_nbdkit "$TMP/back.pid"
+  most=$(most_at_once "$SERIAL_DIR/calls")
+  echo "split, fscache-upstream-connections given: $given:" \
+       "at most $most reads at once at the serial server"
+  if [ $given = no ]; then
+    [ "$most" -le 1 ] ||
+      fail "split: a pool over the nbd plugin without being asked ($most)"
+  else
+    [ "$most" -ge 2 ] ||
+      fail "split: the pool was asked for, the reads never overlapped"
+  fi
+  if [ -s "$SERIAL_DIR/overlaps" ]; then
+    cat "$SERIAL_DIR/overlaps" >&2
+    fail "split: calls overlapped on one connection of the serial server"
+  fi
+done
+
+# ---- 4. nginx and the curl plugin ----------------------------------------
 if nginx -v 2>/dev/null && nbdkit curl --dump-plugin >/dev/null 2>&1; then :
 else
   echo "$0: SKIP: part 3 needs nginx and nbdkit's curl plugin" >&2

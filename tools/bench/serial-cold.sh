@@ -10,6 +10,14 @@
 #   cachefilter nbdkit --filter=cache --filter=delay curl
 #   poolN       nbdkit --filter=fscache --filter=delay curl
 #                 fscache-upstream-connections=N (N in POOLS)
+#   splitN      the serial plugin in a process of its own, the filter
+#                 in front of it over NBD (N in SPLITS):
+#                   back:  nbdkit -U B --filter=delay curl
+#                   front: nbdkit --filter=fscache nbd socket=B
+#                            fscache-upstream-connections=N
+#                 the front is parallel, so the client's queue depth
+#                 reaches the filter, and each context of the pool is
+#                 one connection of the back server (pool.c)
 #   ceiling     nbdkit --filter=delay file: the same delay on a plugin
 #                 that takes requests in parallel (what the link allows)
 #
@@ -28,7 +36,8 @@
 # Options (or environment): --size=SIZE (SIZE, default 1G),
 # --delay-ms=N (DELAY_MS, default 10), --runtime=S (RUNTIME, default
 # 8), --rounds=N (ROUNDS, default 3), --pools="0 1 4 8 16" (POOLS),
-# --out=DIR (OUT, default a new /tmp/fscache-serial-cold.XXXXXX).
+# --splits="16" (SPLITS, default none), --out=DIR (OUT, default a new
+# /tmp/fscache-serial-cold.XXXXXX).
 
 set -euo pipefail
 BENCH_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -37,6 +46,7 @@ BENCH_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 FILTER="${FSCACHE_FILTER:-$top_builddir/plugin/.libs/nbdkit-fscache-filter.so}"
 SIZE="${SIZE:-1G}" DELAY_MS="${DELAY_MS:-10}" RUNTIME="${RUNTIME:-8}"
 ROUNDS="${ROUNDS:-3}" POOLS="${POOLS:-0 1 4 8 16}" OUT="${OUT:-}"
+SPLITS="${SPLITS:-}"
 for a in "$@"; do
   case "$a" in
     --size=*) SIZE="${a#*=}" ;;
@@ -44,8 +54,9 @@ for a in "$@"; do
     --runtime=*) RUNTIME="${a#*=}" ;;
     --rounds=*) ROUNDS="${a#*=}" ;;
     --pools=*) POOLS="${a#*=}" ;;
+    --splits=*) SPLITS="${a#*=}" ;;
     --out=*) OUT="${a#*=}" ;;
-    -h|--help) sed -n '2,31p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,40p' "$0"; exit 0 ;;
     *) echo "serial-cold.sh: unknown option: $a" >&2; exit 2 ;;
   esac
 done
@@ -104,13 +115,28 @@ serve () {
                  fscache-upstream-connections="${c#pool}") ;;
     ceiling) args=(--filter=delay file "$OUT/www/img") ;;
   esac
-  nbdkit -U "$OUT/s.sock" -P "$OUT/s.pid" "${args[@]}" \
-    delay-read="${DELAY_MS}ms" 2>>"$OUT/raw/$c.log"
+  rm -f "$OUT/b.sock" "$OUT/b.pid"
+  if [ "${c#split}" != "$c" ]; then
+    nbdkit -U "$OUT/b.sock" -P "$OUT/b.pid" --filter=delay curl url="$url" \
+      delay-read="${DELAY_MS}ms" 2>>"$OUT/raw/$c-back.log"
+    for i in $(seq 100); do [ -s "$OUT/b.pid" ] && break; sleep 0.1; done
+    nbdkit -U "$OUT/s.sock" -P "$OUT/s.pid" --filter="$FILTER" \
+      nbd socket="$OUT/b.sock" fscache-dir="$OUT/cache" \
+      fscache-validate=size fscache-upstream-connections="${c#split}" \
+      2>>"$OUT/raw/$c.log"
+  else
+    nbdkit -U "$OUT/s.sock" -P "$OUT/s.pid" "${args[@]}" \
+      delay-read="${DELAY_MS}ms" 2>>"$OUT/raw/$c.log"
+  fi
   for i in $(seq 100); do [ -s "$OUT/s.pid" ] && break; sleep 0.1; done
 }
 stop () {
-  local p; p=$(cat "$OUT/s.pid")
-  kill "$p"; while kill -0 "$p" 2>/dev/null; do sleep 0.1; done
+  local p f
+  for f in s.pid b.pid; do
+    [ -s "$OUT/$f" ] || continue
+    p=$(cat "$OUT/$f")
+    kill "$p"; while kill -0 "$p" 2>/dev/null; do sleep 0.1; done
+  done
 }
 
 # run CONFIG ROUND: both workloads, each on a fresh server and cache.
@@ -135,6 +161,7 @@ run () {
 
 configs="nocache cachefilter"
 for n in $POOLS; do configs="$configs pool$n"; done
+for n in $SPLITS; do configs="$configs split$n"; done
 configs="$configs ceiling"
 for r in $(seq "$ROUNDS"); do
   for c in $configs; do
