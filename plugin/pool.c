@@ -32,21 +32,23 @@
  * dispatches one request at a time per client connection under
  * serialize_requests, a client's queue depth never reaches a filter in
  * front of curl or ssh in the same process.  It does when the serial
- * plugin runs in processes of its own behind the parallel nbd plugin
- * (nbd command=nbdkit arg=curl ...: one child, one NBD connection, per
- * context): then the front is parallel, and every context of the pool
- * is a connection of its own to a serial server, so random misses of
- * one client connection run as many at a time as the pool has
- * contexts.  The filter cannot see that the server behind nbd is
- * serial, so the pool is used there only when
- * fscache-upstream-connections is given (the man page, "A serial
- * upstream at a client's queue depth"; docs/benchmarks.md).  (An upstream
- * that can write and offers no multi-conn gives each context a view
- * of its own, and fills through several views can mix a block's
- * versions once clients write: issue 29, item 4, which the pool does
- * not make worse than each connection's own context did, and does not
- * solve either.  curl, the pool's main user, is such an upstream, and
- * most often read only.)
+ * plugin runs in a process of its own behind the parallel nbd plugin
+ * (nbd socket=S, where "nbdkit -U S curl ..." serves each connection
+ * on its own; not command=, which shares one connection): then the
+ * front is parallel, and every context of the pool is a connection of
+ * its own to the serial server, so random misses of one client
+ * connection run as many at a time as the pool has contexts.  The
+ * filter cannot see that the server behind nbd is serial, so the pool
+ * is used there only when fscache-upstream-connections is given (the
+ * man page, "A serial upstream at a client's queue depth";
+ * docs/benchmarks.md: test-fscache-pool.sh part 3 breaks without it).
+ *
+ * (An upstream that can write and offers no multi-conn gives each
+ * context a view of its own, and fills through several views can mix
+ * a block's versions once clients write: issue 29, item 4, which the
+ * pool does not make worse than each connection's own context did,
+ * and does not solve either.  curl, the pool's main user, is such an
+ * upstream, and most often read only.)
  *
  * Lifetime.  Workers start on demand, up to N; a worker opens its
  * context at its first job and closes it after IDLE_MS without one (the
