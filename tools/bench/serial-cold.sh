@@ -71,7 +71,17 @@ PY=python3; [ -x /usr/bin/python3 ] && PY=/usr/bin/python3
 [ -n "$OUT" ] || OUT="$(mktemp -d /tmp/fscache-serial-cold.XXXXXX)"
 mkdir -p "$OUT/raw" "$OUT/www" "$OUT/nginx"
 pids=()
-cleanup () { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; }
+# On exit: the servers, then the image and the cache (3 GiB each at
+# the documented sizes; left behind, a few runs fill the disk, and
+# below fscache-min-free the filter stores nothing).  raw/ stays.
+cleanup () {
+  local p f
+  for f in s.pid b.pid; do
+    [ -s "$OUT/$f" ] && kill "$(cat "$OUT/$f")" 2>/dev/null || true
+  done
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  rm -rf "$OUT/www" "$OUT/cache"
+}
 trap cleanup EXIT
 
 bytes=$(numfmt --from=iec "$SIZE")
