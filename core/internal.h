@@ -746,18 +746,6 @@ extern int fsc_share_join (struct fsc_object *o,
                            struct fsc_open_info *info);
 extern void fsc_share_leave (struct fsc_object *o);
 extern struct fsc_object *fsc_share_detach_local (struct fsc_object *o);
-extern int fsc_share_read (struct fsc_object *o, void *buf, uint32_t count,
-                           uint64_t offset, const struct fsc_upstream *up,
-                           unsigned flags);
-extern int fsc_share_prefetch (struct fsc_object *o, uint64_t offset,
-                               uint64_t count, const struct fsc_upstream *up,
-                               unsigned flags);
-extern int fsc_share_write_begin (struct fsc_object *o, uint64_t offset,
-                                  uint64_t count, unsigned flags,
-                                  struct fsc_write *w);
-extern void fsc_share_write_end (struct fsc_object *o, struct fsc_write *w,
-                                 const void *buf, bool upstream_ok);
-extern int fsc_share_commit (struct fsc_object *o);
 /* retrieve.c: fsc_object_read of an object held here, with the bytes
  * that came from the upstream in *MISSED.
  */

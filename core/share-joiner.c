@@ -140,7 +140,7 @@ fsc_share_detach_local (struct fsc_object *o)
   return l;
 }
 
-int
+static int
 fsc_share_read (struct fsc_object *o, void *buf, uint32_t count,
                 uint64_t offset, const struct fsc_upstream *up,
                 unsigned flags)
@@ -180,7 +180,7 @@ fsc_share_read (struct fsc_object *o, void *buf, uint32_t count,
   return up->pread (up->opaque, buf, count, offset);
 }
 
-int
+static int
 fsc_share_prefetch (struct fsc_object *o, uint64_t offset, uint64_t count,
                     const struct fsc_upstream *up, unsigned flags)
 {
@@ -210,7 +210,7 @@ fsc_share_prefetch (struct fsc_object *o, uint64_t offset, uint64_t count,
   return 0;
 }
 
-int
+static int
 fsc_share_write_begin (struct fsc_object *o, uint64_t offset, uint64_t count,
                        unsigned flags, struct fsc_write *w)
 {
@@ -242,7 +242,7 @@ fsc_share_write_begin (struct fsc_object *o, uint64_t offset, uint64_t count,
   return 0;
 }
 
-void
+static void
 fsc_share_write_end (struct fsc_object *o, struct fsc_write *w,
                      const void *buf, bool upstream_ok)
 {
@@ -265,7 +265,7 @@ fsc_share_write_end (struct fsc_object *o, struct fsc_write *w,
                               &err, NULL) == 0);
 }
 
-int
+static int
 fsc_share_commit (struct fsc_object *o)
 {
   struct fsc_object *l;
