@@ -1,8 +1,11 @@
 /* libfscache: sequential readahead for one stream of reads.
  *
  * One fsc_readahead per client connection.  The connection reports
- * each read (fsc_readahead_observe); after two reads in a row that
- * continue where the last one ended, the next WINDOW bytes are queued
+ * each read as it arrives (fsc_readahead_observe).  A stream's front is
+ * the furthest end of its reads; reads may arrive out of order by up
+ * to sixteen reads' worth (a client's queue, raced over by the
+ * server's threads) and still belong to it.  After two reads in a row
+ * that push the front on, the WINDOW bytes beyond the front are queued
  * in chunks and fetched into the cache by background threads (at most
  * the caller's limit, itself at most FSC_RA_THREADS, started on first
  * need) through fsc_object_prefetch.
@@ -39,7 +42,9 @@ extern struct fsc_readahead *fsc_readahead_new (struct fsc_object *obj,
                                                 unsigned max_threads,
                                                 const struct fsc_upstream *up);
 
-/* A client read of [OFFSET, OFFSET+COUNT) was served. */
+/* A client read of [OFFSET, OFFSET+COUNT) arrives: call before serving
+ * it, so that readahead runs ahead of the client's queue, not behind.
+ */
 extern void fsc_readahead_observe (struct fsc_readahead *ra,
                                    uint64_t offset, uint32_t count);
 

@@ -371,6 +371,7 @@ fscache_pread (nbdkit_next *next, void *handle, void *buf, uint32_t count,
   bool was_near = __atomic_exchange_n (&h->last_near, near, __ATOMIC_RELAXED);
   if (rflags || (near && was_near))
     rflags |= FSC_READ_NEAR;
+  fsc_readahead_observe (h->ra, offset, count);
   int r;
   if (h->wb)
     r = wb_pread (h->wb, h->obj, &h->up, buf, count, offset, rflags, err);
@@ -389,7 +390,6 @@ fscache_pread (nbdkit_next *next, void *handle, void *buf, uint32_t count,
     fsc_object_count_peer (h->obj, FSC_PEER_SERVED, 1);
     fsc_object_count_peer (h->obj, FSC_PEER_SERVED_BYTES, count);
   }
-  fsc_readahead_observe (h->ra, offset, count);
   catchup_maybe_start (h->obj, h->exportname);
   if (h->traced)
     fsc_trace_note (state.trace, offset, count);
