@@ -42,6 +42,7 @@
 #include "xxh.h"
 
 #include "internal.h"
+#include "share-hooks.h"
 #include "safeopen.h"
 #include "utils.h"
 
@@ -225,6 +226,8 @@ fsc_cache_open (const struct fsc_cache_config *config,
     errno = e;
     goto err_close;
   }
+  /* The host's sharing, above the object core (share-hooks.h). */
+  c->share = &fsc_share_hooks;
   pthread_mutex_init (&c->lock, NULL);
   pthread_cond_init (&c->cond, NULL);
   pthread_cond_init (&c->ready_cond, NULL);
@@ -269,24 +272,6 @@ fsc_cache_stats (struct fsc_cache *cache, struct fsc_stats *st)
 }
 
 void
-fsc_cache_count_peer (struct fsc_cache *cache, enum fsc_peer_stat which,
-                      uint64_t delta)
-{
-  struct fsc_stats *st = &cache->stats;
-  switch (which) {
-  case FSC_PEER_READS: FSC_STAT_ADD (st, peer_reads, delta); break;
-  case FSC_PEER_READ_BYTES: FSC_STAT_ADD (st, peer_read_bytes, delta); break;
-  case FSC_PEER_ERRORS: FSC_STAT_ADD (st, peer_errors, delta); break;
-  case FSC_PEER_BACKOFFS: FSC_STAT_ADD (st, peer_backoffs, delta); break;
-  case FSC_PEER_SERVED: FSC_STAT_ADD (st, peer_served, delta); break;
-  case FSC_PEER_SERVED_BYTES:
-    FSC_STAT_ADD (st, peer_served_bytes, delta);
-    break;
-  case FSC_PEER_REFUSED: FSC_STAT_ADD (st, peer_refused, delta); break;
-  }
-}
-
-void
 fsc_cache_set_peers_known (struct fsc_cache *cache, uint64_t n)
 {
   __atomic_store_n (&cache->stats.peers_known, n, __ATOMIC_RELAXED);
@@ -304,29 +289,6 @@ fsc_cache_set_trace (struct fsc_cache *cache, fsc_io_trace_fn *fn,
 {
   cache->io.trace_opaque = opaque;
   cache->io.trace = fn;
-}
-
-void *
-fsc_scratch (struct fsc_cache *cache, size_t size)
-{
-  size_t *p = pthread_getspecific (cache->scratch_key);
-  if (p == NULL || p[0] < size) {
-    free (p);
-    p = malloc (sizeof (size_t) * 2 + size);
-    pthread_setspecific (cache->scratch_key, p);
-    if (p == NULL)
-      return NULL;
-    p[0] = size;
-  }
-  return p + 2;
-}
-
-void
-fsc_cache_kick (struct fsc_cache *cache)
-{
-  SCOPED_LOCK (&cache->lock);
-  cache->commit_wanted = true;
-  pthread_cond_signal (&cache->cond);
 }
 
 /* The committer's round over the open objects: commit each with

@@ -371,3 +371,11 @@ fsc_reserve_groups (struct fsc_object *o, uint64_t g0, uint64_t g1)
   }
   return 0;
 }
+void
+fsc_cache_kick (struct fsc_cache *cache)
+{
+  SCOPED_LOCK (&cache->lock);
+  cache->commit_wanted = true;
+  pthread_cond_signal (&cache->cond);
+}
+

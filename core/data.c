@@ -37,15 +37,6 @@ seg_len (const struct fsc_object *o, uint64_t i)
   return MIN (FSC_SEG_SIZE, o->size - i * FSC_SEG_SIZE);
 }
 
-static void
-seg_suffix (uint64_t i, char buf[FSC_SEG_SUFFIX_MAX])
-{
-  if (i == 0)
-    snprintf (buf, FSC_SEG_SUFFIX_MAX, ".data");
-  else
-    snprintf (buf, FSC_SEG_SUFFIX_MAX, ".data.%" PRIu64, i);
-}
-
 int
 fsc_data_open (struct fsc_object *o, bool *sizes_ok)
 {
@@ -60,7 +51,7 @@ fsc_data_open (struct fsc_object *o, bool *sizes_ok)
   for (uint64_t i = 0; i < o->nseg; ++i) {
     char suffix[FSC_SEG_SUFFIX_MAX];
     struct stat st;
-    seg_suffix (i, suffix);
+    fsc_seg_suffix (i, suffix);
     o->dfds[i] = fsc_open_file (o, suffix);
     if (o->dfds[i] == -1 || fstat (o->dfds[i], &st) == -1)
       return -1;
@@ -93,17 +84,6 @@ fsc_data_close (struct fsc_object *o)
   free (o->seg_dirty);
   o->dfds = NULL;
   o->seg_dirty = NULL;
-}
-
-void
-fsc_data_unlink (const struct fsc_object *o)
-{
-  uint64_t n = o->size ? DIV_ROUND_UP (o->size, FSC_SEG_SIZE) : 1;
-  for (uint64_t i = 0; i < n; ++i) {
-    char suffix[FSC_SEG_SUFFIX_MAX], name[FILE_NAME_MAX];
-    seg_suffix (i, suffix);
-    unlinkat (o->fandirfd, fsc_file_name (o, suffix, name), 0);
-  }
 }
 
 ssize_t

@@ -125,21 +125,8 @@
  * ran ahead of a stream would otherwise pace the stream at the disk's
  * speed).  A job being read is freed by the last of its readers.
  *
- * Big buffers (fsc_buf_get): a job's bytes, an inline fill's, a
- * commit's records are mapped on their own, not taken from malloc.
- * Request threads allocate them and the fill thread frees them, by the
- * thousand a second; in glibc's per-thread arenas they were carved up
- * by the small long-lived allocations around them (groups, leaves) and
- * the arenas kept growing: after a 1 GiB fill in 64 KiB blocks the
- * process stayed at about 100 MiB resident with nothing of ours left
- * alive.  A buffer given back is kept for reuse, by size class (powers
- * of two from 64 KiB to 8 MiB), up to BUF_POOL_MAX bytes in all, so
- * that a steady fill maps and faults in nothing; bigger ones, and those
- * past the bound, are unmapped.  Nor does a buffer given back raise
- * glibc's dynamic mmap threshold, which made every later allocation up
- * to that size come from (and stay in) the arenas.  (A job's own
- * fields are malloced: a few hundred bytes, so that its bytes fill
- * their size class exactly.)
+ * Big buffers (fsc_buf_get) are bufs.c's; the meters' mechanics,
+ * meter.c's.
  */
 #include <config.h>
 
@@ -153,23 +140,6 @@
 #include "utils.h"
 
 #define FILL_MAX_BYTES (16u << 20)      /* queued background fills */
-#define BUF_CLASS_MIN 16                /* 64 KiB */
-#define BUF_POOL_MAX (4u << 20)         /* big buffers kept for reuse */
-
-/* The meters' windows: enough busy time that one window holds many
- * operations of either kind, few enough that a change of speed shows
- * within a tenth of a second of busy time (the average moves a quarter
- * of the way per window).  Or enough bytes, for a meter that moves
- * gigabytes per busy second: 20 ms of nbdkit null's reads were 200 to
- * 300 MB, all of them filled before the budget could engage.
- */
-#define METER_WINDOW_NS (20 * 1000 * 1000)
-#define METER_WINDOW_BYTES ((uint64_t) 32 << 20)
-
-/* A meter's peak loses 1/PEAK_DECAY of itself per window (half in 44
- * windows: about a second at the rates where it matters).
- */
-#define PEAK_DECAY 64
 
 /* The cache disk is the bottleneck when fills are written at less
  * than this share of the upstream's rate (see the comment at the top).
@@ -184,72 +154,6 @@
 #define BUDGET_SLOWER_PCT 100   /* ... when fills are slower than the
                                  * upstream */
 #define BUDGET_BURST ((uint64_t) 64 << 20)
-
-static uint64_t
-now_ns (void)
-{
-  struct timespec ts;
-  clock_gettime (CLOCK_MONOTONIC, &ts);
-  return (uint64_t) ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
-
-void
-fsc_meter_init (struct fsc_meter *m, uint64_t *busy_us)
-{
-  memset (m, 0, sizeof *m);
-  pthread_mutex_init (&m->lock, NULL);
-  m->busy_us = busy_us;
-}
-
-void
-fsc_meter_destroy (struct fsc_meter *m)
-{
-  pthread_mutex_destroy (&m->lock);
-}
-
-/* Count the busy time up to NOW.  Caller holds m->lock. */
-static void
-meter_account (struct fsc_meter *m, uint64_t now)
-{
-  if (m->active > 0 && now > m->mark_ns) {
-    const uint64_t d = now - m->mark_ns;
-    m->win_ns += d;
-    __atomic_add_fetch (m->busy_us, (m->total_ns + d) / 1000 -
-                        m->total_ns / 1000, __ATOMIC_RELAXED);
-    m->total_ns += d;
-  }
-  m->mark_ns = now;
-}
-
-void
-fsc_meter_begin (struct fsc_meter *m)
-{
-  const uint64_t now = now_ns ();
-  SCOPED_LOCK (&m->lock);
-  meter_account (m, now);
-  m->active++;
-}
-
-void
-fsc_meter_end (struct fsc_meter *m, uint64_t bytes)
-{
-  const uint64_t now = now_ns ();
-  SCOPED_LOCK (&m->lock);
-  meter_account (m, now);
-  m->active--;
-  m->win_bytes += bytes;
-  if (m->win_ns < METER_WINDOW_NS && m->win_bytes < METER_WINDOW_BYTES)
-    return;
-  const int64_t sample =
-    (int64_t) ((double) m->win_bytes * 1e9 / (double) m->win_ns);
-  int64_t rate = __atomic_load_n (&m->rate, __ATOMIC_RELAXED);
-  rate = rate == 0 ? sample : rate + (sample - rate) / 4;
-  __atomic_store_n (&m->rate, (uint64_t) MAX (rate, 1), __ATOMIC_RELAXED);
-  uint64_t peak = __atomic_load_n (&m->peak, __ATOMIC_RELAXED);
-  peak = MAX ((uint64_t) MAX (sample, 1), peak - peak / PEAK_DECAY);
-  __atomic_store_n (&m->peak, peak, __ATOMIC_RELAXED);
-  m->win_ns = m->win_bytes = 0;
-}
 
 /* Are fills written at less than PCT percent of the upstream's rate,
  * its moving average, or if PEAK its peak?  Not known yet (a meter at
@@ -360,7 +264,7 @@ fsc_fill_budget (struct fsc_cache *c, uint64_t len, bool speculative)
   if (rates_known (c, fill) && (!engaged || speculative))
     return true;
   const uint64_t rate = engaged ? fill / 100 * DUTY_PCT : 0;
-  const uint64_t now = now_ns ();
+  const uint64_t now = fsc_mono_ns ();
   SCOPED_LOCK (&c->budget_lock);
   if (c->budget_ns == 0) {              /* the first time: full */
     c->budget_bytes = BUDGET_BURST;
@@ -376,74 +280,6 @@ fsc_fill_budget (struct fsc_cache *c, uint64_t len, bool speculative)
     return false;
   c->budget_bytes -= len;
   return true;
-}
-
-/* The size class of SIZE bytes (BUF_CLASSES: none, too big), and its
- * capacity.
- */
-static unsigned
-buf_class (size_t size)
-{
-  unsigned k = 0;
-  while (k < BUF_CLASSES && ((size_t) 1 << (BUF_CLASS_MIN + k)) < size)
-    k++;
-  return k;
-}
-
-void *
-fsc_buf_get (struct fsc_cache *c, size_t size, size_t *cap)
-{
-  unsigned k = buf_class (size);
-  if (k < BUF_CLASSES) {
-    pthread_mutex_lock (&c->fill_lock);
-    void *p = c->buf_pool[k];
-    if (p) {
-      c->buf_pool[k] = *(void **) p;
-      c->buf_pool_bytes -= (size_t) 1 << (BUF_CLASS_MIN + k);
-    }
-    pthread_mutex_unlock (&c->fill_lock);
-    *cap = (size_t) 1 << (BUF_CLASS_MIN + k);
-    if (p)
-      return p;
-  }
-  else
-    *cap = ROUND_UP (size, (size_t) 4096);
-  void *p = mmap (NULL, *cap, PROT_READ | PROT_WRITE,
-                  MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  return p == MAP_FAILED ? NULL : p;
-}
-
-void
-fsc_buf_put (struct fsc_cache *c, void *p, size_t cap)
-{
-  if (p == NULL)
-    return;
-  unsigned k = buf_class (cap);
-  if (k < BUF_CLASSES && cap == (size_t) 1 << (BUF_CLASS_MIN + k)) {
-    pthread_mutex_lock (&c->fill_lock);
-    bool keep = c->buf_pool_bytes + cap <= BUF_POOL_MAX;
-    if (keep) {
-      *(void **) p = c->buf_pool[k];
-      c->buf_pool[k] = p;
-      c->buf_pool_bytes += cap;
-    }
-    pthread_mutex_unlock (&c->fill_lock);
-    if (keep)
-      return;
-  }
-  munmap (p, cap);
-}
-
-void
-fsc_buf_pool_free (struct fsc_cache *c)
-{
-  for (unsigned k = 0; k < BUF_CLASSES; ++k)
-    while (c->buf_pool[k]) {
-      void *p = c->buf_pool[k];
-      c->buf_pool[k] = *(void **) p;
-      munmap (p, (size_t) 1 << (BUF_CLASS_MIN + k));
-    }
-  c->buf_pool_bytes = 0;
 }
 
 size_t

@@ -1,7 +1,8 @@
 /* libfscache: the fill thread (fill.c): fill jobs, the queue that
- * hands them to the thread, the meters that tell whether the cache
- * disk or the upstream is the bottleneck, the fill budget, and the
- * buffers fills and commits borrow.  Included by internal.h.
+ * hands them to the thread, the fill budget; the meters that tell
+ * whether the cache disk or the upstream is the bottleneck (meter.c),
+ * and the buffers fills and commits borrow (bufs.c), both on the
+ * ground floor.  Included by internal.h.
  */
 #ifndef FSC_FILL_H
 #define FSC_FILL_H
@@ -33,7 +34,7 @@ struct fsc_fill {
   unsigned char *data;          /* LEN bytes, from fsc_buf_get */
 };
 
-/* A throughput meter (fill.c): bytes per second of busy time, "busy"
+/* A throughput meter (meter.c): bytes per second of busy time, "busy"
  * meaning at least one measured operation in progress, so that
  * overlapping operations (the upstream's concurrent fetches) count
  * their time once and idle time (no client asking) not at all.  Bytes
@@ -116,13 +117,13 @@ extern bool fsc_upstream_remote (struct fsc_cache *cache);
  */
 extern bool fsc_fill_congested (struct fsc_cache *cache);
 
-/* fill.c: set up meter M, whose busy time adds to the stats counter
+/* meter.c: set up meter M, whose busy time adds to the stats counter
  * *BUSY_US; and free it.
  */
 extern void fsc_meter_init (struct fsc_meter *m, uint64_t *busy_us);
 extern void fsc_meter_destroy (struct fsc_meter *m);
 
-/* fill.c: an operation of meter M begins; it ends having moved BYTES
+/* meter.c: an operation of meter M begins; it ends having moved BYTES
  * (0 if it failed).  Take m->lock.
  */
 extern void fsc_meter_begin (struct fsc_meter *m);
@@ -131,7 +132,7 @@ extern void fsc_meter_end (struct fsc_meter *m, uint64_t bytes);
 /* fill.c: free a job that was not submitted. */
 extern void fsc_fill_free (struct fsc_cache *cache, struct fsc_fill *f);
 
-/* fill.c: a buffer of at least SIZE bytes, mapped apart from malloc's
+/* bufs.c: a buffer of at least SIZE bytes, mapped apart from malloc's
  * arenas or reused, its capacity in *CAP; or NULL.  Give it back with
  * fsc_buf_put (P may be NULL); fsc_buf_pool_free unmaps those kept.
  * Takes cache->fill_lock.

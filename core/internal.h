@@ -20,6 +20,7 @@
 #include <sys/stat.h>
 
 #include "fscache.h"
+#include "files.h"
 #include "index.h"
 #include "io.h"
 #include "keyenc.h"
@@ -29,6 +30,8 @@
 /* The fill thread, its jobs and its meters (fill.c). */
 #include "fill.h"
 
+struct fsc_share_hooks;
+
 struct fsc_cache {
   int dirfd;                    /* the cache directory */
   int objdirfd;                 /* its objects/ subdirectory */
@@ -37,6 +40,8 @@ struct fsc_cache {
   struct fsc_stats stats;
   unsigned commit_interval_ms;
   pthread_key_t scratch_key;    /* per-thread bounce buffer */
+  const struct fsc_share_hooks *share; /* the sharing layer above the
+                                 * object core (share-hooks.h), or NULL */
 
   pthread_mutex_t lock;
   pthread_cond_t cond;          /* wakes the committer */
@@ -159,6 +164,12 @@ struct scache_entry {
   uint64_t sums[SCACHE_SUBS];
 };
 
+/* reclaim.c's call back into object.c as its thread ends
+ * (fsc_reclaim_start).
+ */
+struct fsc_object;
+typedef void fsc_reclaim_ended_fn (struct fsc_object *o);
+
 struct fsc_object {
   struct fsc_cache *cache;
   struct fsc_object *next;      /* cache->objects; under cache->lock */
@@ -280,6 +291,7 @@ struct fsc_object {
   pthread_t reclaim_thread;
   bool reclaim_joinable;        /* started, not joined */
   bool reclaim_running;         /* under lock */
+  fsc_reclaim_ended_fn *reclaim_ended; /* fsc_reclaim_start's ENDED */
   bool reclaim_done;            /* under lock: the walk finished */
   bool reclaim_closing;         /* under lock: the close waits for it */
   bool reclaim_stop;            /* under lock: stop at the next group
@@ -332,7 +344,7 @@ extern int fsc_object_save_counters (struct fsc_object *obj);
 extern int fsc_live_load (struct fsc_object *obj, struct fsc_ostats *out,
                           uint64_t *incarnation, uint64_t *updated);
 
-/* object.c: if another process marked OBJ stale (it wrote upstream
+/* withdraw.c: if another process marked OBJ stale (it wrote upstream
  * while we held the object), withdraw it.  Returns true if it did.
  */
 extern bool fsc_object_check_stale (struct fsc_object *obj);
@@ -340,12 +352,12 @@ extern bool fsc_object_check_stale (struct fsc_object *obj);
 /* object.c: true if OBJ has uncommitted changes.  Takes obj->lock. */
 extern bool fsc_object_has_dirty (struct fsc_object *obj);
 
-/* cache.c: the calling thread's scratch buffer of at least SIZE bytes
+/* bufs.c: the calling thread's scratch buffer of at least SIZE bytes
  * (reused across calls), or NULL with errno.
  */
 extern void *fsc_scratch (struct fsc_cache *cache, size_t size);
 
-/* cache.c: ask the committer to run soon. */
+/* commit.c: ask the committer (cache.c's thread) to run soon. */
 extern void fsc_cache_kick (struct fsc_cache *cache);
 
 
@@ -374,9 +386,6 @@ _Static_assert (MAX_RUN_GROUPS <= FSC_FILL_MAX_GROUPS,
 #define GROUP_OF(b) ((b) / FSC_GROUP_BLOCKS)
 #define BIT_OF(b) (UINT64_C (1) << ((b) % FSC_GROUP_BLOCKS))
 #define IDX_OF(b) ((b) % FSC_GROUP_BLOCKS)
-
-/* Longest name of an object's file: NAME and a suffix. */
-#define FILE_NAME_MAX (FSC_NAME_MAX + 32)
 
 static inline uint64_t
 block_start (const struct fsc_object *o, uint64_t b)
@@ -407,20 +416,16 @@ sums_offset (const struct fsc_object *o, uint64_t b)
 }
 
 /* data.c: the data in segment files of FSC_SEG_SIZE bytes: NAME.data
- * for the first, NAME.data.I for segment I >= 1.  Open (creating) them
- * all, setting *SIZES_OK if each has its length; truncate them to
- * their lengths, empty; close them; unlink them (by name, opened or
- * not); read, write (returns 0 or -1), sync what was written, punch,
- * and count allocated bytes.  All but unlink return -1 with errno on
- * failure; pread returns the bytes read, which may be short.
+ * for the first, NAME.data.I for segment I >= 1 (their names, and
+ * unlinking them, are files.h's).  Open (creating) them all, setting
+ * *SIZES_OK if each has its length; truncate them to their lengths,
+ * empty; close them; read, write (returns 0 or -1), sync what was
+ * written, punch, and count allocated bytes.  All return -1 with errno
+ * on failure; pread returns the bytes read, which may be short.
  */
-#define FSC_SEG_SHIFT 40
-#define FSC_SEG_SIZE (UINT64_C (1) << FSC_SEG_SHIFT)
-#define FSC_SEG_SUFFIX_MAX 28
 extern int fsc_data_open (struct fsc_object *o, bool *sizes_ok);
 extern int fsc_data_reset (struct fsc_object *o);
 extern void fsc_data_close (struct fsc_object *o);
-extern void fsc_data_unlink (const struct fsc_object *o);
 extern ssize_t fsc_data_pread (struct fsc_object *o, void *buf, size_t n,
                                uint64_t off);
 extern int fsc_data_pwrite (struct fsc_object *o, const void *buf, size_t n,
@@ -446,21 +451,6 @@ punch_hole (int fd, uint64_t off, uint64_t len)
   return fallocate (fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
                     (off_t) off, (off_t) len);
 }
-
-/* object.c: open (creating if needed, mode 0600 whatever the umask)
- * the object's file NAME+SUFFIX, refusing symlinks (ELOOP) and anything
- * not our own regular file with one link (EPERM; a FIFO or a device is
- * never waited on: safeopen.h).  Returns the descriptor or -1 with
- * errno.
- */
-extern int fsc_open_file (struct fsc_object *o, const char *suffix);
-/* object.c: the same with open FLAGS of the caller's (O_RDONLY, say:
- * tools that must not create anything, inspect.c).
- */
-extern int fsc_open_file_flags (const struct fsc_object *o,
-                                const char *suffix, int flags);
-/* object.c: the same for file NAME in directory DIRFD. */
-extern int fsc_openat_own (int dirfd, const char *name, int flags);
 
 /* The group table and its paging (groups.c). */
 #include "groups.h"
@@ -581,7 +571,10 @@ extern int fsc_write_sb (struct fsc_object *o, uint32_t set_flags,
  * durable, once: see "Crash safety" in docs/design.md.  Returns 0 (at
  * once if it is, or if the object was not opened clean), or -1 (the
  * object withdrawn).  Takes o->lock; never call it holding the lock
- * or the index (o->committing).
+ * or the index (o->committing).  data.c calls it before its writes and
+ * punches, and commit.c calls data.c's sync: the one pair of core/
+ * files that call each other (tools/layers.py), declared here, since
+ * the mark must precede every change whoever makes it.
  */
 extern int fsc_object_mark_in_use (struct fsc_object *o);
 
@@ -597,20 +590,10 @@ extern int fsc_commit_upto (struct fsc_object *o, uint64_t target);
 extern int fsc_reserve_groups (struct fsc_object *o, uint64_t g0,
                                uint64_t g1);
 
-/* object.c: the name of the object's file with SUFFIX (".idx",
- * ".data", ".sums", ".stale") in its fan-out directory, in BUF.
- */
-extern const char *fsc_file_name (const struct fsc_object *o,
-                                  const char *suffix,
-                                  char buf[FILE_NAME_MAX]);
-
-/* object.c: withdraw O (uncached from now on) because of ERR, and
+/* withdraw.c: withdraw O (uncached from now on) because of ERR, and
  * unlink its files.  Takes o->lock.
  */
 extern void fsc_withdraw (struct fsc_object *o, int err);
-
-/* object.c: leave the stale mark for the process holding O. */
-extern void fsc_mark_stale (struct fsc_object *o);
 
 /* evict.c: before writing LEN bytes of new blocks into O's files,
  * make sure they fit in its budget (the smaller of fscache-max-size
@@ -670,9 +653,14 @@ extern int fsc_reclaim_unnamed (struct fsc_object *o);
  * clearly more than the blocks do.  Returns 0 or -1 with errno.
  * fsc_reclaim_finish waits for it to end (it ends early only if the
  * object is withdrawn) and tells whether it finished its work (true if
- * it never started).  Without o->lock.
+ * it never started).  Without o->lock.  ENDED is called by the
+ * reclaimer thread as it ends: a declared callback up into object.c
+ * (fsc_object_linger_done), which closes an object that lingered for
+ * the walk, so that reclaim.c, below the object's life, never names
+ * it.
  */
-extern int fsc_reclaim_start (struct fsc_object *o, bool unclean);
+extern int fsc_reclaim_start (struct fsc_object *o, bool unclean,
+                              fsc_reclaim_ended_fn *ended);
 extern bool fsc_reclaim_finish (struct fsc_object *o);
 
 /* catchup.c: note a skipped fill of [OFFSET, OFFSET + LEN) (whole
@@ -738,7 +726,10 @@ extern void fsc_fill_blocks (struct fsc_object *o, uint64_t b, uint64_t n,
                              unsigned flags);
 
 
-/* share-*.c: one object for the whole host (share-int.h). */
+/* share-*.c: one object for the whole host (share-int.h).  The layers
+ * below sharing reach these only through share-hooks.h's table; cache.c,
+ * above it, calls them directly.
+ */
 extern int fsc_share_start (struct fsc_object *o);
 extern void fsc_share_stop (struct fsc_object *o);
 extern int fsc_share_join (struct fsc_object *o,

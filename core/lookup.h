@@ -1,6 +1,4 @@
-/* libfscache: finding an object on disk (lookup.c), and the two helpers
- * of object.c it shares.
- */
+/* libfscache: finding an object on disk (lookup.c). */
 #ifndef FSC_LOOKUP_H
 #define FSC_LOOKUP_H
 
@@ -27,11 +25,5 @@ struct fsc_sb;
 extern int fsc_check_sb (const struct fsc_object *o, const struct fsc_sb *sb,
                          const struct fsc_object_params *p, bool data_ok,
                          uint64_t sums_size);
-
-/* object.c: unlink the object's file with SUFFIX; does the stale mark
- * (NAME.stale) exist?
- */
-extern void fsc_unlink_file (const struct fsc_object *o, const char *suffix);
-extern bool fsc_stale_marked (struct fsc_object *o);
 
 #endif /* FSC_LOOKUP_H */

@@ -21,17 +21,20 @@
  * started cold.  Anything wrong with the files makes the object
  * WITHDRAWN: uncached, every request goes upstream.
  *
- * Withdrawal (fsc_withdraw) is the one answer to a failure of the
- * cache's own files: the files are unlinked, so that nothing stale
- * survives, and the object stays listed, withdrawn, until its last
- * user closes it.  An object held by another process is joined: this
- * process's requests go to that one (share-*.c).  One that cannot be
+ * Withdrawal (fsc_withdraw, withdraw.c) is the one answer to a failure
+ * of the cache's own files: the files are unlinked, so that nothing
+ * stale survives, and the object stays listed, withdrawn, until its
+ * last user closes it.  An object held by another process is joined:
+ * this process's requests go to that one (share-*.c, reached from here
+ * only through the table of share-hooks.h, since sharing sits above
+ * the object core).  One that cannot be
  * joined (writeback, offline, another upstream) is served uncached
  * here; a write through it leaves a mark (NAME.stale) beside the
  * object's files, and the holder withdraws its copy when it sees the
  * mark: at open, at close and every commit interval.
  *
- * Finding the object on disk, reused or cold, is lookup.c's.  The
+ * Finding the object on disk, reused or cold, is lookup.c's; naming
+ * and opening its files, files.c's.  The
  * operations live beside this file: retrieval (retrieve.c),
  * storage and invalidation (store.c), commits (commit.c), and the
  * checksums they share (sums.c).
@@ -53,136 +56,15 @@
 
 #include "internal.h"
 #include "lookup.h"
+#include "share-hooks.h"
 #include "safeopen.h"
 #include "utils.h"
-
-/* The name of the object's file with SUFFIX (".idx", ".data", ".sums",
- * ".stale") in its fan-out directory, in BUF.
- */
-const char *
-fsc_file_name (const struct fsc_object *o, const char *suffix,
-           char buf[FILE_NAME_MAX])
-{
-  snprintf (buf, FILE_NAME_MAX, "%s%s", o->name, suffix);
-  return buf;
-}
-
-void
-fsc_unlink_file (const struct fsc_object *o, const char *suffix)
-{
-  char buf[FILE_NAME_MAX];
-  unlinkat (o->fandirfd, fsc_file_name (o, suffix, buf), 0);
-}
-
-void
-fsc_withdraw (struct fsc_object *o, int err)
-{
-
-  pthread_mutex_lock (&o->lock);
-  if (o->state == FSC_OBJ_WITHDRAWN) {
-    pthread_mutex_unlock (&o->lock);
-    return;
-  }
-  o->state = FSC_OBJ_WITHDRAWN;
-  o->withdraw_err = err;
-  o->notices |= FSC_NOTICE_WITHDRAWN;
-  pthread_cond_broadcast (&o->cond);
-  pthread_mutex_unlock (&o->lock);
-
-  FSC_STAT_ADD (&o->cache->stats, withdrawals, 1);
-  FSC_OSTAT_ADD (o, withdrawals, 1);
-  /* Joiners stop serving hits from the files themselves (share-direct.c). */
-  fsc_share_bump_all (o);
-  /* The index may name blocks whose upstream content will change while
-   * we are not tracking writes any more: remove it so that nobody can
-   * trust it later.  Best effort: if even unlink fails the disk is
-   * gone, and the next open will validate whatever is left.
-   */
-  if (o->fandirfd >= 0) {
-    fsc_unlink_file (o, ".idx");
-    fsc_data_unlink (o);
-    fsc_unlink_file (o, ".sums");
-    fsc_unlink_file (o, ".stale");
-  }
-}
-
-/* Does the stale mark exist? */
-bool
-fsc_stale_marked (struct fsc_object *o)
-{
-  char buf[FILE_NAME_MAX];
-  return o->fandirfd >= 0 &&
-    faccessat (o->fandirfd, fsc_file_name (o, ".stale", buf), F_OK,
-               AT_SYMLINK_NOFOLLOW) == 0;
-}
-
-/* We write upstream while another process holds this object: tell it
- * its copy is stale.  Best effort (if we cannot, its fingerprint check
- * at the next open is what is left).
- */
-void
-fsc_mark_stale (struct fsc_object *o)
-{
-  char buf[FILE_NAME_MAX];
-  int fd = fsc_open_regular (o->fandirfd, fsc_file_name (o, ".stale", buf),
-                             O_WRONLY | O_CREAT, 0600);
-  if (fd >= 0) {
-    fsync (fd);
-    close (fd);
-    fsync (o->fandirfd);
-  }
-}
-
-bool
-fsc_object_check_stale (struct fsc_object *o)
-{
-  if (fsc_object_state (o) != FSC_OBJ_AVAILABLE || !fsc_stale_marked (o))
-    return false;
-  fsc_withdraw (o, ESTALE);         /* also removes the mark */
-  return true;
-}
-
-/* Open one of the object's files (internal.h). */
-int
-fsc_open_file_flags (const struct fsc_object *o, const char *suffix,
-                     int flags)
-{
-  char buf[FILE_NAME_MAX];
-  return fsc_openat_own (o->fandirfd, fsc_file_name (o, suffix, buf), flags);
-}
-
-int
-fsc_openat_own (int dirfd, const char *name, int flags)
-{
-  struct stat st;
-
-  /* Never a symlink, never waiting on a FIFO (safeopen.c rule 3). */
-  int fd = fsc_open_regular (dirfd, name, flags, 0600);
-  if (fd == -1)
-    return -1;
-  if (fstat (fd, &st) == -1 ||
-      st.st_uid != geteuid () || st.st_nlink != 1) {
-    close (fd);
-    errno = EPERM;
-    return -1;
-  }
-  /* Rule 4 of safeopen.c: 0600 whatever the umask was. */
-  if ((flags & O_CREAT) && (st.st_mode & 07777) != 0600)
-    (void) fchmod (fd, 0600);
-  return fd;
-}
-
-int
-fsc_open_file (struct fsc_object *o, const char *suffix)
-{
-  return fsc_open_file_flags (o, suffix, O_RDWR | O_CREAT);
-}
 
 static void
 free_object (struct fsc_object *o)
 {
-  fsc_share_stop (o);
-  fsc_share_leave (o);
+  fsc_hook_share_stop (o);
+  fsc_hook_share_leave (o);
   (void) fsc_reclaim_finish (o);
   fsc_gtable_free (o);
   free (o->dirty);
@@ -256,10 +138,11 @@ start_local (struct fsc_object *o, const struct fsc_object_params *p)
    * reason to refuse the object (the next unclean open walks).
    */
   if (o->reclaim_wanted)
-    (void) fsc_reclaim_start (o, o->reclaim_unclean);
+    (void) fsc_reclaim_start (o, o->reclaim_unclean,
+                              fsc_object_linger_done);
   /* Nor is failing to share it: the others are served uncached. */
   if (!p->exclusive && !p->offline)
-    (void) fsc_share_start (o);
+    (void) fsc_hook_share_start (o);
   errno = e;
 }
 
@@ -362,7 +245,7 @@ fsc_object_open (struct fsc_cache *c, const struct fsc_object_params *p,
     if (o->ifd >= 0) { close (o->ifd); o->ifd = -1; }
     /* Another process holds it: join that one's (share-joiner.c). */
     if (o->busy && !p->exclusive && !p->offline) {
-      if (fsc_share_join (o, p, info) == 0) {
+      if (fsc_hook_share_join (o, p, info) == 0) {
         info->err = 0;
         info->busy = false;
         pthread_mutex_lock (&o->lock);
@@ -567,7 +450,7 @@ fsc_local_close (struct fsc_object *o)
   /* Other processes' requests first: their sockets close, and they
    * take the object over once we let go of the index.
    */
-  fsc_share_stop (o);
+  fsc_hook_share_stop (o);
 
   /* The census and the walk for unnamed space end first, so that the
    * gauges saved and the clean mark are right: here they have ended
@@ -652,13 +535,6 @@ fsc_object_take_notices (struct fsc_object *o, int *err)
   return n;
 }
 
-int
-fsc_object_state (struct fsc_object *o)
-{
-  SCOPED_LOCK (&o->lock);
-  return o->state;
-}
-
 void
 fsc_object_set_tag (struct fsc_object *o, uint64_t tag)
 {
@@ -669,21 +545,6 @@ uint64_t
 fsc_object_tag (struct fsc_object *o)
 {
   return __atomic_load_n (&o->tag, __ATOMIC_ACQUIRE);
-}
-
-void
-fsc_object_count_peer (struct fsc_object *o, enum fsc_peer_stat which,
-                       uint64_t delta)
-{
-  fsc_cache_count_peer (o->cache, which, delta);
-  switch (which) {
-  case FSC_PEER_READ_BYTES: FSC_OSTAT_ADD (o, peer_bytes, delta); break;
-  case FSC_PEER_ERRORS: FSC_OSTAT_ADD (o, peer_errors, delta); break;
-  case FSC_PEER_SERVED_BYTES:
-    FSC_OSTAT_ADD (o, peer_served_bytes, delta);
-    break;
-  default: break;
-  }
 }
 
 uint64_t

@@ -1,10 +1,15 @@
 /* libfscache: names of the object counters (ostats.h).  The counting
- * is where the events happen; publishing NAME.stats is in live.c.
+ * is where the events happen; publishing NAME.stats is in live.c.  The
+ * fleet's counters (fsc_object_count_peer, fsc_cache_count_peer), which
+ * the filter's peer code reports, are counted here, in the object's
+ * counters and the cache's both: a ground-floor call, so that the
+ * object core need not call up into cache.c for them.
  */
 #include <config.h>
 
 #include <string.h>
 
+#include "internal.h"
 #include "ostats.h"
 
 static const char *const names[FSC_OSTATS_COUNT] = {
@@ -27,3 +32,37 @@ fsc_ostat_index (const char *name)
       return (int) i;
   return -1;
 }
+
+void
+fsc_cache_count_peer (struct fsc_cache *cache, enum fsc_peer_stat which,
+                      uint64_t delta)
+{
+  struct fsc_stats *st = &cache->stats;
+  switch (which) {
+  case FSC_PEER_READS: FSC_STAT_ADD (st, peer_reads, delta); break;
+  case FSC_PEER_READ_BYTES: FSC_STAT_ADD (st, peer_read_bytes, delta); break;
+  case FSC_PEER_ERRORS: FSC_STAT_ADD (st, peer_errors, delta); break;
+  case FSC_PEER_BACKOFFS: FSC_STAT_ADD (st, peer_backoffs, delta); break;
+  case FSC_PEER_SERVED: FSC_STAT_ADD (st, peer_served, delta); break;
+  case FSC_PEER_SERVED_BYTES:
+    FSC_STAT_ADD (st, peer_served_bytes, delta);
+    break;
+  case FSC_PEER_REFUSED: FSC_STAT_ADD (st, peer_refused, delta); break;
+  }
+}
+
+void
+fsc_object_count_peer (struct fsc_object *o, enum fsc_peer_stat which,
+                       uint64_t delta)
+{
+  fsc_cache_count_peer (o->cache, which, delta);
+  switch (which) {
+  case FSC_PEER_READ_BYTES: FSC_OSTAT_ADD (o, peer_bytes, delta); break;
+  case FSC_PEER_ERRORS: FSC_OSTAT_ADD (o, peer_errors, delta); break;
+  case FSC_PEER_SERVED_BYTES:
+    FSC_OSTAT_ADD (o, peer_served_bytes, delta);
+    break;
+  default: break;
+  }
+}
+

@@ -353,7 +353,7 @@ reclaimer (void *arg)
   o->reclaim_running = false;
   pthread_cond_broadcast (&o->cond);
   pthread_mutex_unlock (&o->lock);
-  fsc_object_linger_done (o);       /* may free O */
+  o->reclaim_ended (o);             /* may free O */
   return NULL;
 }
 
@@ -390,8 +390,10 @@ fsc_reclaim_unlinger (struct fsc_object *o)
 }
 
 int
-fsc_reclaim_start (struct fsc_object *o, bool unclean)
+fsc_reclaim_start (struct fsc_object *o, bool unclean,
+                   fsc_reclaim_ended_fn *ended)
 {
+  o->reclaim_ended = ended;
   const char *d = getenv ("NBD_FSCACHE_TEST_WALK_DELAY_MS");
   o->test_walk_delay_ms = d ? (unsigned) atoi (d) : 0;
   o->reclaim_unclean = unclean;

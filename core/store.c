@@ -50,6 +50,7 @@
 #include "xxh.h"
 
 #include "internal.h"
+#include "share-hooks.h"
 #include "utils.h"
 
 /* Handle a failed write to the data file.  EAGAIN is no failure:
@@ -372,7 +373,7 @@ fsc_local_write_begin (struct fsc_object *o, uint64_t offset,
   /* The blocks are dropped: joiners' maps of them are stale from now
    * on, before the write goes upstream (share-epochs.c).
    */
-  fsc_share_bump (o, g0, g1);
+  fsc_hook_share_bump (o, g0, g1);
   if (pinned)
     fsc_groups_unpin (o, g0, g1);
   errno = e;

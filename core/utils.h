@@ -122,6 +122,15 @@ fsc_mono_ms (void)
   return (uint64_t) ts.tv_sec * 1000 + (uint64_t) ts.tv_nsec / 1000000;
 }
 
+/* Nanoseconds on the monotonic clock (rates: fill.c, meter.c). */
+static inline uint64_t
+fsc_mono_ns (void)
+{
+  struct timespec ts;
+  clock_gettime (CLOCK_MONOTONIC, &ts);
+  return (uint64_t) ts.tv_sec * 1000000000 + (uint64_t) ts.tv_nsec;
+}
+
 static inline uint64_t
 fsc_wall_ms (void)
 {
