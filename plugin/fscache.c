@@ -8,6 +8,7 @@
  *   params.c    the fscache-* parameters, parsed and checked;
  *   identity.c  each export's object key and coherency fingerprint;
  *   upstream.c  every call to the upstream, gated;
+ *   report.c    the log lines an object wants said once, the stats file;
  *   writeback.c fscache-mode=writeback: the writer's upstream, who may
  *               open an object with a write log, the client's requests
  *               through the log.
@@ -59,11 +60,6 @@
 #include "handle.h"
 
 struct filter_state state;
-static pthread_mutex_t skips_lock = PTHREAD_MUTEX_INITIALIZER;
-
-/* Skipped fills are logged at most once in this many seconds. */
-#define SKIP_LOG_SECONDS 60
-
 /* A read starting within this of where the last one ended is near
  * it.  Two near reads in a row (a stream whose requests overtake each
  * other, a reader skipping a little), or an exactly sequential one,
@@ -90,17 +86,6 @@ fscache_config (nbdkit_next_config *next, nbdkit_backend *nxdata,
   if (r <= 0)
     return r;
   return next (nxdata, k, value);
-}
-
-/* Is the stats file a symlink (or other non-regular file)?  Then it is
- * refused: a link planted there must not redirect our writes, and a
- * rename over it would silently replace someone's link.
- */
-static bool
-stats_file_refused (void)
-{
-  struct stat st;
-  return lstat (params.stats_file, &st) == 0 && !S_ISREG (st.st_mode);
 }
 
 static int
@@ -198,46 +183,6 @@ fscache_after_fork (nbdkit_backend *nxdata)
   return 0;
 }
 
-/* Write the counters to a fresh file with an unpredictable name in
- * FILE's directory (mkostemp: O_CREAT | O_EXCL, so never through a
- * planted link or FIFO), mode 0644 whatever the umask, and rename it
- * over FILE.
- */
-void
-write_stats (void)
-{
-  if (!params.stats_file || !state.cache)
-    return;
-  struct fsc_stats st;
-  char buf[4096];
-  CLEANUP_FREE char *tmp = NULL;
-
-  if (stats_file_refused ()) {
-    nbdkit_error ("fscache-stats=%s: not a regular file (a symlink?): "
-                  "not written", params.stats_file);
-    return;
-  }
-  fsc_cache_stats (state.cache, &st);
-  size_t len = fsc_stats_format (&st, buf, sizeof buf);
-  if (len >= sizeof buf ||
-      asprintf (&tmp, "%s.XXXXXX", params.stats_file) == -1) {
-    tmp = NULL;
-    return;
-  }
-  int fd = mkostemp (tmp, O_CLOEXEC);
-  if (fd == -1) {
-    nbdkit_debug ("fscache-stats=%s: %m", params.stats_file);
-    return;
-  }
-  bool ok = write (fd, buf, len) == (ssize_t) len && fchmod (fd, 0644) == 0;
-  if (close (fd) == -1)
-    ok = false;
-  if (!ok || rename (tmp, params.stats_file) == -1) {
-    nbdkit_debug ("fscache-stats=%s: %m", params.stats_file);
-    unlink (tmp);
-  }
-}
-
 static void
 fscache_cleanup (nbdkit_backend *nxdata)
 {
@@ -269,58 +214,6 @@ fscache_cleanup (nbdkit_backend *nxdata)
 /*----------------------------------------------------------------------
  * Data.
  */
-
-/* Say that the cache disk could not keep up and fills were skipped
- * (core/fill.c, FSC_NOTICE_SKIPPED): at once the first time, then at
- * most once a minute for the process, with the bytes skipped since.
- */
-static void
-log_skipped_fills (struct handle *h)
-{
-  time_t now = time (NULL);
-  time_t said = __atomic_load_n (&state.skips_said_at, __ATOMIC_RELAXED);
-  if (said != 0 && now - said < SKIP_LOG_SECONDS)
-    return;                     /* the usual case: no lock */
-  pthread_mutex_lock (&skips_lock);
-  if (state.skips_said_at == 0 ||
-      now - state.skips_said_at >= SKIP_LOG_SECONDS) {
-    struct fsc_stats st;
-    fsc_cache_stats (state.cache, &st);
-    nbdkit_error ("fscache: note: export \"%s\": the cache disk is slower "
-                  "than the upstream: reads do not wait for it, and %" PRIu64
-                  " bytes read %s were not cached (fill_skipped_bytes)",
-                  h->exportname, st.fill_skipped_bytes - state.skips_said,
-                  state.skips_said_at ? "since the last note" : "so far");
-    state.skips_said = st.fill_skipped_bytes;
-    __atomic_store_n (&state.skips_said_at, now, __ATOMIC_RELAXED);
-  }
-  pthread_mutex_unlock (&skips_lock);
-}
-
-/* Log what the cache object wants said once: withdrawal, full disk. */
-void
-log_notices (struct handle *h)
-{
-  int err;
-  unsigned n = fsc_object_take_notices (h->obj, &err);
-  if (n & FSC_NOTICE_WITHDRAWN)
-    nbdkit_error ("fscache: warning: export \"%s\": cache I/O error (%s); "
-                  "cache withdrawn, serving from upstream", h->exportname,
-                  strerror (err));
-  if (n & FSC_NOTICE_BADQUOTA)
-    nbdkit_error ("fscache: warning: export \"%s\": its quota record "
-                  "(.quota) is malformed; ignored", h->exportname);
-  if (n & FSC_NOTICE_NOFILL)
-    nbdkit_error ("fscache: warning: export \"%s\": cache directory full; "
-                  "not caching new blocks for a while", h->exportname);
-  if (n & FSC_NOTICE_SKIPPED)
-    log_skipped_fills (h);
-  if (n & FSC_NOTICE_PEER)
-    nbdkit_error ("fscache: warning: export \"%s\": refused a process of "
-                  "uid %ld on the object's share socket: only processes of "
-                  "uid %ld (ours) or root may join it", h->exportname,
-                  fsc_share_refused_uid (h->obj), (long) geteuid ());
-}
 
 /* Say that an upstream call failed: at most one line a second per
  * connection, counting the rest (an outage would flood the log).

@@ -80,8 +80,11 @@ extern int fscache_finalize (nbdkit_next *next, void *handle);
 extern struct upstream *data_upstream (struct handle *h, bool writing,
                                        int *err);
 
-/* fscache.c: log what H's object wants said once; write the stats file. */
+/* report.c: log what H's object wants said once; write the stats
+ * file; is the stats file refused (a symlink, or not a regular file)?
+ */
 extern void log_notices (struct handle *h);
 extern void write_stats (void);
+extern bool stats_file_refused (void);
 
 #endif /* FSC_PLUGIN_HANDLE_H */

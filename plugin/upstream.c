@@ -320,15 +320,3 @@ upstream_default_export (nbdkit_next_default_export *next,
   SERVER_GATED ();
   return next (nxdata, readonly);
 }
-
-int
-upstream_fsc_pread (void *opaque, void *buf, uint32_t count, uint64_t offset)
-{
-  int err = 0;
-  /* Fills, pieces and prefetches: shapes of ours, kept legal. */
-  if (bs_pread (opaque, buf, count, offset, 0, &err) == -1) {
-    errno = err ? err : EIO;
-    return -1;
-  }
-  return 0;
-}

@@ -166,8 +166,4 @@ extern const char *upstream_default_export (nbdkit_next_default_export *next,
                                             nbdkit_backend *nxdata,
                                             int readonly);
 
-/* For libfscache (struct fsc_upstream): OPAQUE is a struct upstream. */
-extern int upstream_fsc_pread (void *opaque, void *buf, uint32_t count,
-                               uint64_t offset);
-
 #endif /* FSC_PLUGIN_UPSTREAM_H */
