@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
 """tools/layers.py: the measures of core/'s layering (issue 30), for
-anyone to run: python3 tools/layers.py [DIR...] (default core plugin).
+anyone to run: python3 tools/layers.py [--edges] [DIR...] (default core
+plugin).  --edges also lists, for each circle and pair, who calls what
+in whom.
 
 Reports, and exits 1 if any is exceeded:
   * files over 800 lines (.c and .h);
@@ -8,7 +10,11 @@ Reports, and exits 1 if any is exceeded:
     style "type\\nname (args)\\n{", to the closing brace in column 0);
   * circles of .c files calling each other: the strongly connected
     components of the graph "A calls a function defined in B", with
-    more than 2 files (a pair is allowed: a declared callback).
+    more than 2 files (a pair is allowed: a declared callback);
+  * in core/, a file on no floor of FLOORS, or a call from a file to
+    one on a higher floor (docs/design.md, "Floors of core/"): the
+    calls that must go up are callbacks through a table or a function
+    pointer, which this lexical graph does not see, by design.
 
 The call graph is lexical: a file calls a function if the function's
 name, defined (not static) in another file of the same directory,
@@ -21,6 +27,28 @@ import sys
 
 MAX_FILE = 800
 MAX_FUNC = 120
+
+# core/'s floors, bottom up (docs/design.md, "Floors of core/").
+FLOORS = [
+    # 1: the ground floor
+    'files bufs meter withdraw io safeopen keyenc sums index stats ostats '
+    'quota trace catchup',
+    # 2: the object on disk
+    'data groups live commit',
+    # 3: space and lookup
+    'evict reclaim lookup',
+    # 4: the object core
+    'object objops',
+    # 5: operations
+    'hit fetch store fill retrieve readahead',
+    # 6: sharing
+    'share-wire share-epochs share-link share-direct share-joiner '
+    'share-owner share-hooks',
+    # 7: the cache
+    'cache',
+    # beside 5 to 7, on the object's public API; tools' access on top
+    'wlog wlog-map wlog-client wlog-recover wlog-format writeback inspect',
+]
 
 DEF = re.compile(r'^([A-Za-z_][A-Za-z0-9_]*) \(')
 
@@ -84,7 +112,9 @@ def sccs(graph):
 
 
 def main():
-    dirs = sys.argv[1:] or ['core', 'plugin']
+    args = sys.argv[1:]
+    edges = '--edges' in args
+    dirs = [a for a in args if a != '--edges'] or ['core', 'plugin']
     bad = 0
     for d in dirs:
         files = sorted(os.path.join(d, f) for f in os.listdir(d)
@@ -105,6 +135,7 @@ def main():
                 if not static:
                     defined[name] = f
         graph = {f: set() for f in cfiles}
+        via = {}
         for f in cfiles:
             text = open(f, encoding='utf-8', errors='replace').read()
             for name in set(re.findall(r'\b([A-Za-z_][A-Za-z0-9_]*) ?\(',
@@ -112,6 +143,22 @@ def main():
                 g = defined.get(name)
                 if g and g != f:
                     graph[f].add(g)
+                    via.setdefault((f, g), []).append(name)
+        if os.path.basename(os.path.normpath(d)) == 'core':
+            floor = {os.path.join(d, n + '.c'): i + 1
+                     for i, names in enumerate(FLOORS)
+                     for n in names.split()}
+            for f in cfiles:
+                if f not in floor:
+                    print(f"file on no floor (tools/layers.py, FLOORS): {f}")
+                    bad += 1
+                    continue
+                for g in sorted(graph[f]):
+                    if floor.get(g, 0) > floor[f]:
+                        print(f"call up a floor: {f} ({floor[f]}) -> "
+                              f"{g} ({floor[g]}): "
+                              + " ".join(sorted(via[(f, g)])))
+                        bad += 1
         for comp in sccs(graph):
             if len(comp) > 2:
                 print(f"circle of {len(comp)} files in {d}: "
@@ -120,6 +167,12 @@ def main():
             elif len(comp) == 2:
                 print(f"pair calling each other in {d}: "
                       + " ".join(os.path.basename(c) for c in comp))
+            if edges and len(comp) >= 2:
+                for a in comp:
+                    for b in sorted(graph[a] & set(comp)):
+                        print(f"  {os.path.basename(a)} -> "
+                              f"{os.path.basename(b)}: "
+                              + " ".join(sorted(via[(a, b)])))
     print(f"{bad} measures exceeded")
     return 1 if bad else 0
 
