@@ -20,6 +20,7 @@
 #ifndef FSC_READAHEAD_H
 #define FSC_READAHEAD_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "fscache.h"
@@ -28,6 +29,26 @@
 #define FSC_RA_THREADS_MAX 16     /* over a pool of contexts (the
                                    * filter's pool.c), one per context */
 #define FSC_RA_CHUNK (1024 * 1024)
+
+/* The access pattern of one connection's reads: the one place that
+ * tells a stream from random reads (readahead below tracks the same
+ * stream to run ahead of it).  Zeroed at the start; updated with
+ * atomics, so that concurrent reads of the connection need no lock.
+ */
+struct fsc_pattern {
+  uint64_t last_end;            /* end of the last read */
+  bool last_near;               /* the last read was near the one before */
+};
+
+/* Classify a read of [OFFSET, OFFSET+COUNT) as it arrives: the flags
+ * of fsc_object_read.  FSC_READ_SEQUENTIAL if it starts where the
+ * last one ended (its hits then do not protect blocks from eviction);
+ * FSC_READ_NEAR as well, or if it and the read before each started
+ * near where the one before them ended (its misses then fetch whole
+ * blocks).
+ */
+extern unsigned fsc_pattern_classify (struct fsc_pattern *p, uint64_t offset,
+                                      uint32_t count);
 
 struct fsc_readahead;
 

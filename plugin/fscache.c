@@ -60,16 +60,6 @@
 #include "handle.h"
 
 struct filter_state state;
-/* A read starting within this of where the last one ended is near
- * it.  Two near reads in a row (a stream whose requests overtake each
- * other, a reader skipping a little), or an exactly sequential one,
- * get whole blocks (FSC_READ_NEAR); any other read only the pieces it
- * covers.  Random reads land near twice in a row with a chance of
- * about (2 * NEAR_BYTES / export size)^2: 0.1% over 16 MiB.
- */
-#define NEAR_BYTES (256 * 1024)
-
-
 
 static void
 fscache_unload (void)
@@ -253,17 +243,8 @@ fscache_pread (nbdkit_next *next, void *handle, void *buf, uint32_t count,
 {
   struct handle *h = handle;
   CATCHUP_REQUEST ();
-  /* A read that starts where this connection's last one ended is part
-   * of a stream: its hits do not protect blocks from eviction.
-   */
-  uint64_t prev = __atomic_exchange_n (&h->last_end, offset + count,
-                                       __ATOMIC_RELAXED);
-  unsigned rflags = prev == offset && offset != 0 ? FSC_READ_SEQUENTIAL : 0;
-  bool near = prev != 0 && offset <= prev + NEAR_BYTES &&
-    offset + count + NEAR_BYTES >= prev;
-  bool was_near = __atomic_exchange_n (&h->last_near, near, __ATOMIC_RELAXED);
-  if (rflags || (near && was_near))
-    rflags |= FSC_READ_NEAR;
+  /* Stream or random (core/readahead.c, the one place that tells). */
+  unsigned rflags = fsc_pattern_classify (&h->pattern, offset, count);
   fsc_readahead_observe (h->ra, offset, count);
   int r;
   if (h->wb)

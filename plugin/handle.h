@@ -16,6 +16,7 @@
 #include <nbdkit-filter.h>
 
 #include "fscache.h"
+#include "readahead.h"
 #include "upstream.h"
 
 struct peer_export;
@@ -39,9 +40,7 @@ struct handle {
   struct fsc_object *obj;
   uint64_t size;                /* the export's size, fixed at .prepare */
   time_t err_said;              /* last upstream failure logged (atomic) */
-  uint64_t last_end;            /* end of the last read (atomic) */
-  bool last_near;               /* the last read was near the one
-                                 * before (atomic) */
+  struct fsc_pattern pattern;   /* its reads' access pattern */
   unsigned err_unsaid;          /* failures since, not logged (atomic) */
   struct fsc_readahead *ra;     /* NULL if fscache-readahead=0 */
   struct upstream upstream;     /* this connection's upstream, gated */
