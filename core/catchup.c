@@ -44,12 +44,12 @@ struct cu_range {
 void
 fsc_catchup_note (struct fsc_object *o, uint64_t offset, uint64_t len)
 {
-  if (len == 0 || o->size == 0)
+  if (len == 0 || o->geom.size == 0)
     return;
-  uint64_t b = offset >> o->bshift;
-  uint64_t e = MIN (offset + len, o->size);
-  uint64_t n = ((e - 1) >> o->bshift) - b + 1;
-  uint64_t bytes = n << o->bshift;
+  uint64_t b = offset >> o->geom.bshift;
+  uint64_t e = MIN (offset + len, o->geom.size);
+  uint64_t n = ((e - 1) >> o->geom.bshift) - b + 1;
+  uint64_t bytes = n << o->geom.bshift;
   struct fsc_stats *st = &o->cache->stats;
 
   pthread_mutex_lock (&o->cu_lock);
@@ -86,7 +86,7 @@ fsc_catchup_note (struct fsc_object *o, uint64_t offset, uint64_t len)
       FSC_STAT_ADD (st, catchup_dropped_bytes, bytes);
       return;
     }
-    dropped = o->cu[o->cu_head].n << o->bshift;
+    dropped = o->cu[o->cu_head].n << o->geom.bshift;
     o->cu_head = (o->cu_head + 1) % o->cu_cap;
     o->cu_len--;
     o->cu_pending -= MIN (o->cu_pending, dropped);
@@ -107,17 +107,17 @@ fsc_catchup_take (struct fsc_object *o, uint64_t max, uint64_t *offset,
   pthread_mutex_lock (&o->cu_lock);
   if (o->cu_len > 0) {
     struct cu_range *first = &o->cu[o->cu_head];
-    uint64_t n = MAX (max >> o->bshift, (uint64_t) 1);
+    uint64_t n = MAX (max >> o->geom.bshift, (uint64_t) 1);
     n = MIN (n, first->n);
-    *offset = first->b << o->bshift;
-    *len = MIN (n << o->bshift, o->size - *offset);
+    *offset = first->b << o->geom.bshift;
+    *len = MIN (n << o->geom.bshift, o->geom.size - *offset);
     first->b += n;
     first->n -= n;
     if (first->n == 0) {
       o->cu_head = (o->cu_head + 1) % o->cu_cap;
       o->cu_len--;
     }
-    o->cu_pending -= MIN (o->cu_pending, n << o->bshift);
+    o->cu_pending -= MIN (o->cu_pending, n << o->geom.bshift);
     r = 1;
   }
   pthread_mutex_unlock (&o->cu_lock);

@@ -116,10 +116,10 @@ write_sb (struct fsc_object *o, uint32_t set_flags, uint32_t clear_flags,
   fsc_sb_encode (&o->sb, buf);
   pthread_mutex_unlock (&o->lock);
 
-  int r = fsc_io_pwrite (&o->cache->io, FSC_FILE_INDEX, o->ifd, buf,
+  int r = fsc_io_pwrite (&o->cache->io, FSC_FILE_INDEX, o->files.ifd, buf,
                          FSC_SB_SIZE, (uint64_t) slot * FSC_SB_SIZE);
   if (r == 0 && sync)
-    r = fsc_io_sync (&o->cache->io, FSC_FILE_INDEX, o->ifd);
+    r = fsc_io_sync (&o->cache->io, FSC_FILE_INDEX, o->files.ifd);
   int e = errno;
 
   pthread_mutex_lock (&o->lock);
@@ -177,13 +177,13 @@ write_records (struct fsc_object *o, bool dsync, const unsigned char *recs,
     fsc_meter_end (&o->cache->fill_meter, 0);
   }
   if (dsync && r == 0)
-    r = fsc_io_sync (&o->cache->io, FSC_FILE_SUMS, o->sfd);
+    r = fsc_io_sync (&o->cache->io, FSC_FILE_SUMS, o->files.sfd);
   for (size_t i = 0; r == 0 && i < n; ++i)
-    r = fsc_io_pwrite (&o->cache->io, FSC_FILE_INDEX, o->ifd,
+    r = fsc_io_pwrite (&o->cache->io, FSC_FILE_INDEX, o->files.ifd,
                        recs + i * FSC_GREC_SIZE, FSC_GREC_SIZE,
                        fsc_grec_offset (gis[i], slots[i]));
   if (r == 0 && n > 0)
-    r = fsc_io_sync (&o->cache->io, FSC_FILE_INDEX, o->ifd);
+    r = fsc_io_sync (&o->cache->io, FSC_FILE_INDEX, o->files.ifd);
   return r;
 }
 
@@ -358,7 +358,7 @@ fsc_reserve_groups (struct fsc_object *o, uint64_t g0, uint64_t g1)
     pthread_mutex_unlock (&o->lock);
     if (done)
       continue;
-    int r = posix_fallocate (o->ifd, fsc_grec_offset (gi, 0),
+    int r = posix_fallocate (o->files.ifd, fsc_grec_offset (gi, 0),
                              2 * FSC_GREC_SIZE);
     if (r != 0 && r != EOPNOTSUPP && r != EINVAL) {
       errno = r;

@@ -34,28 +34,28 @@
 static uint64_t
 seg_len (const struct fsc_object *o, uint64_t i)
 {
-  return MIN (FSC_SEG_SIZE, o->size - i * FSC_SEG_SIZE);
+  return MIN (FSC_SEG_SIZE, o->geom.size - i * FSC_SEG_SIZE);
 }
 
 int
 fsc_data_open (struct fsc_object *o, bool *sizes_ok)
 {
-  o->nseg = o->size ? DIV_ROUND_UP (o->size, FSC_SEG_SIZE) : 1;
-  o->dfds = malloc (o->nseg * sizeof *o->dfds);
-  o->seg_dirty = calloc (o->nseg, 1);
-  if (o->dfds == NULL || o->seg_dirty == NULL)
+  o->files.nseg = o->geom.size ? DIV_ROUND_UP (o->geom.size, FSC_SEG_SIZE) : 1;
+  o->files.dfds = malloc (o->files.nseg * sizeof *o->files.dfds);
+  o->files.seg_dirty = calloc (o->files.nseg, 1);
+  if (o->files.dfds == NULL || o->files.seg_dirty == NULL)
     return -1;
-  for (uint64_t i = 0; i < o->nseg; ++i)
-    o->dfds[i] = -1;
+  for (uint64_t i = 0; i < o->files.nseg; ++i)
+    o->files.dfds[i] = -1;
   *sizes_ok = true;
-  for (uint64_t i = 0; i < o->nseg; ++i) {
+  for (uint64_t i = 0; i < o->files.nseg; ++i) {
     char suffix[FSC_SEG_SUFFIX_MAX];
     struct stat st;
     fsc_seg_suffix (i, suffix);
-    o->dfds[i] = fsc_open_file (o, suffix);
-    if (o->dfds[i] == -1 || fstat (o->dfds[i], &st) == -1)
+    o->files.dfds[i] = fsc_open_file (&o->files, suffix);
+    if (o->files.dfds[i] == -1 || fstat (o->files.dfds[i], &st) == -1)
       return -1;
-    if ((uint64_t) st.st_size != (o->size ? seg_len (o, i) : 0))
+    if ((uint64_t) st.st_size != (o->geom.size ? seg_len (o, i) : 0))
       *sizes_ok = false;
   }
   return 0;
@@ -64,11 +64,11 @@ fsc_data_open (struct fsc_object *o, bool *sizes_ok)
 int
 fsc_data_reset (struct fsc_object *o)
 {
-  for (uint64_t i = 0; i < o->nseg; ++i) {
-    uint64_t len = o->size ? seg_len (o, i) : 0;
-    if (ftruncate (o->dfds[i], 0) == -1 ||
-        ftruncate (o->dfds[i], (off_t) len) == -1 ||
-        fsync (o->dfds[i]) == -1)
+  for (uint64_t i = 0; i < o->files.nseg; ++i) {
+    uint64_t len = o->geom.size ? seg_len (o, i) : 0;
+    if (ftruncate (o->files.dfds[i], 0) == -1 ||
+        ftruncate (o->files.dfds[i], (off_t) len) == -1 ||
+        fsync (o->files.dfds[i]) == -1)
       return -1;
   }
   return 0;
@@ -77,25 +77,32 @@ fsc_data_reset (struct fsc_object *o)
 void
 fsc_data_close (struct fsc_object *o)
 {
-  for (uint64_t i = 0; o->dfds && i < o->nseg; ++i)
-    if (o->dfds[i] >= 0)
-      close (o->dfds[i]);
-  free (o->dfds);
-  free (o->seg_dirty);
-  o->dfds = NULL;
-  o->seg_dirty = NULL;
+  for (uint64_t i = 0; o->files.dfds && i < o->files.nseg; ++i)
+    if (o->files.dfds[i] >= 0)
+      close (o->files.dfds[i]);
+  free (o->files.dfds);
+  free (o->files.seg_dirty);
+  o->files.dfds = NULL;
+  o->files.seg_dirty = NULL;
 }
 
 ssize_t
 fsc_data_pread (struct fsc_object *o, void *buf, size_t n, uint64_t off)
 {
+  return fsc_segs_pread (&o->cache->io, &o->files, buf, n, off);
+}
+
+ssize_t
+fsc_segs_pread (struct fsc_io *io, const struct fsc_files *f, void *buf,
+                size_t n, uint64_t off)
+{
   size_t done = 0;
   while (done < n) {
     uint64_t pos = off + done, i = pos / FSC_SEG_SIZE;
-    if (i >= o->nseg)
+    if (i >= f->nseg)
       break;
     size_t len = MIN (n - done, FSC_SEG_SIZE - pos % FSC_SEG_SIZE);
-    ssize_t r = fsc_io_pread (&o->cache->io, FSC_FILE_DATA, o->dfds[i],
+    ssize_t r = fsc_io_pread (io, FSC_FILE_DATA, f->dfds[i],
                               (char *) buf + done, len, pos % FSC_SEG_SIZE);
     if (r == -1)
       return -1;
@@ -117,12 +124,12 @@ fsc_data_pwrite (struct fsc_object *o, const void *buf, size_t n,
   }
   while (done < n) {
     uint64_t pos = off + done, i = pos / FSC_SEG_SIZE;
-    if (i >= o->nseg) {
+    if (i >= o->files.nseg) {
       errno = EFBIG;
       return -1;
     }
     size_t len = MIN (n - done, FSC_SEG_SIZE - pos % FSC_SEG_SIZE);
-    if (fsc_io_pwrite (&o->cache->io, FSC_FILE_DATA, o->dfds[i],
+    if (fsc_io_pwrite (&o->cache->io, FSC_FILE_DATA, o->files.dfds[i],
                        (const char *) buf + done, len,
                        pos % FSC_SEG_SIZE) == -1)
       return -1;
@@ -131,7 +138,7 @@ fsc_data_pwrite (struct fsc_object *o, const void *buf, size_t n,
      * that name it).  Marked before the write, a sync could take the
      * mark, finish before the write, and the next sync skip it.
      */
-    __atomic_store_n (&o->seg_dirty[i], 1, __ATOMIC_RELEASE);
+    __atomic_store_n (&o->files.seg_dirty[i], 1, __ATOMIC_RELEASE);
     done += len;
   }
   return 0;
@@ -140,11 +147,11 @@ fsc_data_pwrite (struct fsc_object *o, const void *buf, size_t n,
 int
 fsc_data_sync (struct fsc_object *o)
 {
-  for (uint64_t i = 0; i < o->nseg; ++i) {
-    if (!__atomic_exchange_n (&o->seg_dirty[i], 0, __ATOMIC_ACQ_REL))
+  for (uint64_t i = 0; i < o->files.nseg; ++i) {
+    if (!__atomic_exchange_n (&o->files.seg_dirty[i], 0, __ATOMIC_ACQ_REL))
       continue;
-    if (fsc_io_sync (&o->cache->io, FSC_FILE_DATA, o->dfds[i]) == -1) {
-      __atomic_store_n (&o->seg_dirty[i], 1, __ATOMIC_RELAXED);
+    if (fsc_io_sync (&o->cache->io, FSC_FILE_DATA, o->files.dfds[i]) == -1) {
+      __atomic_store_n (&o->files.seg_dirty[i], 1, __ATOMIC_RELAXED);
       return -1;
     }
   }
@@ -159,12 +166,18 @@ fsc_data_punch (struct fsc_object *o, uint64_t off, uint64_t len)
     errno = EIO;
     return -1;
   }
+  return fsc_segs_punch (&o->files, off, len);
+}
+
+int
+fsc_segs_punch (const struct fsc_files *f, uint64_t off, uint64_t len)
+{
   while (len > 0) {
     uint64_t i = off / FSC_SEG_SIZE;
     uint64_t n = MIN (len, FSC_SEG_SIZE - off % FSC_SEG_SIZE);
-    if (i >= o->nseg)
+    if (i >= f->nseg)
       return 0;
-    if (punch_hole (o->dfds[i], off % FSC_SEG_SIZE, n) == -1)
+    if (punch_hole (f->dfds[i], off % FSC_SEG_SIZE, n) == -1)
       return -1;
     off += n;
     len -= n;
@@ -176,7 +189,7 @@ uint64_t
 fsc_data_allocated (const struct fsc_object *o)
 {
   uint64_t total = 0;
-  for (uint64_t i = 0; o->dfds && i < o->nseg; ++i)
-    total += fd_allocated (o->dfds[i]);
+  for (uint64_t i = 0; o->files.dfds && i < o->files.nseg; ++i)
+    total += fd_allocated (o->files.dfds[i]);
   return total;
 }

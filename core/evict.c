@@ -10,8 +10,9 @@
  * Every write of new blocks first reserves its bytes (fsc_make_room):
  * if they do not fit, blocks are evicted until the object is a little
  * under budget (slack_of: a sixteenth of it, at least four blocks), so
- * evictions come in batches of one commit each.  Fills in flight are counted (pending_alloc), so that
- * concurrent fills cannot all pass the check at once.
+ * evictions come in batches of one commit each.  Fills in flight are
+ * counted (pending_alloc), so that concurrent fills cannot all pass
+ * the check at once.
  *
  * Policy: S3-FIFO (SOSP '23) on bitmaps.  Each block has a reference
  * bit (group.referenced), set by hits under the lock the hit path
@@ -135,8 +136,8 @@ space_low (struct fsc_cache *c)
 uint64_t
 fsc_object_allocated (struct fsc_object *o)
 {
-  return fsc_data_allocated (o) + fd_allocated (o->sfd) +
-    fd_allocated (o->ifd);
+  return fsc_data_allocated (o) + fd_allocated (o->files.sfd) +
+    fd_allocated (o->files.ifd);
 }
 
 /* The object's budget in bytes, UINT64_MAX for none.  Holds o->lock. */
@@ -153,7 +154,7 @@ fsc_budget_of (const struct fsc_object *o)
 static uint64_t
 slack_of (const struct fsc_object *o, uint64_t budget)
 {
-  return MAX (budget / 16, 4 * (uint64_t) o->block_size);
+  return MAX (budget / 16, 4 * (uint64_t) o->geom.block_size);
 }
 
 /* Queue group GI for punching.  Holds o->lock.  Returns 0 or -1. */
@@ -213,7 +214,7 @@ ring_push (uint64_t **q, size_t *head, size_t *len, size_t *cap,
 static size_t
 budget_blocks (const struct fsc_object *o, uint64_t budget)
 {
-  return MAX (budget / o->block_size, (uint64_t) 1);
+  return MAX (budget / o->geom.block_size, (uint64_t) 1);
 }
 
 void
@@ -372,8 +373,8 @@ sweep (struct fsc_object *o, uint64_t want, uint64_t need, uint64_t budget,
   for (uint64_t visited = 0;
        freed < need && visited <= 2 * o->ngalloc; ++visited) {
     /* The hand visits allocated groups only (groups.c). */
-    uint64_t gi = fsc_grp_next (o, o->hand < o->ngroups ? o->hand : 0);
-    if (gi >= o->ngroups && (gi = fsc_grp_next (o, 0)) >= o->ngroups)
+    uint64_t gi = fsc_grp_next (o, o->hand < o->geom.ngroups ? o->hand : 0);
+    if (gi >= o->geom.ngroups && (gi = fsc_grp_next (o, 0)) >= o->geom.ngroups)
       break;
     o->hand = gi + 1;
     struct group *g = grp (o, gi);
@@ -443,11 +444,12 @@ punch_queued (struct fsc_object *o)
         i1++;
       uint64_t b0 = gi * FSC_GROUP_BLOCKS + i0;
       uint64_t b1 = gi * FSC_GROUP_BLOCKS + i1;
-      uint64_t s = block_start (o, b0), len = block_end (o, b1) - s;
-      uint64_t ss = sums_offset (o, b0);
-      uint64_t slen = sums_offset (o, b1 + 1) - ss;
+      uint64_t s = block_start (&o->geom, b0),
+        len = block_end (&o->geom, b1) - s;
+      uint64_t ss = sums_offset (&o->geom, b0);
+      uint64_t slen = sums_offset (&o->geom, b1 + 1) - ss;
       if (fsc_data_punch (o, s, len) == -1 ||
-          punch_hole (o->sfd, ss, slen) == -1) {
+          punch_hole (o->files.sfd, ss, slen) == -1) {
         r = -1;
         e = errno;
       }
@@ -509,7 +511,7 @@ shrink (struct fsc_object *o, uint64_t len, bool scan)
       uint64_t need = used + len - budget;
       uint64_t want = need + MIN (slack, budget - len);
       pthread_mutex_lock (&o->lock);
-      bool paged_out = o->nonres_blocks > 0 || o->census_next < o->ngroups;
+      bool paged_out = o->nonres_blocks > 0 || o->census_next < o->geom.ngroups;
       /* With blocks in groups not in memory (groups.c), the main set
        * in memory is the part somebody used lately: those not in
        * memory are the colder victims.  So the first sweep takes only
@@ -608,8 +610,8 @@ read_quota (struct fsc_object *o)
   struct stat st;
   uint64_t q = UINT64_MAX;
 
-  fsc_file_name (o, ".quota", name);
-  if (fstatat (o->fandirfd, name, &st, AT_SYMLINK_NOFOLLOW) == 0) {
+  fsc_file_name (&o->files, ".quota", name);
+  if (fstatat (o->files.fandirfd, name, &st, AT_SYMLINK_NOFOLLOW) == 0) {
     pthread_mutex_lock (&o->lock);
     bool same = st.st_ino == o->quota_ino &&
       st.st_mtim.tv_sec == o->quota_mtime.tv_sec &&
@@ -618,7 +620,7 @@ read_quota (struct fsc_object *o)
     if (same)
       return;
     unsigned char buf[FSC_QUOTA_SIZE + 1];
-    int fd = fsc_open_regular (o->fandirfd, name, O_RDONLY, 0);
+    int fd = fsc_open_regular (o->files.fandirfd, name, O_RDONLY, 0);
     bool gone = fd == -1 && errno == ENOENT;    /* just lifted */
     ssize_t n = fd >= 0 ? pread (fd, buf, sizeof buf, 0) : -1;
     if (fd >= 0)
@@ -657,7 +659,7 @@ fsc_punch_pending (struct fsc_object *o)
 void
 fsc_object_check_budget (struct fsc_object *o)
 {
-  if (fsc_object_state (o) != FSC_OBJ_AVAILABLE || o->fandirfd < 0)
+  if (fsc_object_state (o) != FSC_OBJ_AVAILABLE || o->files.fandirfd < 0)
     return;
   read_quota (o);
   /* Shrinking to the budget also punches what writes dropped. */

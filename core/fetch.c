@@ -67,7 +67,8 @@ fetch_range (struct fsc_object *o, uint64_t b, uint64_t n, const void *buf,
              uint64_t *endp)
 {
   const uint64_t ps = piece_size (o);
-  uint64_t start = block_start (o, b), end = block_end (o, b + n - 1);
+  uint64_t start = block_start (&o->geom, b),
+    end = block_end (&o->geom, b + n - 1);
   /* What the client's window needs of the run, in whole pieces (all of
    * it for a prefetch).
    */
@@ -90,30 +91,31 @@ fetch_range (struct fsc_object *o, uint64_t b, uint64_t n, const void *buf,
    * blocks, trims only the pieces held at the run's very ends.
    */
   if (held_first) {
-    const uint64_t bs = block_start (o, b);
+    const uint64_t bs = block_start (&o->geom, b);
     unsigned skip;                      /* pieces not fetched at the start */
     if (buf) {
       unsigned below = held_first;
-      if (wlo < block_end (o, b))
-        below &= (1u << ((wlo - bs) >> o->pshift)) - 1;
+      if (wlo < block_end (&o->geom, b))
+        below &= (1u << ((wlo - bs) >> o->geom.pshift)) - 1;
       skip = below ? 32 - __builtin_clz (below) : 0;
     }
     else
       skip = __builtin_ctz (~held_first);
-    start = MAX (start, MIN (bs + ((uint64_t) skip << o->pshift), wlo));
+    start = MAX (start, MIN (bs + ((uint64_t) skip << o->geom.pshift), wlo));
   }
   if (held_last) {
-    const uint64_t bl = b + n - 1, bls = block_start (o, bl);
+    const uint64_t bl = b + n - 1, bls = block_start (&o->geom, bl);
     uint64_t t;
     if (buf) {
       unsigned w1 = whi > bls ? (unsigned) DIV_ROUND_UP (whi - bls, ps) : 0;
       unsigned above = held_last & ~((1u << w1) - 1);
-      t = above ? bls + ((uint64_t) __builtin_ctz (above) << o->pshift)
-        : block_end (o, bl);
+      t = above ? bls + ((uint64_t) __builtin_ctz (above) << o->geom.pshift)
+        : block_end (&o->geom, bl);
     }
     else {
-      uint64_t top = 31 - __builtin_clz (full_pieces (o, bl) & ~held_last);
-      t = MIN (block_end (o, bl), bls + ((top + 1) << o->pshift));
+      uint64_t top = 31 - __builtin_clz (full_pieces (&o->geom, bl) &
+                                         ~held_last);
+      t = MIN (block_end (&o->geom, bl), bls + ((top + 1) << o->geom.pshift));
     }
     end = MIN (end, MAX (t, whi));
   }

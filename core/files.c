@@ -21,27 +21,27 @@
  * ".stale") in its fan-out directory, in BUF.
  */
 const char *
-fsc_file_name (const struct fsc_object *o, const char *suffix,
-           char buf[FILE_NAME_MAX])
+fsc_file_name (const struct fsc_files *f, const char *suffix,
+               char buf[FILE_NAME_MAX])
 {
-  snprintf (buf, FILE_NAME_MAX, "%s%s", o->name, suffix);
+  snprintf (buf, FILE_NAME_MAX, "%s%s", f->name, suffix);
   return buf;
 }
 
 void
-fsc_unlink_file (const struct fsc_object *o, const char *suffix)
+fsc_unlink_file (const struct fsc_files *f, const char *suffix)
 {
   char buf[FILE_NAME_MAX];
-  unlinkat (o->fandirfd, fsc_file_name (o, suffix, buf), 0);
+  unlinkat (f->fandirfd, fsc_file_name (f, suffix, buf), 0);
 }
 
 /* Does the stale mark exist? */
 bool
-fsc_stale_marked (struct fsc_object *o)
+fsc_stale_marked (const struct fsc_files *f)
 {
   char buf[FILE_NAME_MAX];
-  return o->fandirfd >= 0 &&
-    faccessat (o->fandirfd, fsc_file_name (o, ".stale", buf), F_OK,
+  return f->fandirfd >= 0 &&
+    faccessat (f->fandirfd, fsc_file_name (f, ".stale", buf), F_OK,
                AT_SYMLINK_NOFOLLOW) == 0;
 }
 
@@ -50,25 +50,25 @@ fsc_stale_marked (struct fsc_object *o)
  * at the next open is what is left).
  */
 void
-fsc_mark_stale (struct fsc_object *o)
+fsc_mark_stale (const struct fsc_files *f)
 {
   char buf[FILE_NAME_MAX];
-  int fd = fsc_open_regular (o->fandirfd, fsc_file_name (o, ".stale", buf),
+  int fd = fsc_open_regular (f->fandirfd, fsc_file_name (f, ".stale", buf),
                              O_WRONLY | O_CREAT, 0600);
   if (fd >= 0) {
     fsync (fd);
     close (fd);
-    fsync (o->fandirfd);
+    fsync (f->fandirfd);
   }
 }
 
 /* Open one of the object's files (internal.h). */
 int
-fsc_open_file_flags (const struct fsc_object *o, const char *suffix,
+fsc_open_file_flags (const struct fsc_files *f, const char *suffix,
                      int flags)
 {
   char buf[FILE_NAME_MAX];
-  return fsc_openat_own (o->fandirfd, fsc_file_name (o, suffix, buf), flags);
+  return fsc_openat_own (f->fandirfd, fsc_file_name (f, suffix, buf), flags);
 }
 
 int
@@ -93,9 +93,9 @@ fsc_openat_own (int dirfd, const char *name, int flags)
 }
 
 int
-fsc_open_file (struct fsc_object *o, const char *suffix)
+fsc_open_file (const struct fsc_files *f, const char *suffix)
 {
-  return fsc_open_file_flags (o, suffix, O_RDWR | O_CREAT);
+  return fsc_open_file_flags (f, suffix, O_RDWR | O_CREAT);
 }
 
 void
@@ -110,11 +110,11 @@ fsc_seg_suffix (uint64_t i, char buf[FSC_SEG_SUFFIX_MAX])
 void
 fsc_data_unlink (const struct fsc_object *o)
 {
-  uint64_t n = o->size ? DIV_ROUND_UP (o->size, FSC_SEG_SIZE) : 1;
+  uint64_t n = o->geom.size ? DIV_ROUND_UP (o->geom.size, FSC_SEG_SIZE) : 1;
   for (uint64_t i = 0; i < n; ++i) {
     char suffix[FSC_SEG_SUFFIX_MAX], name[FILE_NAME_MAX];
     fsc_seg_suffix (i, suffix);
-    unlinkat (o->fandirfd, fsc_file_name (o, suffix, name), 0);
+    unlinkat (o->files.fandirfd, fsc_file_name (&o->files, suffix, name), 0);
   }
 }
 

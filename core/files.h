@@ -17,6 +17,7 @@
 #include "keyenc.h"
 
 struct fsc_object;
+struct fsc_files;             /* internal.h */
 
 /* Longest name of an object's file: NAME and a suffix. */
 #define FILE_NAME_MAX (FSC_NAME_MAX + 32)
@@ -29,7 +30,7 @@ struct fsc_object;
 /* The name of the object's file with SUFFIX (".idx", ".data", ".sums",
  * ".stale") in its fan-out directory, in BUF.
  */
-extern const char *fsc_file_name (const struct fsc_object *o,
+extern const char *fsc_file_name (const struct fsc_files *f,
                                   const char *suffix,
                                   char buf[FILE_NAME_MAX]);
 
@@ -41,11 +42,11 @@ extern void fsc_seg_suffix (uint64_t i, char buf[FSC_SEG_SUFFIX_MAX]);
  * regular file with one link (EPERM; a FIFO or a device is never
  * waited on: safeopen.h).  Returns the descriptor or -1 with errno.
  */
-extern int fsc_open_file (struct fsc_object *o, const char *suffix);
+extern int fsc_open_file (const struct fsc_files *f, const char *suffix);
 /* The same with open FLAGS of the caller's (O_RDONLY, say: tools that
  * must not create anything, inspect.c).
  */
-extern int fsc_open_file_flags (const struct fsc_object *o,
+extern int fsc_open_file_flags (const struct fsc_files *f,
                                 const char *suffix, int flags);
 /* The same for file NAME in directory DIRFD. */
 extern int fsc_openat_own (int dirfd, const char *name, int flags);
@@ -53,13 +54,13 @@ extern int fsc_openat_own (int dirfd, const char *name, int flags);
 /* Unlink the object's file with SUFFIX; every data segment (by name,
  * opened or not).  Best effort.
  */
-extern void fsc_unlink_file (const struct fsc_object *o, const char *suffix);
+extern void fsc_unlink_file (const struct fsc_files *f, const char *suffix);
 extern void fsc_data_unlink (const struct fsc_object *o);
 
 /* Does the stale mark (NAME.stale) exist?  Leave it, for the process
  * holding O (we wrote upstream while it held the object).
  */
-extern bool fsc_stale_marked (struct fsc_object *o);
-extern void fsc_mark_stale (struct fsc_object *o);
+extern bool fsc_stale_marked (const struct fsc_files *f);
+extern void fsc_mark_stale (const struct fsc_files *f);
 
 #endif /* FSC_FILES_H */

@@ -61,8 +61,8 @@ fsc_gtable_init (struct fsc_object *o)
    * that an 8 EiB export does not take 2^26 of them (or 2^30 with
    * 4 KiB blocks).  grp and fsc_grp_alloc check the range.
    */
-  o->ntop = o->size > FSC_OBJECT_SIZE_MAX ? 1
-    : DIV_ROUND_UP (o->ngroups, (uint64_t) GT_LEAF * GT_MID);
+  o->ntop = o->geom.size > FSC_OBJECT_SIZE_MAX ? 1
+    : DIV_ROUND_UP (o->geom.ngroups, (uint64_t) GT_LEAF * GT_MID);
   if (o->ntop == 0)
     o->ntop = 1;
   o->gtop = calloc (o->ntop, sizeof *o->gtop);
@@ -110,7 +110,7 @@ fsc_grp_alloc (struct fsc_object *o, uint64_t gi)
 uint64_t
 fsc_grp_next (const struct fsc_object *o, uint64_t gi)
 {
-  while (gi < o->ngroups) {
+  while (gi < o->geom.ngroups) {
     if (gi >> (GT_LEAF_SHIFT + GT_MID_SHIFT) >= o->ntop)
       break;
     const struct gmid *m = o->gtop[gi >> (GT_LEAF_SHIFT + GT_MID_SHIFT)];
@@ -128,7 +128,7 @@ fsc_grp_next (const struct fsc_object *o, uint64_t gi)
       return gi;
     gi++;
   }
-  return o->ngroups;
+  return o->geom.ngroups;
 }
 
 void
@@ -178,8 +178,8 @@ fsc_group_from_rec (struct fsc_object *o, struct group *g,
                     const struct fsc_grec *rec, int slot)
 {
   uint64_t mask = ~UINT64_C (0);
-  if (rec->group == o->ngroups - 1 && o->nblocks % FSC_GROUP_BLOCKS)
-    mask = (UINT64_C (1) << (o->nblocks % FSC_GROUP_BLOCKS)) - 1;
+  if (rec->group == o->geom.ngroups - 1 && o->geom.nblocks % FSC_GROUP_BLOCKS)
+    mask = (UINT64_C (1) << (o->geom.nblocks % FSC_GROUP_BLOCKS)) - 1;
   g->present = rec->present & mask;
   g->disk_max = rec->present;
   g->slot = slot;
@@ -193,7 +193,7 @@ fsc_group_from_rec (struct fsc_object *o, struct group *g,
   for (uint64_t t = g->present; t; t &= t - 1) {
     unsigned i = __builtin_ctzll (t);
     unsigned p = rec->pieces[i];
-    unsigned full = full_pieces (o, rec->group * FSC_GROUP_BLOCKS + i);
+    unsigned full = full_pieces (&o->geom, rec->group * FSC_GROUP_BLOCKS + i);
     if (p & ~full)
       g->present &= ~(UINT64_C (1) << i);
     g->pieces[i] = p == full ? 0 : p;
@@ -209,7 +209,7 @@ fsc_group_from_rec (struct fsc_object *o, struct group *g,
   for (uint64_t t = zero; t; t &= t - 1) {
     unsigned i = __builtin_ctzll (t);
     uint64_t b = rec->group * FSC_GROUP_BLOCKS + i;
-    if (rec->pieces[i] != 0 || rec->csum[i] != zero_csum (o, b)) {
+    if (rec->pieces[i] != 0 || rec->csum[i] != zero_csum (&o->geom, b)) {
       g->present &= ~(UINT64_C (1) << i);
       zero &= ~(UINT64_C (1) << i);
     }
@@ -258,7 +258,8 @@ read_records (struct fsc_object *o, uint64_t g0, uint64_t n,
               unsigned char *buf)
 {
   size_t len = n * 2 * FSC_GREC_SIZE;
-  ssize_t r = fsc_io_pread (&o->cache->io, FSC_FILE_INDEX, o->ifd, buf, len,
+  ssize_t r = fsc_io_pread (&o->cache->io, FSC_FILE_INDEX, o->files.ifd,
+                            buf, len,
                             fsc_grec_offset (g0, 0));
   if (r == -1)
     return -1;
@@ -486,8 +487,8 @@ fsc_groups_trim (struct fsc_object *o)
     return;
   for (uint64_t visits = 2 * o->ngalloc + 1;
        o->ngalloc > o->res_max && visits > 0; --visits) {
-    uint64_t gi = fsc_grp_next (o, o->phand < o->ngroups ? o->phand : 0);
-    if (gi >= o->ngroups && (gi = fsc_grp_next (o, 0)) >= o->ngroups)
+    uint64_t gi = fsc_grp_next (o, o->phand < o->geom.ngroups ? o->phand : 0);
+    if (gi >= o->geom.ngroups && (gi = fsc_grp_next (o, 0)) >= o->geom.ngroups)
       break;
     o->phand = gi + 1;
     struct group *g = grp (o, gi);
@@ -506,12 +507,12 @@ fsc_groups_page_in (struct fsc_object *o, uint64_t *first, uint64_t *gi,
                     unsigned n)
 {
   *first = 0;
-  uint64_t from = *gi < o->ngroups ? *gi : 0;
+  uint64_t from = *gi < o->geom.ngroups ? *gi : 0;
   /* The next group with a record: holes in the index have none. */
-  off_t d = lseek (o->ifd, fsc_grec_offset (from, 0), SEEK_DATA);
+  off_t d = lseek (o->files.ifd, fsc_grec_offset (from, 0), SEEK_DATA);
   if (d == -1 && errno == ENXIO && from > 0) {
     from = 0;
-    d = lseek (o->ifd, fsc_grec_offset (0, 0), SEEK_DATA);
+    d = lseek (o->files.ifd, fsc_grec_offset (0, 0), SEEK_DATA);
   }
   if (d == -1) {
     if (errno == ENXIO) {
@@ -525,11 +526,11 @@ fsc_groups_page_in (struct fsc_object *o, uint64_t *first, uint64_t *gi,
   if ((uint64_t) d < FSC_GROUPS_OFFSET)
     d = FSC_GROUPS_OFFSET;
   uint64_t g0 = ((uint64_t) d - FSC_GROUPS_OFFSET) / (2 * FSC_GREC_SIZE);
-  if (g0 >= o->ngroups) {
+  if (g0 >= o->geom.ngroups) {
     *gi = 0;
     return 0;
   }
-  uint64_t g1 = MIN (g0 + n - 1, o->ngroups - 1);
+  uint64_t g1 = MIN (g0 + n - 1, o->geom.ngroups - 1);
   int r = fsc_groups_pin (o, g0, g1);
   if (r == 0)
     fsc_groups_unpin (o, g0, g1);
@@ -553,15 +554,15 @@ fsc_groups_census (struct fsc_object *o)
     return -1;
   for (;;) {
     pthread_mutex_lock (&o->lock);
-    bool go = gi < o->ngroups && o->state == FSC_OBJ_AVAILABLE &&
+    bool go = gi < o->geom.ngroups && o->state == FSC_OBJ_AVAILABLE &&
       !o->reclaim_stop;
     pthread_mutex_unlock (&o->lock);
     if (!go)
       break;
     /* Skip holes: groups never written have no record. */
-    off_t d = lseek (o->ifd, fsc_grec_offset (gi, 0), SEEK_DATA);
+    off_t d = lseek (o->files.ifd, fsc_grec_offset (gi, 0), SEEK_DATA);
     if (d == -1 && errno == ENXIO) {
-      gi = o->ngroups;
+      gi = o->geom.ngroups;
       break;
     }
     if (d == -1 && errno != EINVAL) {
@@ -572,13 +573,13 @@ fsc_groups_census (struct fsc_object *o)
       : ((uint64_t) d - FSC_GROUPS_OFFSET) / gsize;
     if (next > gi) {
       pthread_mutex_lock (&o->lock);
-      o->census_next = MIN (next, o->ngroups);
+      o->census_next = MIN (next, o->geom.ngroups);
       pthread_mutex_unlock (&o->lock);
       gi = next;
-      if (gi >= o->ngroups)
+      if (gi >= o->geom.ngroups)
         break;
     }
-    uint64_t n = MIN (chunk, o->ngroups - gi);
+    uint64_t n = MIN (chunk, o->geom.ngroups - gi);
     pthread_mutex_lock (&o->lock);
     uint64_t events = o->pager_events;
     pthread_mutex_unlock (&o->lock);
@@ -617,9 +618,9 @@ fsc_groups_census (struct fsc_object *o)
     pthread_mutex_unlock (&o->lock);
     chunk = MIN (chunk * 2, (uint64_t) CENSUS_CHUNK);
   }
-  if (r == 0 && gi >= o->ngroups) {
+  if (r == 0 && gi >= o->geom.ngroups) {
     pthread_mutex_lock (&o->lock);
-    o->census_next = o->ngroups;
+    o->census_next = o->geom.ngroups;
     pthread_mutex_unlock (&o->lock);
   }
   fsc_buf_put (o->cache, buf, cap);

@@ -9,7 +9,7 @@
 
 /* groups.c: set up and free O's group table; allocate group GI (and
  * its path) if absent, returning it or NULL (no memory); the first
- * allocated group at GI or after, or o->ngroups.  Under o->lock once
+ * allocated group at GI or after, or o->geom.ngroups.  Under o->lock once
  * the object is listed.
  */
 extern int fsc_gtable_init (struct fsc_object *o);

@@ -74,7 +74,8 @@ hit_partial (struct fsc_object *o, uint64_t blk, void *buf, uint64_t offset,
 {
   struct fsc_io *io = &o->cache->io;
   unsigned char *out = (unsigned char *) buf + (lo - offset);
-  const uint64_t bs = block_start (o, blk), be = block_end (o, blk);
+  const uint64_t bs = block_start (&o->geom, blk),
+    be = block_end (&o->geom, blk);
   ssize_t r;
 
   if (!o->verify) {
@@ -94,17 +95,12 @@ hit_partial (struct fsc_object *o, uint64_t blk, void *buf, uint64_t offset,
   if (pre)
     memcpy (sums, pre, kb * sizeof *sums);
   else if (!fsc_scache_get (o, blk, csum, pieces, sums, kb)) {
-    unsigned char le[8 * MAX_SUBS];
-    r = fsc_io_pread (io, FSC_FILE_SUMS, o->sfd, le, 8 * kb,
-                      sums_offset (o, blk));
+    r = fsc_sums_read (io, &o->files, &o->geom, blk, kb, sums);
     if (r == -1) {
       read_failed (o, r);
       return false;
     }
-    memset (le + r, 0, 8 * kb - r);     /* short: fails the check */
-    for (unsigned i = 0; i < kb; ++i)
-      sums[i] = get_le64 (le + 8 * i);
-    fsc_sums_mask (o, sums, kb, pieces);
+    fsc_sums_mask (&o->geom, sums, kb, pieces);
     if (fsc_sums_csum (sums, kb) != csum) {
       drop_bad (o, blk, csum);
       return false;
@@ -133,12 +129,9 @@ hit_partial (struct fsc_object *o, uint64_t blk, void *buf, uint64_t offset,
     read_failed (o, r);
     return false;
   }
-  for (uint64_t i = s0; i <= s1; ++i) {
-    uint64_t so = (i - s0) << SUB_SHIFT;
-    if (XXH3_64bits (tmp + so, MIN (SUB_SIZE, de - ds - so)) != sums[i]) {
-      drop_bad (o, blk, csum);
-      return false;
-    }
+  if (!fsc_sums_check_subs (sums, s0, tmp, de - ds)) {
+    drop_bad (o, blk, csum);
+    return false;
   }
   if (tmp != out)
     memcpy (out, tmp + (lo - ds), hi - lo);
@@ -156,14 +149,14 @@ fsc_hit_zero (struct fsc_object *o, uint64_t b, uint64_t n, void *buf,
 {
   uint64_t i = 0;
   for (; i < n; ++i)
-    if (o->verify && csums[i] != zero_csum (o, b + i)) {
+    if (o->verify && csums[i] != zero_csum (&o->geom, b + i)) {
       drop_bad (o, b + i, csums[i]);
       break;
     }
   if (i == 0)
     return 0;
-  uint64_t lo = MAX (block_start (o, b), offset);
-  uint64_t hi = MIN (block_end (o, b + i - 1), offset + count);
+  uint64_t lo = MAX (block_start (&o->geom, b), offset);
+  uint64_t hi = MIN (block_end (&o->geom, b + i - 1), offset + count);
   memset ((unsigned char *) buf + (lo - offset), 0, hi - lo);
   FSC_STAT_ADD (&o->cache->stats, hit_bytes, hi - lo);
   FSC_OSTAT_ADD (o, hit_bytes, hi - lo);
@@ -183,7 +176,8 @@ fsc_hit_run (struct fsc_object *o, uint64_t b, uint64_t n, void *buf,
 {
   struct fsc_stats *st = &o->cache->stats;
   const uint64_t wend = offset + count;
-  const uint64_t start = block_start (o, b), end = block_end (o, b + n - 1);
+  const uint64_t start = block_start (&o->geom, b),
+    end = block_end (&o->geom, b + n - 1);
 
   if (start >= offset && end <= wend) {
     /* Whole blocks: one read straight into the client's buffer. */
@@ -195,14 +189,15 @@ fsc_hit_run (struct fsc_object *o, uint64_t b, uint64_t n, void *buf,
     }
     uint64_t good = n;
     for (uint64_t i = 0; o->verify && i < n; ++i) {
-      uint64_t bs = block_start (o, b + i), be = block_end (o, b + i);
+      uint64_t bs = block_start (&o->geom, b + i),
+        be = block_end (&o->geom, b + i);
       if (fsc_block_csum (dst + (bs - start), be - bs) != csums[i]) {
         drop_bad (o, b + i, csums[i]);
         good = i;
         break;
       }
     }
-    uint64_t hb = (good == n ? end : block_start (o, b + good)) - start;
+    uint64_t hb = (good == n ? end : block_start (&o->geom, b + good)) - start;
     FSC_STAT_ADD (st, hit_bytes, hb);
     FSC_OSTAT_ADD (o, hit_bytes, hb);
     return good;
@@ -210,7 +205,8 @@ fsc_hit_run (struct fsc_object *o, uint64_t b, uint64_t n, void *buf,
 
   /* The window starts or ends inside the run: block by block. */
   for (uint64_t i = 0; i < n; ++i) {
-    uint64_t bs = block_start (o, b + i), be = block_end (o, b + i);
+    uint64_t bs = block_start (&o->geom, b + i),
+      be = block_end (&o->geom, b + i);
     uint64_t lo = MAX (bs, offset), hi = MIN (be, wend);
     if (lo == bs && hi == be) {
       if (fsc_hit_run (o, b + i, 1, buf, offset, count, &csums[i],

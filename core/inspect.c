@@ -1,12 +1,12 @@
 /* libfscache: read-only inspection of one object (inspect.h).
  *
  * The helpers of the core that compute block geometry and checksums
- * (internal.h, sums.c, data.c) take a struct fsc_object.  Rather than
- * write them again, an inspection carries a struct fsc_object of its
- * own with just the fields they read: the geometry from the
- * superblock, the data segments' and sums file's descriptors, and a
- * struct fsc_cache whose only used member is its I/O layer (io.c).
- * No lock, thread or group table of it is ever used.
+ * (internal.h, sums.c) take an object's geometry (struct fsc_geom),
+ * and those that name, open, read and punch its files (files.c,
+ * data.c's fsc_segs_*) its files (struct fsc_files): an inspection
+ * carries those two, filled from the superblock and the files it
+ * opens, and an I/O layer of its own (io.c).  No object is made: no
+ * lock, thread, group table or not-clean mark of one is involved.
  */
 #include <config.h>
 
@@ -25,8 +25,9 @@
 #include "utils.h"
 
 struct fsc_inspect {
-  struct fsc_cache cache;       /* only .io */
-  struct fsc_object o;          /* geometry and descriptors only */
+  struct fsc_io io;
+  struct fsc_geom geom;         /* from the superblock */
+  struct fsc_files files;       /* the object's files, opened here */
   bool writable;
   struct fsc_inspect_info info;
   uint64_t max_seq;             /* highest sequence number seen */
@@ -59,7 +60,7 @@ push (uint64_t **v, size_t *n, size_t *cap, uint64_t x)
 static int
 open_file (const struct fsc_inspect *ins, const char *suffix, bool writable)
 {
-  int fd = fsc_open_file_flags (&ins->o, suffix,
+  int fd = fsc_open_file_flags (&ins->files, suffix,
                                 (writable ? O_RDWR : O_RDONLY) | O_NOCTTY);
   if (fd == -1 && errno == ELOOP)
     errno = EPERM;
@@ -72,47 +73,45 @@ open_file (const struct fsc_inspect *ins, const char *suffix, bool writable)
 static int
 open_data (struct fsc_inspect *ins)
 {
-  struct fsc_object *o = &ins->o;
+  struct fsc_geom *g = &ins->geom;
+  struct fsc_files *f = &ins->files;
   struct fsc_inspect_info *in = &ins->info;
   struct stat st;
 
-  o->nseg = o->size ? DIV_ROUND_UP (o->size, FSC_SEG_SIZE) : 1;
-  o->dfds = malloc (o->nseg * sizeof *o->dfds);
-  if (o->dfds == NULL)
+  f->nseg = g->size ? DIV_ROUND_UP (g->size, FSC_SEG_SIZE) : 1;
+  f->dfds = malloc (f->nseg * sizeof *f->dfds);
+  if (f->dfds == NULL)
     return -1;
-  in->nseg = o->nseg;
-  for (uint64_t i = 0; i < o->nseg; ++i) {
+  in->nseg = f->nseg;
+  for (uint64_t i = 0; i < f->nseg; ++i) {
     char suffix[FSC_SEG_SUFFIX_MAX];
-    uint64_t len = o->size ? MIN (FSC_SEG_SIZE, o->size - i * FSC_SEG_SIZE)
+    uint64_t len = g->size ? MIN (FSC_SEG_SIZE, g->size - i * FSC_SEG_SIZE)
                            : 0;
-    if (i == 0)
-      snprintf (suffix, sizeof suffix, ".data");
-    else
-      snprintf (suffix, sizeof suffix, ".data.%" PRIu64, i);
-    o->dfds[i] = open_file (ins, suffix, ins->writable);
-    if (o->dfds[i] == -1) {
+    fsc_seg_suffix (i, suffix);
+    f->dfds[i] = open_file (ins, suffix, ins->writable);
+    if (f->dfds[i] == -1) {
       if (errno != ENOENT && errno != EPERM)
         return -1;
       in->bad_segments++;
       continue;
     }
-    in->allocated += fd_allocated (o->dfds[i]);
-    if (fstat (o->dfds[i], &st) == -1)
+    in->allocated += fd_allocated (f->dfds[i]);
+    if (fstat (f->dfds[i], &st) == -1)
       return -1;
     if ((uint64_t) st.st_size != len)
       in->bad_segments++;
   }
-  o->sfd = open_file (ins, ".sums", ins->writable);
-  if (o->sfd == -1) {
+  f->sfd = open_file (ins, ".sums", ins->writable);
+  if (f->sfd == -1) {
     if (errno != ENOENT && errno != EPERM)
       return -1;
     return 0;
   }
-  in->allocated += fd_allocated (o->sfd);
-  if (fstat (o->sfd, &st) == -1)
+  in->allocated += fd_allocated (f->sfd);
+  if (fstat (f->sfd, &st) == -1)
     return -1;
   uint64_t want;
-  if (MUL_OVERFLOW (o->nblocks, (uint64_t) subs_per_block (o) * 8, &want)) {
+  if (MUL_OVERFLOW (g->nblocks, (uint64_t) subs_per_block (g) * 8, &want)) {
     errno = EOVERFLOW;
     return -1;
   }
@@ -125,20 +124,20 @@ fsc_inspect_block (const struct fsc_inspect *ins, const struct fsc_grec *rec,
                    unsigned i, unsigned *pieces, bool *zero, uint64_t *bytes)
 {
   uint64_t b = rec->group * FSC_GROUP_BLOCKS + i;
-  if (!(rec->present & (UINT64_C (1) << i)) || b >= ins->o.nblocks)
+  if (!(rec->present & (UINT64_C (1) << i)) || b >= ins->geom.nblocks)
     return false;
   /* As the filter loads it (object.c): pieces it cannot have are
    * damage, all of its pieces read as whole; a zero block is whole,
    * with the checksum of zeroes, or damage.
    */
-  unsigned p = rec->pieces[i], full = full_pieces (&ins->o, b);
+  unsigned p = rec->pieces[i], full = full_pieces (&ins->geom, b);
   if (p & ~full)
     return false;
   *zero = rec->zero & (UINT64_C (1) << i);
-  if (*zero && (p != 0 || rec->csum[i] != zero_csum (&ins->o, b)))
+  if (*zero && (p != 0 || rec->csum[i] != zero_csum (&ins->geom, b)))
     return false;
   *pieces = p == full ? 0 : p;
-  *bytes = *zero ? 0 : held_bytes (&ins->o, b, *pieces);
+  *bytes = *zero ? 0 : held_bytes (&ins->geom, b, *pieces);
   return true;
 }
 
@@ -146,8 +145,8 @@ void
 fsc_inspect_block_range (const struct fsc_inspect *ins, uint64_t b,
                          uint64_t *off, uint64_t *len)
 {
-  *off = block_start (&ins->o, b);
-  *len = block_end (&ins->o, b) - *off;
+  *off = block_start (&ins->geom, b);
+  *len = block_end (&ins->geom, b) - *off;
 }
 
 /* The last group's record may have bits past the export's end, and
@@ -157,9 +156,9 @@ fsc_inspect_block_range (const struct fsc_inspect *ins, uint64_t b,
 static void
 mask_tail (const struct fsc_inspect *ins, struct fsc_grec *rec)
 {
-  const struct fsc_object *o = &ins->o;
-  if (rec->group == o->ngroups - 1 && o->nblocks % FSC_GROUP_BLOCKS)
-    rec->present &= (UINT64_C (1) << (o->nblocks % FSC_GROUP_BLOCKS)) - 1;
+  const struct fsc_geom *g = &ins->geom;
+  if (rec->group == g->ngroups - 1 && g->nblocks % FSC_GROUP_BLOCKS)
+    rec->present &= (UINT64_C (1) << (g->nblocks % FSC_GROUP_BLOCKS)) - 1;
   rec->zero &= rec->present;
 }
 
@@ -207,13 +206,13 @@ static int
 find_damaged (struct fsc_inspect *ins)
 {
   const uint64_t gsize = 2 * FSC_GREC_SIZE;
-  const uint64_t end = MIN (fsc_grec_offset (ins->o.ngroups, 0),
+  const uint64_t end = MIN (fsc_grec_offset (ins->geom.ngroups, 0),
                             ins->info.idx_size);
   unsigned char buf[2 * FSC_GREC_SIZE];
   uint64_t pos = FSC_GROUPS_OFFSET;
 
   while (pos < end) {
-    off_t d = lseek (ins->o.ifd, pos, SEEK_DATA);
+    off_t d = lseek (ins->files.ifd, pos, SEEK_DATA);
     if (d == -1) {
       if (errno == ENXIO)
         break;
@@ -223,7 +222,7 @@ find_damaged (struct fsc_inspect *ins)
     }
     if ((uint64_t) d >= end)
       break;
-    off_t h = lseek (ins->o.ifd, d, SEEK_HOLE);
+    off_t h = lseek (ins->files.ifd, d, SEEK_HOLE);
     uint64_t stop = h > d ? MIN ((uint64_t) h, end) : end;
     pos = FSC_GROUPS_OFFSET +
       ROUND_DOWN ((uint64_t) d - FSC_GROUPS_OFFSET, gsize);
@@ -232,7 +231,7 @@ find_damaged (struct fsc_inspect *ins)
       if (bsearch (&group, ins->valid, ins->nvalid, sizeof *ins->valid,
                    u64_cmp))
         continue;
-      ssize_t n = fsc_io_pread (&ins->cache.io, FSC_FILE_INDEX, ins->o.ifd,
+      ssize_t n = fsc_io_pread (&ins->io, FSC_FILE_INDEX, ins->files.ifd,
                                 buf, sizeof buf, pos);
       if (n == -1)
         return -1;
@@ -254,22 +253,21 @@ static int
 load (struct fsc_inspect *ins)
 {
   struct fsc_inspect_info *in = &ins->info;
-  struct fsc_object *o = &ins->o;
+  struct fsc_geom *g = &ins->geom;
+  struct fsc_files *f = &ins->files;
   unsigned char sbuf[2 * FSC_SB_SIZE];
   struct stat st;
 
-  if (fstat (o->ifd, &st) == -1)
+  if (fstat (f->ifd, &st) == -1)
     return -1;
   in->idx_size = st.st_size;
-  in->allocated = fd_allocated (o->ifd);
-  in->stale = faccessat (o->fandirfd, fsc_file_name (o, ".stale",
-                                                     (char [FILE_NAME_MAX]) {0}),
-                         F_OK, AT_SYMLINK_NOFOLLOW) == 0;
+  in->allocated = fd_allocated (f->ifd);
+  in->stale = fsc_stale_marked (f);
 
   /* Each slot's own verdict, for the report; the winner as the filter
    * picks it.
    */
-  ssize_t n = fsc_io_pread (&ins->cache.io, FSC_FILE_INDEX, o->ifd, sbuf,
+  ssize_t n = fsc_io_pread (&ins->io, FSC_FILE_INDEX, f->ifd, sbuf,
                             sizeof sbuf, 0);
   if (n == -1)
     return -1;
@@ -281,7 +279,7 @@ load (struct fsc_inspect *ins)
       ins->max_seq = MAX (ins->max_seq, tmp.seq);
   }
   in->reason = in->idx_size == 0 ? FSC_REJ_NEW
-    : fsc_sb_load (&ins->cache.io, o->ifd, &in->sb, &in->sb_slot);
+    : fsc_sb_load (&ins->io, f->ifd, &in->sb, &in->sb_slot);
   if (in->reason != FSC_OK)
     return 0;
   /* The core's buffers hold blocks up to FSC_MAX_BLOCK_SIZE, and no
@@ -292,18 +290,18 @@ load (struct fsc_inspect *ins)
     in->reason = FSC_REJ_BLOCK_SIZE;
     return 0;
   }
-  o->block_size = in->sb.block_size;
-  o->bshift = __builtin_ctz (o->block_size);
-  o->pshift = PIECE_SHIFT_OF (o->bshift);
-  o->size = in->sb.size;
-  o->nblocks = in->sb.nblocks;
-  o->ngroups = DIV_ROUND_UP (o->nblocks, FSC_GROUP_BLOCKS);
-  fsc_zero_csums (o);
-  in->ngroups = o->ngroups;
-  ins->buf = malloc (o->block_size);
+  g->block_size = in->sb.block_size;
+  g->bshift = __builtin_ctz (g->block_size);
+  g->pshift = PIECE_SHIFT_OF (g->bshift);
+  g->size = in->sb.size;
+  g->nblocks = in->sb.nblocks;
+  g->ngroups = DIV_ROUND_UP (g->nblocks, FSC_GROUP_BLOCKS);
+  fsc_zero_csums (g);
+  in->ngroups = g->ngroups;
+  ins->buf = malloc (g->block_size);
   if (ins->buf == NULL)
     return -1;
-  if (fsc_grec_scan (&ins->cache.io, o->ifd, o->ngroups, in->sb.incarnation,
+  if (fsc_grec_scan (&ins->io, f->ifd, g->ngroups, in->sb.incarnation,
                      count_group, ins) == -1 ||
       find_damaged (ins) == -1)
     return -1;
@@ -322,14 +320,13 @@ fsc_inspect_open (int fandirfd, const char *name, bool writable,
     errno = ENAMETOOLONG;
     return -1;
   }
-  fsc_io_init (&ins->cache.io, NULL);
-  ins->o.cache = &ins->cache;
-  ins->o.fandirfd = fandirfd;
-  ins->o.ifd = ins->o.sfd = -1;
+  fsc_io_init (&ins->io, NULL);
+  ins->files.fandirfd = fandirfd;
+  ins->files.ifd = ins->files.sfd = -1;
   ins->writable = writable;
-  snprintf (ins->o.name, sizeof ins->o.name, "%s", name);
-  ins->o.ifd = open_file (ins, ".idx", writable);
-  if (ins->o.ifd == -1 || load (ins) == -1) {
+  snprintf (ins->files.name, sizeof ins->files.name, "%s", name);
+  ins->files.ifd = open_file (ins, ".idx", writable);
+  if (ins->files.ifd == -1 || load (ins) == -1) {
     int e = errno;
     fsc_inspect_close (ins);
     errno = e;
@@ -345,14 +342,14 @@ fsc_inspect_close (struct fsc_inspect *ins)
 {
   if (ins == NULL)
     return;
-  for (uint64_t i = 0; ins->o.dfds && i < ins->o.nseg; ++i)
-    if (ins->o.dfds[i] >= 0)
-      close (ins->o.dfds[i]);
-  free (ins->o.dfds);
-  if (ins->o.sfd >= 0)
-    close (ins->o.sfd);
-  if (ins->o.ifd >= 0)
-    close (ins->o.ifd);
+  for (uint64_t i = 0; ins->files.dfds && i < ins->files.nseg; ++i)
+    if (ins->files.dfds[i] >= 0)
+      close (ins->files.dfds[i]);
+  free (ins->files.dfds);
+  if (ins->files.sfd >= 0)
+    close (ins->files.sfd);
+  if (ins->files.ifd >= 0)
+    close (ins->files.ifd);
   free (ins->valid);
   free (ins->damaged);
   free (ins->buf);
@@ -362,7 +359,7 @@ fsc_inspect_close (struct fsc_inspect *ins)
 int
 fsc_inspect_lock (struct fsc_inspect *ins)
 {
-  return flock (ins->o.ifd, LOCK_EX | LOCK_NB);
+  return flock (ins->files.ifd, LOCK_EX | LOCK_NB);
 }
 
 struct groups_ctx {
@@ -389,7 +386,7 @@ fsc_inspect_groups (struct fsc_inspect *ins, fsc_inspect_group_fn fn,
     errno = EINVAL;
     return -1;
   }
-  return fsc_grec_scan (&ins->cache.io, ins->o.ifd, ins->o.ngroups,
+  return fsc_grec_scan (&ins->io, ins->files.ifd, ins->geom.ngroups,
                         ins->info.sb.incarnation, each_group, &c);
 }
 
@@ -406,40 +403,34 @@ int
 fsc_inspect_verify (struct fsc_inspect *ins, uint64_t b, uint64_t csum,
                     unsigned pieces, bool zero)
 {
-  struct fsc_object *o = &ins->o;
-  uint64_t start = block_start (o, b), len = block_end (o, b) - start;
+  struct fsc_geom *g = &ins->geom;
+  struct fsc_files *f = &ins->files;
+  uint64_t start = block_start (g, b), len = block_end (g, b) - start;
   unsigned k = DIV_ROUND_UP (len, SUB_SIZE);
   uint64_t hashes[MAX_SUBS], sums[MAX_SUBS];
-  unsigned char le[8 * MAX_SUBS];
   int bad = 0;
 
   /* A zero block: what a hit checks, without reading anything. */
   if (zero)
-    return csum == zero_csum (o, b) ? 0 : FSC_INSPECT_BAD_DATA;
+    return csum == zero_csum (g, b) ? 0 : FSC_INSPECT_BAD_DATA;
 
   /* The data: bytes outside the pieces are read too (holes, most
    * often) and their hashes masked out, as the checksum counts them.
    */
-  ssize_t n = fsc_data_pread (o, ins->buf, len, start);
+  ssize_t n = fsc_segs_pread (&ins->io, f, ins->buf, len, start);
   if (n == -1)
     return -1;
   memset (ins->buf + n, 0, len - n);
   fsc_sub_hashes (ins->buf, len, hashes);
-  fsc_sums_mask (o, hashes, k, pieces);
+  fsc_sums_mask (g, hashes, k, pieces);
   if (fsc_sums_csum (hashes, k) != csum)
     bad |= FSC_INSPECT_BAD_DATA;
 
   /* The sums file: what a partial hit trusts. */
-  memset (le, 0, 8 * k);
-  if (o->sfd >= 0) {
-    n = fsc_io_pread (&ins->cache.io, FSC_FILE_SUMS, o->sfd, le, 8 * k,
-                      sums_offset (o, b));
-    if (n == -1)
-      return -1;
-  }
-  for (unsigned i = 0; i < k; ++i)
-    sums[i] = get_le64 (le + 8 * i);
-  fsc_sums_mask (o, sums, k, pieces);
+  memset (sums, 0, k * sizeof *sums);
+  if (f->sfd >= 0 && fsc_sums_read (&ins->io, f, g, b, k, sums) == -1)
+    return -1;
+  fsc_sums_mask (g, sums, k, pieces);
   if (fsc_sums_csum (sums, k) != csum)
     bad |= FSC_INSPECT_BAD_SUMS;
   return bad;
@@ -449,11 +440,12 @@ int
 fsc_inspect_drop (struct fsc_inspect *ins, const struct fsc_grec *rec,
                   int slot, uint64_t group, uint64_t bits)
 {
-  struct fsc_object *o = &ins->o;
+  struct fsc_geom *g = &ins->geom;
+  struct fsc_files *f = &ins->files;
   struct fsc_grec nrec;
   unsigned char buf[FSC_GREC_SIZE];
 
-  if (!ins->writable || ins->info.reason != FSC_OK || group >= o->ngroups) {
+  if (!ins->writable || ins->info.reason != FSC_OK || group >= g->ngroups) {
     errno = EINVAL;
     return -1;
   }
@@ -478,9 +470,9 @@ fsc_inspect_drop (struct fsc_inspect *ins, const struct fsc_grec *rec,
   fsc_grec_encode (&nrec, buf);
   /* The other slot keeps the old record until the new one is durable. */
   int nslot = rec && slot >= 0 ? 1 - slot : 0;
-  if (fsc_io_pwrite (&ins->cache.io, FSC_FILE_INDEX, o->ifd, buf, sizeof buf,
+  if (fsc_io_pwrite (&ins->io, FSC_FILE_INDEX, f->ifd, buf, sizeof buf,
                      fsc_grec_offset (group, nslot)) == -1 ||
-      fsc_io_sync (&ins->cache.io, FSC_FILE_INDEX, o->ifd) == -1)
+      fsc_io_sync (&ins->io, FSC_FILE_INDEX, f->ifd) == -1)
     return -1;
 
   /* Only now that no durable record names them: their space.  A
@@ -488,12 +480,12 @@ fsc_inspect_drop (struct fsc_inspect *ins, const struct fsc_grec *rec,
    */
   for (uint64_t t = bits; t; t &= t - 1) {
     uint64_t b = group * FSC_GROUP_BLOCKS + __builtin_ctzll (t);
-    if (b >= o->nblocks)
+    if (b >= g->nblocks)
       break;
-    uint64_t start = block_start (o, b);
-    fsc_data_punch (o, start, block_end (o, b) - start);
-    if (o->sfd >= 0)
-      punch_hole (o->sfd, sums_offset (o, b), subs_per_block (o) * 8);
+    uint64_t start = block_start (g, b);
+    fsc_segs_punch (f, start, block_end (g, b) - start);
+    if (f->sfd >= 0)
+      punch_hole (f->sfd, sums_offset (g, b), subs_per_block (g) * 8);
   }
   return 0;
 }

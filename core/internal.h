@@ -164,6 +164,31 @@ struct scache_entry {
   uint64_t sums[SCACHE_SUBS];
 };
 
+/* An object's geometry: what its size and block size make of it, set
+ * at open and fixed after.  With struct fsc_files, all that reading the
+ * files takes without an object to serve (inspect.c).
+ */
+struct fsc_geom {
+  uint32_t block_size;
+  unsigned bshift;
+  unsigned pshift;              /* log2 of the piece size */
+  uint64_t size, nblocks, ngroups;
+  uint64_t zcsum, zcsum_last;   /* index checksum of an all-zero block,
+                                 * and of the last block if short
+                                 * (fsc_zero_csums) */
+};
+
+/* An object's files (files.h names them; data.c, the segments). */
+struct fsc_files {
+  char name[FSC_NAME_MAX + 1];
+  char fan[FSC_FAN_MAX + 1];
+  int fandirfd, ifd, sfd;       /* -1 when uncached */
+  int *dfds;                    /* data segments (data.c); NULL when
+                                 * uncached */
+  uint64_t nseg;
+  unsigned char *seg_dirty;     /* written since the last sync */
+};
+
 /* reclaim.c's call back into object.c as its thread ends
  * (fsc_reclaim_start).
  */
@@ -181,21 +206,10 @@ struct fsc_object {
                                  * cache->lock */
   unsigned char *key;
   size_t key_len;
-  char name[FSC_NAME_MAX + 1];
-  char fan[FSC_FAN_MAX + 1];
-  int fandirfd, ifd, sfd;       /* -1 when uncached */
-  int *dfds;                    /* data segments (data.c); NULL when
-                                 * uncached */
-  uint64_t nseg;
-  unsigned char *seg_dirty;     /* written since the last sync */
+  struct fsc_files files;       /* its files, by name and descriptor */
   bool verify;
-  uint32_t block_size;
-  unsigned bshift;
-  unsigned pshift;              /* log2 of the piece size */
-  uint64_t size, nblocks, ngroups;
-  uint64_t zcsum, zcsum_last;   /* index checksum of an all-zero block,
-                                 * and of the last block if short
-                                 * (fsc_zero_csums) */
+  struct fsc_geom geom;         /* its size and block size, and what
+                                 * they make of it */
   struct gmid **gtop;           /* the group table (groups.c) */
   uint64_t ntop;                /* its top level's entries */
   uint64_t ngalloc;             /* groups allocated (resident) */
@@ -388,31 +402,31 @@ _Static_assert (MAX_RUN_GROUPS <= FSC_FILL_MAX_GROUPS,
 #define IDX_OF(b) ((b) % FSC_GROUP_BLOCKS)
 
 static inline uint64_t
-block_start (const struct fsc_object *o, uint64_t b)
+block_start (const struct fsc_geom *g, uint64_t b)
 {
-  return b << o->bshift;
+  return b << g->bshift;
 }
 
 /* End (exclusive) of block B; the last block may be short. */
 static inline uint64_t
-block_end (const struct fsc_object *o, uint64_t b)
+block_end (const struct fsc_geom *g, uint64_t b)
 {
-  return MIN ((b + 1) << o->bshift, o->size);
+  return MIN ((b + 1) << g->bshift, g->size);
 }
 
 /* Sub-blocks per block, and the offset of block B's hashes in the
  * sums file.
  */
 static inline unsigned
-subs_per_block (const struct fsc_object *o)
+subs_per_block (const struct fsc_geom *g)
 {
-  return o->block_size >> SUB_SHIFT;
+  return g->block_size >> SUB_SHIFT;
 }
 
 static inline uint64_t
-sums_offset (const struct fsc_object *o, uint64_t b)
+sums_offset (const struct fsc_geom *g, uint64_t b)
 {
-  return b * subs_per_block (o) * 8;
+  return b * subs_per_block (g) * 8;
 }
 
 /* data.c: the data in segment files of FSC_SEG_SIZE bytes: NAME.data
@@ -432,6 +446,13 @@ extern int fsc_data_pwrite (struct fsc_object *o, const void *buf, size_t n,
                             uint64_t off);
 extern int fsc_data_sync (struct fsc_object *o);
 extern int fsc_data_punch (struct fsc_object *o, uint64_t off, uint64_t len);
+/* The same read and punch on the segments F alone, through IO: no
+ * object, no not-clean mark (the tools' inspection, inspect.c).
+ */
+extern ssize_t fsc_segs_pread (struct fsc_io *io, const struct fsc_files *f,
+                               void *buf, size_t n, uint64_t off);
+extern int fsc_segs_punch (const struct fsc_files *f, uint64_t off,
+                           uint64_t len);
 extern uint64_t fsc_data_allocated (const struct fsc_object *o);
 
 /* The bytes file FD allocates, as du counts them (0 if FD is -1 or
@@ -455,7 +476,7 @@ punch_hole (int fd, uint64_t off, uint64_t len)
 /* The group table and its paging (groups.c). */
 #include "groups.h"
 
-/* Group GI (< o->ngroups), or NULL if none is allocated. */
+/* Group GI (< o->geom.ngroups), or NULL if none is allocated. */
 static inline struct group *
 grp (const struct fsc_object *o, uint64_t gi)
 {
@@ -499,34 +520,34 @@ present (struct fsc_object *o, uint64_t b)
 static inline uint64_t
 piece_size (const struct fsc_object *o)
 {
-  return UINT64_C (1) << o->pshift;
+  return UINT64_C (1) << o->geom.pshift;
 }
 
 /* The pieces of block B that [LO, HI) (within the block, LO < HI)
  * overlaps.
  */
 static inline unsigned
-pieces_of (const struct fsc_object *o, uint64_t b, uint64_t lo, uint64_t hi)
+pieces_of (const struct fsc_geom *g, uint64_t b, uint64_t lo, uint64_t hi)
 {
-  uint64_t bs = block_start (o, b);
-  unsigned p0 = (lo - bs) >> o->pshift, p1 = (hi - 1 - bs) >> o->pshift;
+  uint64_t bs = block_start (g, b);
+  unsigned p0 = (lo - bs) >> g->pshift, p1 = (hi - 1 - bs) >> g->pshift;
   return ((2u << p1) - 1) & ~((1u << p0) - 1);
 }
 
 /* All the pieces of block B (the last block may have fewer). */
 static inline unsigned
-full_pieces (const struct fsc_object *o, uint64_t b)
+full_pieces (const struct fsc_geom *g, uint64_t b)
 {
-  return pieces_of (o, b, block_start (o, b), block_end (o, b));
+  return pieces_of (g, b, block_start (g, b), block_end (g, b));
 }
 
 /* Bytes held by present block B, whose pieces are P. */
 static inline uint64_t
-held_bytes (const struct fsc_object *o, uint64_t b, unsigned p)
+held_bytes (const struct fsc_geom *g, uint64_t b, unsigned p)
 {
-  uint64_t len = block_end (o, b) - block_start (o, b);
+  uint64_t len = block_end (g, b) - block_start (g, b);
   return p == 0 ? len
-    : MIN (len, (uint64_t) __builtin_popcount (p) << o->pshift);
+    : MIN (len, (uint64_t) __builtin_popcount (p) << g->pshift);
 }
 
 /* Bytes present block B of group G holds in the data file: none for a
@@ -535,7 +556,8 @@ held_bytes (const struct fsc_object *o, uint64_t b, unsigned p)
 static inline uint64_t
 block_held (const struct fsc_object *o, const struct group *g, uint64_t b)
 {
-  return (g->zero & BIT_OF (b)) ? 0 : held_bytes (o, b, g->pieces[IDX_OF (b)]);
+  return (g->zero & BIT_OF (b)) ? 0 : held_bytes (&o->geom, b,
+                                                  g->pieces[IDX_OF (b)]);
 }
 
 /* Zero blocks (docs/format.md, "Zero blocks"): the index checksum an
@@ -543,10 +565,10 @@ block_held (const struct fsc_object *o, const struct group *g, uint64_t b)
  * reading anything.
  */
 static inline uint64_t
-zero_csum (const struct fsc_object *o, uint64_t b)
+zero_csum (const struct fsc_geom *g, uint64_t b)
 {
-  return block_end (o, b) - block_start (o, b) == o->block_size
-    ? o->zcsum : o->zcsum_last;
+  return block_end (g, b) - block_start (g, b) == g->block_size
+    ? g->zcsum : g->zcsum_last;
 }
 
 /* Checksums and the hash cache (sums.c). */

@@ -50,7 +50,7 @@ fsc_ostats_snapshot (struct fsc_object *o, struct fsc_ostats *out)
    */
   enum { GAUGE_BATCH = 1024 };
   uint64_t gi = o->gtop ? fsc_grp_next (o, 0) : UINT64_MAX;
-  for (unsigned k = 0; o->gtop && gi < o->ngroups;
+  for (unsigned k = 0; o->gtop && gi < o->geom.ngroups;
        gi = fsc_grp_next (o, gi + 1)) {
     const struct group *g = grp (o, gi);
     blocks += __builtin_popcountll (g->present);
@@ -146,7 +146,7 @@ fsc_live_publish (struct fsc_object *o, bool open, bool force)
   /* Only while we hold the object (ifd, with its flock): an object
    * another process holds is that process's to publish.
    */
-  if (o->fandirfd < 0 || o->ifd < 0 || o->gtop == NULL)
+  if (o->files.fandirfd < 0 || o->files.ifd < 0 || o->gtop == NULL)
     return;
   pthread_mutex_lock (&o->lock);
   bool due = force || now >= o->live_next;
@@ -156,8 +156,8 @@ fsc_live_publish (struct fsc_object *o, bool open, bool force)
     .pid = (long) getpid (), .updated_ms = now,
     .interval_s = (interval + 999) / 1000, .open = open,
     .key_hash_hi = o->sb.key_hash_hi, .key_hash_lo = o->sb.key_hash_lo,
-    .incarnation = o->sb.incarnation, .size = o->size,
-    .block_size = o->block_size,
+    .incarnation = o->sb.incarnation, .size = o->geom.size,
+    .block_size = o->geom.block_size,
   };
   pthread_mutex_unlock (&o->lock);
   if (!due)
@@ -165,7 +165,7 @@ fsc_live_publish (struct fsc_object *o, bool open, bool force)
   struct fsc_ostats s;
   fsc_ostats_snapshot (o, &s);
   int e = errno;
-  fsc_live_write (o->fandirfd, o->name, &h, &s);
+  fsc_live_write (o->files.fandirfd, o->files.name, &h, &s);
   errno = e;
 }
 
@@ -254,7 +254,7 @@ fsc_live_load (struct fsc_object *o, struct fsc_ostats *out,
   uint64_t lo, hi;
 
   fsc_key_hash (o->key, o->key_len, &lo, &hi);
-  if (fsc_live_read (o->fandirfd, o->name, &h, &s) == -1 ||
+  if (fsc_live_read (o->files.fandirfd, o->files.name, &h, &s) == -1 ||
       !h.have_key || h.key_hash_lo != lo || h.key_hash_hi != hi)
     return -1;
   *out = s;

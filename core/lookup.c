@@ -70,7 +70,7 @@ fsc_check_sb (const struct fsc_object *o, const struct fsc_sb *sb,
     if (!p->offline && sb->fingerprint != p->fingerprint)
       return FSC_REJ_FINGERPRINT;
   }
-  if (!data_ok || sums_size != sums_offset (o, o->nblocks))
+  if (!data_ok || sums_size != sums_offset (&o->geom, o->geom.nblocks))
     return FSC_REJ_DATA_SIZE;
   return FSC_OK;
 }
@@ -79,19 +79,19 @@ fsc_check_sb (const struct fsc_object *o, const struct fsc_sb *sb,
 static int
 create_cold (struct fsc_object *o, const struct fsc_object_params *p)
 {
-  if (ftruncate (o->ifd, 0) == -1 || fsync (o->ifd) == -1 ||
+  if (ftruncate (o->files.ifd, 0) == -1 || fsync (o->files.ifd) == -1 ||
       fsc_data_reset (o) == -1 ||
-      ftruncate (o->sfd, 0) == -1 ||
-      ftruncate (o->sfd, sums_offset (o, o->nblocks)) == -1 ||
-      fsync (o->sfd) == -1)
+      ftruncate (o->files.sfd, 0) == -1 ||
+      ftruncate (o->files.sfd, sums_offset (&o->geom, o->geom.nblocks)) == -1 ||
+      fsync (o->files.sfd) == -1)
     return -1;
 
   struct fsc_sb *sb = &o->sb;
   memset (sb, 0, sizeof *sb);
   sb->version = FSC_INDEX_VERSION;
-  sb->block_size = o->block_size;
-  sb->size = o->size;
-  sb->nblocks = o->nblocks;
+  sb->block_size = o->geom.block_size;
+  sb->size = o->geom.size;
+  sb->nblocks = o->geom.nblocks;
   sb->incarnation = random_u64 ();
   fsc_key_hash (p->key, p->key_len, &sb->key_hash_lo, &sb->key_hash_hi);
   sb->key_len = p->key_len;
@@ -117,20 +117,21 @@ lookup_files (struct fsc_object *o, const struct fsc_object_params *p,
               struct fsc_open_info *info, bool *data_ok, off_t *sums_size)
 {
   struct fsc_cache *c = o->cache;
-  fsc_key_encode (p->key, p->key_len, o->name, o->fan);
+  fsc_key_encode (p->key, p->key_len, o->files.name, o->files.fan);
   /* Ours alone, or someone else could plant files, the share socket
    * or the epochs beside ours (safeopen.c rule 1).
    */
-  o->fandirfd = fsc_own_subdir (c->objdirfd, o->fan, true, o->fan, NULL, 0);
-  if (o->fandirfd == -1)
+  o->files.fandirfd = fsc_own_subdir (c->objdirfd, o->files.fan, true,
+                                      o->files.fan, NULL, 0);
+  if (o->files.fandirfd == -1)
     return -1;
-  o->ifd = fsc_open_file (o, ".idx");
-  if (o->ifd == -1)
+  o->files.ifd = fsc_open_file (&o->files, ".idx");
+  if (o->files.ifd == -1)
     return -1;
   /* One user per object across processes: never two writers of one
    * index.  The lock goes with the descriptor, so a crash releases it.
    */
-  if (flock (o->ifd, LOCK_EX | LOCK_NB) == -1) {
+  if (flock (o->files.ifd, LOCK_EX | LOCK_NB) == -1) {
     if (errno == EWOULDBLOCK) {
       info->busy = true;
       o->busy = true;           /* counted if not joined (below) */
@@ -140,8 +141,8 @@ lookup_files (struct fsc_object *o, const struct fsc_object_params *p,
   if (fsc_data_open (o, data_ok) == -1)
     return -1;
   struct stat sst;
-  o->sfd = fsc_open_file (o, ".sums");
-  if (o->sfd == -1 || fstat (o->sfd, &sst) == -1)
+  o->files.sfd = fsc_open_file (&o->files, ".sums");
+  if (o->files.sfd == -1 || fstat (o->files.sfd, &sst) == -1)
     return -1;
   *sums_size = sst.st_size;
   return 0;
@@ -180,11 +181,11 @@ lookup_reuse (struct fsc_object *o, const struct fsc_sb *sb, int slot,
   const uint64_t cb = sb->ostats.v[FSC_OSTAT_cached_bytes];
   if (!info->unclean &&
       sb->ncounters > (uint32_t) FSC_OSTAT_cached_bytes &&
-      pb <= o->nblocks && cb <= o->size &&
-      cb <= pb * (uint64_t) o->block_size) {
+      pb <= o->geom.nblocks && cb <= o->geom.size &&
+      cb <= pb * (uint64_t) o->geom.block_size) {
     o->nonres_blocks = pb;
     o->nonres_bytes = cb;
-    o->census_next = o->ngroups;
+    o->census_next = o->geom.ngroups;
   }
   o->ostats = sb->ostats;
   /* After a crash the superblock's counters are those of the last
@@ -217,14 +218,14 @@ lookup_cold (struct fsc_object *o, const struct fsc_object_params *p,
              int reason, const struct fsc_sb *sb, bool sb_ours)
 {
   struct fsc_stats *st = &o->cache->stats;
-  o->census_next = o->ngroups;        /* cold: nothing to count */
+  o->census_next = o->geom.ngroups;        /* cold: nothing to count */
   o->state = FSC_OBJ_CREATING;
   if (reason != FSC_REJ_NEW)
     FSC_STAT_ADD (st, objects_discarded, 1);
   FSC_STAT_ADD (st, objects_created, 1);
   if (create_cold (o, p) == -1)
     return -1;
-  fsc_unlink_file (o, ".stale");
+  fsc_unlink_file (&o->files, ".stale");
   /* The object's history outlives its data: its counters go on from
    * the old superblock, or else from the last NAME.stats, and the
    * discard counts as an invalidation (docs/format.md, "Object
@@ -258,7 +259,7 @@ lookup_finish (struct fsc_object *o, int reason, bool unclean)
   /* Room for both superblock slots, so that no later superblock write
    * (the clean mark at close, above all) can fail for want of space.
    */
-  int e = posix_fallocate (o->ifd, 0, FSC_GROUPS_OFFSET);
+  int e = posix_fallocate (o->files.ifd, 0, FSC_GROUPS_OFFSET);
   if (e != 0 && e != EOPNOTSUPP && e != EINVAL) {
     errno = e;
     return -1;
@@ -306,19 +307,19 @@ fsc_lookup (struct fsc_object *o, const struct fsc_object_params *p,
   struct stat ist;
   int reason;
   bool sb_ours = false;         /* a readable superblock of this key */
-  if (fstat (o->ifd, &ist) == -1)
+  if (fstat (o->files.ifd, &ist) == -1)
     return -1;
   if (ist.st_size == 0)
     reason = FSC_REJ_NEW;
   else {
-    reason = fsc_sb_load (&c->io, o->ifd, &sb, &slot);
+    reason = fsc_sb_load (&c->io, o->files.ifd, &sb, &slot);
     if (reason == FSC_OK) {
       reason = fsc_check_sb (o, &sb, p, data_ok, sums_size);
       sb_ours = reason != FSC_REJ_KEY;
     }
   }
 
-  if (reason == FSC_OK && fsc_stale_marked (o))
+  if (reason == FSC_OK && fsc_stale_marked (&o->files))
     reason = FSC_REJ_FOREIGN;
   if (reason != FSC_OK && p->offline) {
     /* Never create or discard without the upstream: keep the files

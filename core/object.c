@@ -75,9 +75,9 @@ free_object (struct fsc_object *o)
   free (o->key);
   fsc_catchup_free (o);
   fsc_data_close (o);
-  if (o->sfd >= 0) close (o->sfd);
-  if (o->ifd >= 0) close (o->ifd);
-  if (o->fandirfd >= 0) close (o->fandirfd);
+  if (o->files.sfd >= 0) close (o->files.sfd);
+  if (o->files.ifd >= 0) close (o->files.ifd);
+  if (o->files.fandirfd >= 0) close (o->files.fandirfd);
   pthread_mutex_destroy (&o->lock);
   pthread_cond_destroy (&o->cond);
   free (o);
@@ -97,15 +97,15 @@ new_object (struct fsc_cache *c, const struct fsc_object_params *p)
   o->cache = c;
   o->ops = &fsc_local_ops;
   o->refs = 1;
-  o->fandirfd = o->ifd = o->sfd = -1;
+  o->files.fandirfd = o->files.ifd = o->files.sfd = -1;
   o->verify = p->verify;
-  o->block_size = p->block_size;
-  o->bshift = __builtin_ctz (p->block_size);
-  o->pshift = PIECE_SHIFT_OF (o->bshift);
-  o->size = p->size;
-  o->nblocks = DIV_ROUND_UP (p->size, (uint64_t) p->block_size);
-  o->ngroups = DIV_ROUND_UP (o->nblocks, (uint64_t) FSC_GROUP_BLOCKS);
-  fsc_zero_csums (o);
+  o->geom.block_size = p->block_size;
+  o->geom.bshift = __builtin_ctz (p->block_size);
+  o->geom.pshift = PIECE_SHIFT_OF (o->geom.bshift);
+  o->geom.size = p->size;
+  o->geom.nblocks = DIV_ROUND_UP (p->size, (uint64_t) p->block_size);
+  o->geom.ngroups = DIV_ROUND_UP (o->geom.nblocks, (uint64_t) FSC_GROUP_BLOCKS);
+  fsc_zero_csums (&o->geom);
   o->state = FSC_OBJ_LOOKING_UP;
   o->max_size = p->max_size;
   o->quota = UINT64_MAX;
@@ -241,8 +241,8 @@ fsc_object_open (struct fsc_cache *c, const struct fsc_object_params *p,
   if (fsc_lookup (o, p, info) == -1) {
     info->err = errno;
     fsc_data_close (o);
-    if (o->sfd >= 0) { close (o->sfd); o->sfd = -1; }
-    if (o->ifd >= 0) { close (o->ifd); o->ifd = -1; }
+    if (o->files.sfd >= 0) { close (o->files.sfd); o->files.sfd = -1; }
+    if (o->files.ifd >= 0) { close (o->files.ifd); o->files.ifd = -1; }
     /* Another process holds it: join that one's (share-joiner.c). */
     if (o->busy && !p->exclusive && !p->offline) {
       if (fsc_hook_share_join (o, p, info) == 0) {
@@ -283,9 +283,9 @@ fsc_object_open (struct fsc_cache *c, const struct fsc_object_params *p,
     /* A busy object keeps its directory, to mark the holder's copy
      * stale if it writes.
      */
-    if (o->fandirfd >= 0 && !o->busy) {
-      close (o->fandirfd);
-      o->fandirfd = -1;
+    if (o->files.fandirfd >= 0 && !o->busy) {
+      close (o->files.fandirfd);
+      o->files.fandirfd = -1;
     }
   }
   else
@@ -313,7 +313,8 @@ lingering_fits (struct fsc_object *o, const struct fsc_object_params *p)
 {
   SCOPED_LOCK (&o->lock);
   return o->state == FSC_OBJ_AVAILABLE && !o->refusal.refused &&
-    fsc_check_sb (o, &o->sb, p, true, sums_offset (o, o->nblocks)) == FSC_OK;
+    fsc_check_sb (o, &o->sb, p, true,
+                  sums_offset (&o->geom, o->geom.nblocks)) == FSC_OK;
 }
 
 /* The object of P's key open in this process, with a reference (once
@@ -350,7 +351,7 @@ find_locked (struct fsc_cache *c, const struct fsc_object_params *p,
         pthread_cond_wait (&c->ready_cond, &c->lock);
         goto again;
       }
-      if (o->block_size != p->block_size || o->size != p->size)
+      if (o->geom.block_size != p->block_size || o->geom.size != p->size)
         continue;
       o->refs++;
       while (!o->ready)
@@ -470,14 +471,17 @@ fsc_local_close (struct fsc_object *o)
      */
     fsc_punch_pending (o);
     if (reclaimed ||
-        (!o->reclaim_unclean && o->census_next >= o->ngroups))
+        (!o->reclaim_unclean && o->census_next >= o->geom.ngroups))
       fsc_write_sb (o, FSC_SB_CLEAN, 0, NULL);
   }
   /* The last word, while we still hold the lock on the index. */
   fsc_live_publish (o, false, true);
   fsc_data_close (o);
-  if (o->sfd >= 0) { close (o->sfd); o->sfd = -1; }
-  if (o->ifd >= 0) { close (o->ifd); o->ifd = -1; }   /* drops the flock */
+  if (o->files.sfd >= 0) { close (o->files.sfd); o->files.sfd = -1; }
+  if (o->files.ifd >= 0) {     /* drops the flock */
+    close (o->files.ifd);
+    o->files.ifd = -1;
+  }
 }
 
 bool
@@ -560,7 +564,7 @@ fsc_object_present_blocks (struct fsc_object *o)
 bool
 fsc_object_block_present (struct fsc_object *o, uint64_t blk)
 {
-  if (blk >= o->nblocks)
+  if (blk >= o->geom.nblocks)
     return false;
   uint64_t gi = GROUP_OF (blk);
   if (fsc_groups_pin (o, gi, gi) == -1)

@@ -104,7 +104,7 @@ fsc_readahead_new (struct fsc_object *obj, uint64_t window,
   ra->obj = obj;
   ra->up = *up;
   ra->window = window;
-  ra->chunk = MAX ((uint64_t) FSC_RA_CHUNK, (uint64_t) obj->block_size);
+  ra->chunk = MAX ((uint64_t) FSC_RA_CHUNK, (uint64_t) obj->geom.block_size);
   pthread_mutex_init (&ra->lock, NULL);
   pthread_cond_init (&ra->cond, NULL);
   return ra;
@@ -165,7 +165,7 @@ fsc_readahead_observe (struct fsc_readahead *ra, uint64_t offset,
   if (ra == NULL || ra->window == 0)
     return;
 
-  const uint64_t size = ra->obj->size;
+  const uint64_t size = ra->obj->geom.size;
   const uint64_t end = offset + count;
   const uint64_t span = reorder_span (count);
   SCOPED_LOCK (&ra->lock);

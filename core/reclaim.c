@@ -48,14 +48,14 @@ static uint64_t
 space_of (const struct fsc_object *o, uint64_t b, bool sums)
 {
   if (sums)
-    return sums_offset (o, b);
-  return b < o->nblocks ? block_start (o, b) : o->size;
+    return sums_offset (&o->geom, b);
+  return b < o->geom.nblocks ? block_start (&o->geom, b) : o->geom.size;
 }
 
 static uint64_t
 block_at (const struct fsc_object *o, uint64_t off, bool sums)
 {
-  return sums ? off / (subs_per_block (o) * 8) : off >> o->bshift;
+  return sums ? off / (subs_per_block (&o->geom) * 8) : off >> o->geom.bshift;
 }
 
 /* Punch the pieces of block B that P does not hold, within the extent
@@ -65,12 +65,13 @@ static int
 reclaim_pieces (struct fsc_object *o, int fd, uint64_t base, uint64_t s,
                 uint64_t e, uint64_t b, unsigned p)
 {
-  const uint64_t bs = block_start (o, b), be = block_end (o, b);
-  for (unsigned j = 0; bs + ((uint64_t) j << o->pshift) < be; ++j) {
+  const uint64_t bs = block_start (&o->geom, b), be = block_end (&o->geom, b);
+  for (unsigned j = 0; bs + ((uint64_t) j << o->geom.pshift) < be; ++j) {
     if (p & (1u << j))
       continue;
-    uint64_t ps = MAX (s, bs + ((uint64_t) j << o->pshift));
-    uint64_t pe = MIN (e, MIN (be, bs + ((uint64_t) (j + 1) << o->pshift)));
+    uint64_t ps = MAX (s, bs + ((uint64_t) j << o->geom.pshift));
+    uint64_t pe = MIN (e, MIN (be,
+                               bs + ((uint64_t) (j + 1) << o->geom.pshift)));
     if (pe > ps && punch_hole (fd, ps - base, pe - ps) == -1)
       return -1;
   }
@@ -190,7 +191,7 @@ reclaim_file (struct fsc_object *o, int fd, uint64_t base, bool sums,
       return -1;
     uint64_t s = base + (uint64_t) fs, e = base + (uint64_t) fe;
     uint64_t b = block_at (o, s, sums);
-    uint64_t bend = MIN (block_at (o, e - 1, sums) + 1, o->nblocks);
+    uint64_t bend = MIN (block_at (o, e - 1, sums) + 1, o->geom.nblocks);
     while (b < bend) {
       uint64_t gi = GROUP_OF (b);
       uint64_t gend = MIN (bend, (gi + 1) * FSC_GROUP_BLOCKS);
@@ -249,7 +250,7 @@ reclaim_later (struct fsc_object *o, struct reclaim_later *later)
     if (stopping (o))
       return 0;
     uint64_t b0 = gi * FSC_GROUP_BLOCKS;
-    uint64_t b1 = MIN (b0 + FSC_GROUP_BLOCKS, o->nblocks);
+    uint64_t b1 = MIN (b0 + FSC_GROUP_BLOCKS, o->geom.nblocks);
     uint64_t s = space_of (o, b0, sums), e = space_of (o, b1, sums);
     uint64_t base = later->v[i].base;
     if (!sums) {
@@ -284,10 +285,10 @@ fsc_reclaim_unnamed (struct fsc_object *o)
   uint64_t before = fsc_object_allocated (o);
   struct reclaim_later later = { 0 };
   int r = 0;
-  for (uint64_t i = 0; r == 0 && i < o->nseg; ++i)
-    r = reclaim_file (o, o->dfds[i], i * FSC_SEG_SIZE, false, &later);
+  for (uint64_t i = 0; r == 0 && i < o->files.nseg; ++i)
+    r = reclaim_file (o, o->files.dfds[i], i * FSC_SEG_SIZE, false, &later);
   if (r == 0)
-    r = reclaim_file (o, o->sfd, 0, true, &later);
+    r = reclaim_file (o, o->files.sfd, 0, true, &later);
   if (r == 0)
     r = reclaim_later (o, &later);      /* 1: unfinished, no error */
   int e = errno;
@@ -311,7 +312,7 @@ leaked (struct fsc_object *o)
   fsc_ostats_snapshot (o, &ost);        /* its gauges: what blocks hold */
   uint64_t held = ost.v[FSC_OSTAT_cached_bytes];
   uint64_t alloc = fsc_data_allocated (o);
-  uint64_t margin = MAX (held / 16, 16 * (uint64_t) o->block_size);
+  uint64_t margin = MAX (held / 16, 16 * (uint64_t) o->geom.block_size);
   return alloc > held && alloc - held > margin;
 }
 
@@ -343,13 +344,13 @@ reclaimer (void *arg)
   while (gate && *gate && access (gate, F_OK) == -1 && !stopping (o))
     poll (NULL, 0, 10);
   /* The gauges first: leaked () needs them. */
-  if (o->census_next < o->ngroups)
+  if (o->census_next < o->geom.ngroups)
     r = fsc_groups_census (o);
   if (r == 0 && !stopping (o) && (o->reclaim_unclean || leaked (o)))
     r = fsc_reclaim_unnamed (o);    /* 1: not finished */
   pthread_mutex_lock (&o->lock);
   o->reclaim_done = r == 0 && o->state == FSC_OBJ_AVAILABLE &&
-    !o->reclaim_stop && o->census_next >= o->ngroups;
+    !o->reclaim_stop && o->census_next >= o->geom.ngroups;
   o->reclaim_running = false;
   pthread_cond_broadcast (&o->cond);
   pthread_mutex_unlock (&o->lock);

@@ -96,9 +96,9 @@ holds (struct fsc_object *o, uint64_t b, uint64_t offset, uint64_t end,
     return false;
   unsigned p = g->pieces[IDX_OF (b)];
   if (p != 0) {
-    unsigned want = whole ? full_pieces (o, b)
-      : pieces_of (o, b, MAX (offset, block_start (o, b)),
-                   MIN (end, block_end (o, b)));
+    unsigned want = whole ? full_pieces (&o->geom, b)
+      : pieces_of (&o->geom, b, MAX (offset, block_start (&o->geom, b)),
+                   MIN (end, block_end (&o->geom, b)));
     if ((p & want) != want)
       return false;
   }
@@ -170,10 +170,11 @@ classify_hit (struct fsc_object *o, const struct read_ctx *rc, uint64_t b,
   for (int e = 0; o->verify && rc->buf && e < 2; ++e) {
     uint64_t eb = e == 0 ? b : b + n - 1;
     if ((e == 1 && n == 1) || r->zeros[eb - b] ||
-        (block_start (o, eb) >= rc->offset && block_end (o, eb) <= rc->end))
+        (block_start (&o->geom, eb) >= rc->offset &&
+         block_end (&o->geom, eb) <= rc->end))
       continue;
-    unsigned kb = DIV_ROUND_UP (block_end (o, eb) - block_start (o, eb),
-                                SUB_SIZE);
+    unsigned kb = DIV_ROUND_UP (block_end (&o->geom, eb) -
+                                block_start (&o->geom, eb), SUB_SIZE);
     r->es.blk[e] = eb;
     r->es.have[e] = fsc_scache_get_locked (o, eb, r->csums[eb - b],
                                            r->pieces[eb - b], r->es.sums[e],
@@ -243,7 +244,7 @@ classify_miss (struct fsc_object *o, const struct read_ctx *rc, uint64_t b,
    * for nothing.  A prefetch refused fetches nothing: readahead
    * went too far.
    */
-  uint64_t rs = block_start (o, b), re = block_end (o, bl);
+  uint64_t rs = block_start (&o->geom, b), re = block_end (&o->geom, bl);
   if (rc->buf && !(rc->flags & (FSC_READ_SEQUENTIAL | FSC_READ_NEAR))) {
     rs = MAX (rs, rc->offset);
     re = MIN (re, rc->end);
@@ -288,8 +289,8 @@ classify_absent (struct fsc_object *o, struct read_ctx *rc, uint64_t b,
      */
     const uint64_t epoch = g->epoch;
     pthread_mutex_unlock (&o->lock);
-    const uint64_t lo = MAX (block_start (o, b), rc->offset);
-    const uint64_t hi = MIN (block_end (o, b), rc->end);
+    const uint64_t lo = MAX (block_start (&o->geom, b), rc->offset);
+    const uint64_t hi = MIN (block_end (&o->geom, b), rc->end);
     if (fsc_fill_copy (o->cache, o, b, epoch, lo, hi,
                        (unsigned char *) rc->buf + (lo - rc->offset))) {
       FSC_STAT_ADD (st, hit_bytes, hi - lo);
@@ -428,8 +429,8 @@ serve_uncached (struct fsc_object *o, const struct read_ctx *rc, uint64_t b,
   struct fsc_stats *st = &o->cache->stats;
   if (rc->buf == NULL)
     return 0;
-  uint64_t lo = MAX (block_start (o, b), rc->offset);
-  uint64_t hi = MIN (block_end (o, b + r->n - 1), rc->end);
+  uint64_t lo = MAX (block_start (&o->geom, b), rc->offset);
+  uint64_t hi = MIN (block_end (&o->geom, b + r->n - 1), rc->end);
   int ret = fsc_up_pread (o, up, (unsigned char *) rc->buf + (lo - rc->offset),
                       hi - lo, lo);
   FSC_STAT_ADD (st, upstream_reads, 1);
@@ -468,16 +469,17 @@ read_pinned (struct fsc_object *o, void *buf, uint32_t count,
   };
   if (count == 0)
     return 0;
-  if (ADD_OVERFLOW (offset, (uint64_t) count, &rc.end) || rc.end > o->size) {
+  if (ADD_OVERFLOW (offset, (uint64_t) count, &rc.end)
+      || rc.end > o->geom.size) {
     errno = EINVAL;
     return -1;
   }
-  rc.last = (rc.end - 1) >> o->bshift;
+  rc.last = (rc.end - 1) >> o->geom.bshift;
   rc.max_run =
-    MAX (1, MIN ((uint64_t) MAX_RUN_BLOCKS, MAX_FETCH_BYTES >> o->bshift));
+    MAX (1, MIN ((uint64_t) MAX_RUN_BLOCKS, MAX_FETCH_BYTES >> o->geom.bshift));
   rc.max_hit = MIN (rc.max_run, (uint64_t) FSC_GROUP_BLOCKS);
 
-  uint64_t b = offset >> o->bshift;
+  uint64_t b = offset >> o->geom.bshift;
   while (b <= rc.last) {
     struct run r;
     switch (classify (o, &rc, b, pin, &r)) {
@@ -515,13 +517,13 @@ do_read (struct fsc_object *o, void *buf, uint32_t count, uint64_t offset,
 {
   uint64_t end;
   if (count == 0 || ADD_OVERFLOW (offset, (uint64_t) count, &end) ||
-      end > o->size) {
+      end > o->geom.size) {
     struct read_pin none = { .tried = true };
     return read_pinned (o, buf, count, offset, up, flags, missed, &none);
   }
   struct read_pin pin = {
-    .g0 = GROUP_OF (offset >> o->bshift),
-    .g1 = GROUP_OF ((end - 1) >> o->bshift),
+    .g0 = GROUP_OF (offset >> o->geom.bshift),
+    .g1 = GROUP_OF ((end - 1) >> o->geom.bshift),
   };
   int r = read_pinned (o, buf, count, offset, up, flags, missed, &pin);
   int e = errno;
@@ -564,11 +566,11 @@ int
 fsc_local_prefetch (struct fsc_object *o, uint64_t offset, uint64_t count,
                     const struct fsc_upstream *up, unsigned flags)
 {
-  if (offset > o->size) {
+  if (offset > o->geom.size) {
     errno = EINVAL;
     return -1;
   }
-  count = MIN (count, o->size - offset);
+  count = MIN (count, o->geom.size - offset);
   while (count > 0) {
     /* A prefetch's fetch holds its bytes until they are queued or
      * written: 4 MiB per request thread added up (16 threads, 64 MiB,

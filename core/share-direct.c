@@ -43,7 +43,7 @@ sh_setup_direct (struct fsc_object *o, struct fsc_join *j)
     for (size_t i = 0; i < EPOCH_SLOTS; ++i)
       j->seen[i] = __atomic_load_n (&j->ep[i], __ATOMIC_RELAXED);
   if (j->ep && j->maps && j->seen && fsc_data_open (o, &ok) == 0 && ok &&
-      (o->sfd = fsc_open_file (o, ".sums")) >= 0) {
+      (o->files.sfd = fsc_open_file (&o->files, ".sums")) >= 0) {
     j->files = true;
     return;
   }
@@ -181,11 +181,11 @@ read_blocks (struct fsc_object *o, void *buf, uint32_t count,
    * hashes, which are checked with the index checksum.
    */
   for (uint64_t b = b0; b <= b1; ++b) {
-    const uint64_t bs = block_start (o, b), be = block_end (o, b);
+    const uint64_t bs = block_start (&o->geom, b), be = block_end (&o->geom, b);
     const uint64_t lo = MAX (bs, offset), hi = MIN (be, end);
     unsigned char *out = (unsigned char *) buf + (lo - offset);
     if (zero[b - b0]) {
-      if (csum[b - b0] != zero_csum (o, b))
+      if (csum[b - b0] != zero_csum (&o->geom, b))
         goto stale;
       memset (out, 0, hi - lo);
       continue;
@@ -196,24 +196,21 @@ read_blocks (struct fsc_object *o, void *buf, uint32_t count,
         goto stale;
       continue;
     }
-    if (((lo - bs) & (SUB_SIZE - 1)) || ((hi - bs) & (SUB_SIZE - 1) &&
-                                         hi != be))
+    if (((lo - bs) & (SUB_SIZE - 1)) ||
+        ((hi - bs) & (SUB_SIZE - 1) && hi != be))
       return DIRECT_NO;
+    /* The owner's partial-hit check (hit.c): the hashes through
+     * io.c, checked with the index checksum, then the sub-blocks
+     * served with them.
+     */
     const unsigned kb = DIV_ROUND_UP (be - bs, SUB_SIZE);
-    unsigned char le[8 * MAX_SUBS];
     uint64_t sums[MAX_SUBS];
-    if (pread (o->sfd, le, 8 * kb, sums_offset (o, b)) != (ssize_t) (8 * kb))
+    if (fsc_sums_read (&o->cache->io, &o->files, &o->geom, b, kb, sums) !=
+        (ssize_t) (8 * kb) ||
+        fsc_sums_csum (sums, kb) != csum[b - b0] ||
+        fsc_data_pread (o, out, hi - lo, lo) != (ssize_t) (hi - lo) ||
+        !fsc_sums_check_subs (sums, (lo - bs) >> SUB_SHIFT, out, hi - lo))
       goto stale;
-    for (unsigned i = 0; i < kb; ++i)
-      sums[i] = get_le64 (le + 8 * i);
-    if (fsc_sums_csum (sums, kb) != csum[b - b0] ||
-        fsc_data_pread (o, out, hi - lo, lo) != (ssize_t) (hi - lo))
-      goto stale;
-    for (uint64_t x = lo; x < hi; x += SUB_SIZE) {
-      uint64_t n = MIN (SUB_SIZE, hi - x);
-      if (XXH3_64bits (out + (x - lo), n) != sums[(x - bs) >> SUB_SHIFT])
-        goto stale;
-    }
   }
   return DIRECT_SERVED;
 
@@ -299,9 +296,10 @@ sh_direct_read (struct fsc_object *o, void *buf, uint32_t count,
   struct fsc_join *j = o->join;
   uint64_t end;
   if (j->ep == NULL || count == 0 ||
-      ADD_OVERFLOW (offset, (uint64_t) count, &end) || end > o->size)
+      ADD_OVERFLOW (offset, (uint64_t) count, &end) || end > o->geom.size)
     return DIRECT_NO;
-  const uint64_t b0 = offset >> o->bshift, b1 = (end - 1) >> o->bshift;
+  const uint64_t b0 = offset >> o->geom.bshift,
+    b1 = (end - 1) >> o->geom.bshift;
   const uint64_t g0 = GROUP_OF (b0), g1 = GROUP_OF (b1);
   if (b1 - b0 >= FSC_GROUP_BLOCKS)
     return DIRECT_NO;                       /* spans at most two groups */
@@ -367,8 +365,8 @@ sh_forget_maps (struct fsc_object *o, uint64_t offset, uint32_t count)
   struct fsc_join *j = o->join;
   if (j->maps == NULL || count == 0)
     return;
-  uint64_t g0 = GROUP_OF (offset >> o->bshift);
-  uint64_t g1 = GROUP_OF ((offset + count - 1) >> o->bshift);
+  uint64_t g0 = GROUP_OF (offset >> o->geom.bshift);
+  uint64_t g1 = GROUP_OF ((offset + count - 1) >> o->geom.bshift);
   SCOPED_LOCK (&j->lock);
   for (uint64_t gi = g0; gi <= g1 && gi - g0 < NMAPS; ++gi)
     if (j->maps[gi % NMAPS].gi == gi)

@@ -31,9 +31,9 @@ uint32_t *
 sh_map_epochs (struct fsc_object *o, bool writable, bool create)
 {
   char name[FILE_NAME_MAX];
-  fsc_file_name (o, ".epochs", name);
+  fsc_file_name (&o->files, ".epochs", name);
   const size_t len = EPOCH_SLOTS * sizeof (uint32_t);
-  int fd = openat (o->fandirfd, name,
+  int fd = openat (o->files.fandirfd, name,
                    (writable ? O_RDWR | (create ? O_CREAT : 0) : O_RDONLY) |
                    O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0600);
   if (fd == -1)

@@ -72,7 +72,8 @@ fsc_share_join (struct fsc_object *o, const struct fsc_object_params *p,
   uint64_t deadline = fsc_mono_ms () + TAKEOVER_MS;
   int fd;
   while ((fd = sh_join_connect (o, p, &reason, &wel)) == -1 &&
-         (errno == ENOENT || errno == ECONNREFUSED) && fsc_mono_ms () < deadline)
+         (errno == ENOENT || errno == ECONNREFUSED)
+             && fsc_mono_ms () < deadline)
     poll (NULL, 0, RETRY_MS);
   if (fd == -1 && errno == EPERM) {
     info->reason = reason;
@@ -238,7 +239,7 @@ fsc_share_write_begin (struct fsc_object *o, uint64_t offset, uint64_t count,
   /* Nobody could drop the blocks before the upstream changes: whoever
    * holds the object next discards its copy.
    */
-  fsc_mark_stale (o);
+  fsc_mark_stale (&o->files);
   return 0;
 }
 

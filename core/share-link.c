@@ -151,7 +151,8 @@ sh_file_ids (struct fsc_object *o, dev_t ids[6])
   for (int i = 0; i < 3; ++i) {
     char name[FILE_NAME_MAX];
     struct stat st;
-    if (fstatat (o->fandirfd, fsc_file_name (o, sfx[i], name), &st,
+    if (fstatat (o->files.fandirfd, fsc_file_name (&o->files, sfx[i], name),
+                 &st,
                  AT_SYMLINK_NOFOLLOW) == -1)
       return false;
     ids[2 * i] = st.st_dev;
@@ -338,7 +339,7 @@ sh_run (struct fsc_object *o, int fd, unsigned type, unsigned flags,
     uint64_t end;
     if (m.type != MSG_FETCH || up == NULL || m.count > SHARE_MAX_COUNT ||
         m.count == 0 || ADD_OVERFLOW (m.offset, (uint64_t) m.count, &end) ||
-        end > o->size) {
+        end > o->geom.size) {
       errno = EPROTO;
       goto out;
     }

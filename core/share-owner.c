@@ -45,9 +45,9 @@ check_joiner (struct fsc_object *o, const struct hello *h, const void *key,
 {
   if (h->key_len != o->key_len || memcmp (key, o->key, o->key_len) != 0)
     return FSC_REJ_KEY;
-  if (h->block_size != o->block_size)
+  if (h->block_size != o->geom.block_size)
     return FSC_REJ_BLOCK_SIZE;
-  if (h->size != o->size)
+  if (h->size != o->geom.size)
     return FSC_REJ_UPSTREAM_SIZE;
   SCOPED_LOCK (&o->lock);
   if (h->gen_len != o->sb.gen_len ||
@@ -165,7 +165,7 @@ take_map (struct fsc_object *o, uint64_t gi, struct gmap *m)
   struct share_server *srv = o->share;
   memset (m, 0, sizeof *m);
   m->gi = gi;
-  if (gi >= o->ngroups || srv->ep == NULL) {
+  if (gi >= o->geom.ngroups || srv->ep == NULL) {
     errno = EINVAL;
     return -1;
   }
@@ -205,7 +205,7 @@ note_refs (struct fsc_object *o, const uint64_t *v, size_t n)
   pthread_mutex_lock (&o->lock);
   for (size_t i = 2; i < n; ++i) {
     uint64_t b = v[i];
-    if (b >= o->nblocks)
+    if (b >= o->geom.nblocks)
       continue;
     struct group *g = grp (o, GROUP_OF (b));    /* resident ones only */
     uint64_t bit = UINT64_C (1) << IDX_OF (b);
@@ -287,7 +287,7 @@ admit (struct fsc_object *o, int fd, bool *hello_counted)
   if (reason == FSC_OK)
     sh_ensure_epochs (o);
   struct welcome wel = {
-    .pid = getpid (), .block_size = o->block_size,
+    .pid = getpid (), .block_size = o->geom.block_size,
     .validate = o->sb.validate,
     .present_blocks = fsc_object_present_blocks (o),
   };
@@ -344,7 +344,7 @@ check_request (struct session *s, const struct msg *m)
   case MSG_WBEGIN:
     if ((m->type != MSG_WBEGIN && m->count > SHARE_MAX_COUNT) ||
         ADD_OVERFLOW (m->offset, (uint64_t) m->count, &end) ||
-        end > s->o->size)
+        end > s->o->geom.size)
       return REQ_REFUSE;
     break;
   case MSG_REF:
@@ -575,7 +575,7 @@ fsc_share_start (struct fsc_object *o)
     return -1;
   }
   /* We hold the index's lock: a socket there is a dead owner's. */
-  unlinkat (o->fandirfd, name, 0);
+  unlinkat (o->files.fandirfd, name, 0);
   if (bind (srv->lfd, (struct sockaddr *) &sa, sizeof sa) == -1 ||
       listen (srv->lfd, 64) == -1) {
     int e = errno;
@@ -599,7 +599,7 @@ fsc_share_start (struct fsc_object *o)
   int e = pthread_create (&srv->listener, NULL, listener, o);
   if (e != 0) {
     o->share = NULL;
-    unlinkat (o->fandirfd, name, 0);
+    unlinkat (o->files.fandirfd, name, 0);
     if (srv->ep)
       munmap (srv->ep, EPOCH_SLOTS * sizeof (uint32_t));
     close (srv->lfd);
@@ -621,7 +621,7 @@ fsc_share_stop (struct fsc_object *o)
   struct sockaddr_un sa;
   char name[64];
   if (sh_sock_addr (o, &sa, name, sizeof name) == 0)
-    unlinkat (o->fandirfd, name, 0);
+    unlinkat (o->files.fandirfd, name, 0);
 
   fsc_share_bump_all (o);              /* no map outlives its owner */
   pthread_mutex_lock (&srv->lock);

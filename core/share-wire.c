@@ -51,7 +51,7 @@ sh_sock_addr (const struct fsc_object *o, struct sockaddr_un *sa, char *name,
   memset (sa, 0, sizeof *sa);
   sa->sun_family = AF_UNIX;
   int n = snprintf (sa->sun_path, sizeof sa->sun_path, "/proc/self/fd/%d/%s",
-                    o->fandirfd, name);
+                    o->files.fandirfd, name);
   if (n < 0 || (size_t) n >= sizeof sa->sun_path) {
     errno = ENAMETOOLONG;
     return -1;

@@ -85,7 +85,8 @@ static unsigned
 block_sums (const struct fsc_object *o, uint64_t blk, uint64_t start,
             uint64_t len, const uint64_t *sums, uint64_t *vec, unsigned *k)
 {
-  const uint64_t bs = block_start (o, blk), be = block_end (o, blk);
+  const uint64_t bs = block_start (&o->geom, blk),
+    be = block_end (&o->geom, blk);
   const uint64_t lo = MAX (bs, start), hi = MIN (be, start + len);
   *k = DIV_ROUND_UP (be - bs, SUB_SIZE);
   memset (vec, 0, *k * sizeof *vec);
@@ -94,8 +95,8 @@ block_sums (const struct fsc_object *o, uint64_t blk, uint64_t start,
   const uint64_t first = (lo - start) >> SUB_SHIFT;
   for (uint64_t j = j0; j < j1; ++j)
     vec[j] = sums[first + (j - j0)];
-  unsigned p = pieces_of (o, blk, lo, hi);
-  return p == full_pieces (o, blk) ? 0 : p;
+  unsigned p = pieces_of (&o->geom, blk, lo, hi);
+  return p == full_pieces (&o->geom, blk) ? 0 : p;
 }
 
 /* Write the export's bytes [START, START+LEN) of the NB blocks from
@@ -129,7 +130,7 @@ store_blocks (struct fsc_object *o, uint64_t blk, uint64_t nb,
   /* START is a multiple of 4 KiB: its hashes go where its block's do. */
   int r = 0;
   if (fsc_data_pwrite (o, src, len, start) == -1 ||
-      fsc_io_pwrite (&o->cache->io, FSC_FILE_SUMS, o->sfd, le, k * 8,
+      fsc_io_pwrite (&o->cache->io, FSC_FILE_SUMS, o->files.sfd, le, k * 8,
                      (start >> SUB_SHIFT) * 8) == -1)
     r = -1;
   int err = errno;
@@ -182,27 +183,25 @@ merge_pieces (struct fsc_object *o, uint64_t blk, unsigned np,
   if (!was)
     return;
 
-  const uint64_t bs = block_start (o, blk), be = block_end (o, blk);
+  const uint64_t bs = block_start (&o->geom, blk),
+    be = block_end (&o->geom, blk);
   const unsigned k = DIV_ROUND_UP (be - bs, SUB_SIZE);
-  unsigned char le[8 * MAX_SUBS];
   uint64_t old[MAX_SUBS], cur[MAX_SUBS];
-  ssize_t r = fsc_io_pread (&o->cache->io, FSC_FILE_SUMS, o->sfd, le, 8 * k,
-                            sums_offset (o, blk));
-  if (r != (ssize_t) (8 * k))
+  if (fsc_sums_read (&o->cache->io, &o->files, &o->geom, blk, k, old) !=
+      (ssize_t) (8 * k))
     return;                     /* keep only the new pieces */
-  for (unsigned j = 0; j < k; ++j)
-    old[j] = cur[j] = get_le64 (le + 8 * j);
+  memcpy (cur, old, k * sizeof *cur);
   /* The new pieces' hashes are in the file already: the old pieces
    * that were fetched again hash the same unless the upstream changed
    * under us, and then the old checksum fails and only the new
    * pieces are kept.
    */
-  fsc_sums_mask (o, old, k, m->p);
+  fsc_sums_mask (&o->geom, old, k, m->p);
   if (fsc_sums_csum (old, k) != m->csum)
     return;
   unsigned mp = m->p | np;
-  fsc_sums_mask (o, cur, k, mp);
-  m->mp = mp == full_pieces (o, blk) ? 0 : mp;
+  fsc_sums_mask (&o->geom, cur, k, mp);
+  m->mp = mp == full_pieces (&o->geom, blk) ? 0 : mp;
   m->mcsum = fsc_sums_csum (cur, k);
   m->have = true;
 }
@@ -222,7 +221,8 @@ punch_stale_ends (struct fsc_object *o, uint64_t b, uint64_t n,
   const uint64_t ends[2] = { b, b + n - 1 };
   for (unsigned i = 0; i < (n > 1 ? 2u : 1u); ++i) {
     const uint64_t blk = ends[i];
-    const uint64_t bs = block_start (o, blk), be = block_end (o, blk);
+    const uint64_t bs = block_start (&o->geom, blk),
+      be = block_end (&o->geom, blk);
     if (start <= bs && start + len >= be)
       continue;                         /* whole: overwritten */
     pthread_mutex_lock (&o->lock);
@@ -324,10 +324,10 @@ static bool
 read_block (struct fsc_object *o, uint64_t blk, unsigned char *dst,
             uint64_t csum, bool zero)
 {
-  uint64_t s = block_start (o, blk), len = block_end (o, blk) - s;
+  uint64_t s = block_start (&o->geom, blk), len = block_end (&o->geom, blk) - s;
   if (zero) {
     memset (dst, 0, len);
-    return csum == zero_csum (o, blk);
+    return csum == zero_csum (&o->geom, blk);
   }
   ssize_t r = fsc_data_pread (o, dst, len, s);
   if (r != (ssize_t) len)
@@ -361,11 +361,11 @@ fsc_local_write_begin (struct fsc_object *o, uint64_t offset,
   w->count = count;
   FSC_OSTAT_ADD (o, write_requests, 1);
   FSC_OSTAT_ADD (o, write_bytes, count);
-  if (count == 0 || offset >= o->size)
+  if (count == 0 || offset >= o->geom.size)
     return 0;
-  count = MIN (count, o->size - offset);
-  const uint64_t g0 = GROUP_OF (offset >> o->bshift);
-  const uint64_t g1 = GROUP_OF ((offset + count - 1) >> o->bshift);
+  count = MIN (count, o->geom.size - offset);
+  const uint64_t g0 = GROUP_OF (offset >> o->geom.bshift);
+  const uint64_t g1 = GROUP_OF ((offset + count - 1) >> o->geom.bshift);
   /* Failing, the object is withdrawn: write_begin_pinned sees it. */
   bool pinned = fsc_groups_pin (o, g0, g1) == 0;
   int r = write_begin_pinned (o, offset, count, flags, w);
@@ -432,12 +432,13 @@ write_begin_pinned (struct fsc_object *o, uint64_t offset, uint64_t count,
 {
   bool keep = flags & FSC_WRITE_KEEP;
 
-  const uint64_t b0 = offset >> o->bshift;
-  const uint64_t b1 = (offset + count - 1) >> o->bshift;
+  const uint64_t b0 = offset >> o->geom.bshift;
+  const uint64_t b1 = (offset + count - 1) >> o->geom.bshift;
   const uint64_t g0 = GROUP_OF (b0), g1 = GROUP_OF (b1);
-  const bool head_partial = block_start (o, b0) < offset ||
-    (b0 == b1 && block_end (o, b1) > offset + count);
-  const bool tail_partial = b1 != b0 && block_end (o, b1) > offset + count;
+  const bool head_partial = block_start (&o->geom, b0) < offset ||
+    (b0 == b1 && block_end (&o->geom, b1) > offset + count);
+  const bool tail_partial = b1 != b0 &&
+    block_end (&o->geom, b1) > offset + count;
 
   pthread_mutex_lock (&o->lock);
   if (o->state != FSC_OBJ_AVAILABLE) {
@@ -445,7 +446,7 @@ write_begin_pinned (struct fsc_object *o, uint64_t offset, uint64_t count,
     o->marked = true;
     pthread_mutex_unlock (&o->lock);
     if (mark)
-      fsc_mark_stale (o);
+      fsc_mark_stale (&o->files);
     return 0;
   }
   bool first_write = !o->written;
@@ -485,14 +486,14 @@ write_begin_pinned (struct fsc_object *o, uint64_t offset, uint64_t count,
       keep = false;
   }
   if (keep && want_head) {
-    w->head = malloc (o->block_size);
+    w->head = malloc (o->geom.block_size);
     if (w->head && !read_block (o, b0, w->head, hcsum, hzero)) {
       free (w->head);
       w->head = NULL;
     }
   }
   if (keep && want_tail) {
-    w->tail = malloc (o->block_size);
+    w->tail = malloc (o->geom.block_size);
     if (w->tail && !read_block (o, b1, w->tail, tcsum, tzero)) {
       free (w->tail);
       w->tail = NULL;
@@ -550,9 +551,10 @@ write_begin_pinned (struct fsc_object *o, uint64_t offset, uint64_t count,
 static int
 punch_zero (struct fsc_object *o, uint64_t b, uint64_t n)
 {
-  uint64_t s = block_start (o, b), e = block_end (o, b + n - 1);
-  uint64_t ss = sums_offset (o, b), se = sums_offset (o, b + n);
-  if (fsc_data_punch (o, s, e - s) == -1 || punch_hole (o->sfd, ss, se - ss) == -1)
+  uint64_t s = block_start (&o->geom, b), e = block_end (&o->geom, b + n - 1);
+  uint64_t ss = sums_offset (&o->geom, b), se = sums_offset (&o->geom, b + n);
+  if (fsc_data_punch (o, s, e - s) == -1 ||
+      punch_hole (o->files.sfd, ss, se - ss) == -1)
     return -1;
   return 0;
 }
@@ -620,7 +622,7 @@ store_claimed (struct fsc_object *o, const struct fsc_write *w,
       src = w->tail;
     else {
       src = zero ? NULL
-        : (const unsigned char *) buf + (block_start (o, blk) - offset);
+        : (const unsigned char *) buf + (block_start (&o->geom, blk) - offset);
       while (j < nb && claimed[j] == 1 && !(b0 + j == b1 && w->tail))
         j++;
     }
@@ -635,14 +637,15 @@ store_claimed (struct fsc_object *o, const struct fsc_write *w,
         break;
       }
       for (uint64_t k = i; k < j; ++k) {
-        publish_store (o, w, b0 + k, zero_csum (o, b0 + k), true);
+        publish_store (o, w, b0 + k, zero_csum (&o->geom, b0 + k), true);
         claimed[k] = 0;
       }
       i = j;
       continue;
     }
     uint64_t *csums = malloc ((j - i) * sizeof *csums);
-    uint64_t s = block_start (o, blk), e = block_end (o, b0 + j - 1);
+    uint64_t s = block_start (&o->geom, blk),
+      e = block_end (&o->geom, b0 + j - 1);
     if (csums == NULL ||
         store_blocks (o, blk, j - i, s, e - s, src, csums, NULL,
                       false) == -1) {
@@ -676,30 +679,30 @@ fsc_local_write_end (struct fsc_object *o, struct fsc_write *w,
     pthread_mutex_unlock (&o->lock);
     w->counted = false;
   }
-  if (!w->keep || !upstream_ok || w->count == 0 || w->offset >= o->size)
+  if (!w->keep || !upstream_ok || w->count == 0 || w->offset >= o->geom.size)
     goto out;
 
   const bool zero = buf == NULL;        /* a zero request */
   const uint64_t offset = w->offset;
-  const uint64_t count = MIN (w->count, o->size - offset);
+  const uint64_t count = MIN (w->count, o->geom.size - offset);
   const uint64_t wend = offset + count;
-  const uint64_t b0 = offset >> o->bshift;
-  const uint64_t b1 = (wend - 1) >> o->bshift;
+  const uint64_t b0 = offset >> o->geom.bshift;
+  const uint64_t b1 = (wend - 1) >> o->geom.bshift;
   const uint64_t nb = b1 - b0 + 1;
 
   /* Build whole partial blocks from the old bytes and the new ones
    * (zeroes for a zero request).
    */
   if (w->head) {
-    uint64_t s = block_start (o, b0);
-    uint64_t e = MIN (block_end (o, b0), wend);
+    uint64_t s = block_start (&o->geom, b0);
+    uint64_t e = MIN (block_end (&o->geom, b0), wend);
     if (zero)
       memset ((unsigned char *) w->head + (offset - s), 0, e - offset);
     else
       memcpy ((unsigned char *) w->head + (offset - s), buf, e - offset);
   }
   if (w->tail) {
-    uint64_t s = block_start (o, b1);
+    uint64_t s = block_start (&o->geom, b1);
     if (zero)
       memset (w->tail, 0, wend - s);
     else
@@ -718,7 +721,8 @@ fsc_local_write_end (struct fsc_object *o, struct fsc_write *w,
   }
   for (uint64_t i = 0; i < nb; ++i) {
     uint64_t blk = b0 + i;
-    bool whole = block_start (o, blk) >= offset && block_end (o, blk) <= wend;
+    bool whole = block_start (&o->geom, blk) >= offset &&
+      block_end (&o->geom, blk) <= wend;
     const void *data = whole ? (const void *) 1
       : blk == b0 && w->head ? w->head
       : blk == b1 && w->tail ? w->tail : NULL;

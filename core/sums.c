@@ -85,22 +85,22 @@ zero_block_csum (uint64_t len)
 }
 
 void
-fsc_zero_csums (struct fsc_object *o)
+fsc_zero_csums (struct fsc_geom *g)
 {
-  o->zcsum = zero_block_csum (o->block_size);
-  o->zcsum_last = o->nblocks
-    ? zero_block_csum (o->size - block_start (o, o->nblocks - 1))
-    : o->zcsum;
+  g->zcsum = zero_block_csum (g->block_size);
+  g->zcsum_last = g->nblocks
+    ? zero_block_csum (g->size - block_start (g, g->nblocks - 1))
+    : g->zcsum;
 }
 
 /* Zero the hashes of the sub-blocks outside pieces P. */
 void
-fsc_sums_mask (const struct fsc_object *o, uint64_t *sums, unsigned k,
+fsc_sums_mask (const struct fsc_geom *g, uint64_t *sums, unsigned k,
                unsigned p)
 {
   if (p == 0)
     return;
-  const unsigned per = 1u << (o->pshift - SUB_SHIFT);
+  const unsigned per = 1u << (g->pshift - SUB_SHIFT);
   for (unsigned i = 0; i < k; ++i)
     if (!(p & (1u << (i / per))))
       sums[i] = 0;
@@ -143,7 +143,7 @@ fsc_scache_put (struct fsc_object *o, uint64_t b, uint64_t csum,
   if (o->nscache == 0) {
     /* Room for every block of a small export, SCACHE_MAX at most. */
     size_t n = 1;
-    while (n < SCACHE_MAX && n < o->nblocks)
+    while (n < SCACHE_MAX && n < o->geom.nblocks)
       n *= 2;
     o->scache = malloc (n * sizeof *o->scache);
     if (o->scache == NULL)
@@ -157,4 +157,35 @@ fsc_scache_put (struct fsc_object *o, uint64_t b, uint64_t csum,
   e->csum = csum;
   e->pieces = pieces;
   memcpy (e->sums, sums, k * sizeof *sums);
+}
+
+ssize_t
+fsc_sums_read (struct fsc_io *io, const struct fsc_files *f,
+               const struct fsc_geom *g, uint64_t b, unsigned k,
+               uint64_t *sums)
+{
+  unsigned char le[8 * MAX_SUBS];
+  if (k > MAX_SUBS) {
+    errno = EINVAL;
+    return -1;
+  }
+  ssize_t r = fsc_io_pread (io, FSC_FILE_SUMS, f->sfd, le, 8 * k,
+                            sums_offset (g, b));
+  if (r == -1)
+    return -1;
+  memset (le + r, 0, 8 * k - r);
+  for (unsigned i = 0; i < k; ++i)
+    sums[i] = get_le64 (le + 8 * i);
+  return r;
+}
+
+bool
+fsc_sums_check_subs (const uint64_t *sums, unsigned s0,
+                     const unsigned char *data, uint64_t len)
+{
+  for (uint64_t off = 0; off < len; off += SUB_SIZE)
+    if (XXH3_64bits (data + off, MIN ((uint64_t) SUB_SIZE, len - off)) !=
+        sums[s0 + (off >> SUB_SHIFT)])
+      return false;
+  return true;
 }

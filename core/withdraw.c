@@ -41,18 +41,19 @@ fsc_withdraw (struct fsc_object *o, int err)
    * trust it later.  Best effort: if even unlink fails the disk is
    * gone, and the next open will validate whatever is left.
    */
-  if (o->fandirfd >= 0) {
-    fsc_unlink_file (o, ".idx");
+  if (o->files.fandirfd >= 0) {
+    fsc_unlink_file (&o->files, ".idx");
     fsc_data_unlink (o);
-    fsc_unlink_file (o, ".sums");
-    fsc_unlink_file (o, ".stale");
+    fsc_unlink_file (&o->files, ".sums");
+    fsc_unlink_file (&o->files, ".stale");
   }
 }
 
 bool
 fsc_object_check_stale (struct fsc_object *o)
 {
-  if (fsc_object_state (o) != FSC_OBJ_AVAILABLE || !fsc_stale_marked (o))
+  if (fsc_object_state (o) != FSC_OBJ_AVAILABLE
+      || !fsc_stale_marked (&o->files))
     return false;
   fsc_withdraw (o, ESTALE);         /* also removes the mark */
   return true;
