@@ -469,11 +469,25 @@ fsc_cache_close (struct fsc_cache *cache)
   nobj = 0;
   for (struct fsc_object *o = cache->objects; objs && o && nobj < cap;
        o = o->next)
-    if (!o->join && o->share && !o->lingering && !o->closing)
+    if (!o->join && o->share && !o->lingering && !o->closing &&
+        o->refs > 0) {
+      /* Held across the stop.  A joiner's connection may end on its
+       * own just now: its thread then drops its reference (it has not
+       * seen the stop), and were that the last one, it would close the
+       * object and stop the server a second time, beside this stop:
+       * a listener joined twice (a hang at exit), a server freed under
+       * it (tests/unit-object.c, test_share_partial's end, hung about
+       * one run in three).  With this reference, the last close is
+       * ours, after the stop.
+       */
+      o->refs++;
       objs[nobj++] = o;         /* (the others' reclaimer does it) */
+    }
   pthread_mutex_unlock (&cache->lock);
-  for (size_t i = 0; i < nobj; ++i)
+  for (size_t i = 0; i < nobj; ++i) {
     fsc_share_stop (objs[i]);
+    fsc_object_close (objs[i]);
+  }
   free (objs);
   stop_walks (cache);
   for (;;) {

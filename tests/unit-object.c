@@ -907,6 +907,109 @@ test_share (void)
   fsc_cache_close (c2);
 }
 
+/* A joiner's direct hit on part of a block (64K blocks): the
+ * sub-blocks it serves are checked with the owner's sums file, as the
+ * owner's own partial hits are (sums.c, fsc_sums_read and
+ * fsc_sums_check_subs).  Served from the files, right; and a sub-block
+ * damaged on disk is not served from them: the read goes to the
+ * owner, which finds the damage and fetches the block again.
+ */
+static void
+test_share_partial (void)
+{
+  const uint64_t B = 65536, S = 1024 * 1024;
+  struct fsc_object_params pq = {
+    .key = "kq", .key_len = 2, .block_size = B, .size = S,
+    .verify = true, .validate = FSC_VALIDATE_SIZE,
+  };
+  char name[FSC_NAME_MAX + 1], fan[FSC_FAN_MAX + 1], pd[512];
+  struct fsc_open_info info;
+  struct fsc_stats st0, st1;
+  unsigned char got[4096];
+
+  alarm (120);                          /* its end once hung: fail */
+  fsc_key_encode ("kq", 2, name, fan);
+  snprintf (pd, sizeof pd, "%s/objects/%s/%s.data", dir, fan, name);
+  struct fsc_cache *c1 = open_cache (NULL), *c2 = open_cache (NULL);
+  struct fsc_object *o1, *o2;
+  CHECK (fsc_object_open (c1, &pq, &o1, &info) == 0);
+  CHECK (!info.joined);
+  /* Whole blocks, as a stream takes them. */
+  static unsigned char whole[65536];
+  for (uint64_t off = 0; off < S; off += B)
+    CHECK (fsc_object_read (o1, whole, B, off, &up,
+                            FSC_READ_SEQUENTIAL) == 0);
+  fsc_object_drain (o1);
+  CHECK (fsc_object_commit (o1) == 0);
+  CHECK_EQ (fsc_object_present_blocks (o1), S / B);
+  CHECK (fsc_object_open (c2, &pq, &o2, &info) == 0);
+  CHECK (info.joined);
+
+  /* Parts of blocks, sub-block aligned: from the files, right. */
+  fsc_cache_stats (c2, &st0);
+  up_bytes = 0;
+  for (uint64_t blk = 0; blk < S / B; ++blk) {
+    uint64_t off = blk * B + 8192;
+    CHECK (fsc_object_read (o2, got, 4096, off, &up, 0) == 0);
+    CHECK (memcmp (got, upstream + off, 4096) == 0);
+  }
+  CHECK_EQ (up_bytes, 0);
+  fsc_cache_stats (c2, &st1);
+  CHECK_EQ (st1.share_direct_bytes - st0.share_direct_bytes,
+            (S / B) * 4096);
+
+  /* A sub-block damaged on disk: not served from the files. */
+  int fd = open (pd, O_WRONLY);
+  CHECK (fd >= 0);
+  unsigned char bad[16];
+  memset (bad, 0xa5, sizeof bad);
+  CHECK (pwrite (fd, bad, sizeof bad, 3 * B + 8192 + 100) == sizeof bad);
+  CHECK (fsync (fd) == 0);
+  close (fd);
+  fsc_cache_stats (c2, &st0);
+  up_bytes = 0;
+  CHECK (fsc_object_read (o2, got, 4096, 3 * B + 8192, &up, 0) == 0);
+  CHECK (memcmp (got, upstream + 3 * B + 8192, 4096) == 0);
+  CHECK (up_bytes > 0);                 /* the owner fetched it again */
+  fsc_cache_stats (c2, &st1);
+  CHECK_EQ (st1.share_direct_bytes, st0.share_direct_bytes);
+
+  fsc_object_close (o2);
+  fsc_cache_close (c2);
+  fsc_object_close (o1);
+  fsc_cache_close (c1);
+  alarm (0);
+}
+
+/* The owner's cache closes as a joiner's connection ends: the owner's
+ * connection thread may drop the object's last other reference just
+ * as the cache's close stops the object's server.  It then closed the
+ * object itself and stopped the server a second time, joining a
+ * listener already joined (a hang, or a server already freed).  Many
+ * rounds, with an alarm: a hang fails the test instead of stalling
+ * the suite.
+ */
+static void
+test_share_close_race (void)
+{
+  struct fsc_open_info info;
+  unsigned char b[BS];
+  alarm (120);
+  for (int i = 0; i < 200; ++i) {
+    struct fsc_cache *c1 = open_cache (NULL), *c2 = open_cache (NULL);
+    struct fsc_object *o1 = open_obj (c1, &info, "race", SIZE);
+    struct fsc_object *o2 = open_obj (c2, &info, "race", SIZE);
+    CHECK (info.joined);
+    CHECK (fsc_object_read (o2, b, BS, (uint64_t) (i % 16) * BS, &up, 0) == 0);
+    CHECK (memcmp (b, upstream + (i % 16) * BS, BS) == 0);
+    fsc_object_close (o2);
+    fsc_cache_close (c2);
+    fsc_object_close (o1);
+    fsc_cache_close (c1);
+  }
+  alarm (0);
+}
+
 int
 main (void)
 {
@@ -1431,6 +1534,8 @@ main (void)
   test_counters ();
   test_paging ();
   test_share ();
+  test_share_partial ();
+  test_share_close_race ();
 
   /* A world-writable cache directory is refused. */
   CHECK (chmod (dir, 0777) == 0);
