@@ -24,8 +24,8 @@
  *
  * The committer reaches objects through five calls only
  * (fsc_object_check_stale, fsc_object_has_dirty, fsc_object_commit,
- * fsc_object_check_budget, fsc_object_close); objects reach the cache through fsc_scratch,
- * fsc_cache_kick and the fill queue.
+ * fsc_object_check_budget, fsc_object_close); objects reach it through
+ * the committer's kick (commit.c) and the fill queue.
  */
 #include <config.h>
 
@@ -331,7 +331,7 @@ each_object (struct fsc_cache *cache, bool budgets)
      * (groups.c); a request pages out only while it pins new groups.
      */
     pthread_mutex_lock (&objs[i]->lock);
-    if (objs[i]->ngalloc > objs[i]->res_max)
+    if (objs[i]->pager.ngalloc > objs[i]->pager.res_max)
       fsc_groups_trim (objs[i]);
     pthread_mutex_unlock (&objs[i]->lock);
     /* The counters ride on commits: an object only read from (hits)
@@ -415,7 +415,7 @@ stop_walks (struct fsc_cache *cache)
     for (struct fsc_object *o = cache->objects; o && !walking; o = o->next)
       if (!o->join) {
         SCOPED_LOCK (&o->lock);
-        walking = o->reclaim_running;
+        walking = o->reclaim.running;
       }
     if (!walking ||
         pthread_cond_timedwait (&cache->ready_cond, &cache->lock,

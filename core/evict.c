@@ -21,9 +21,9 @@
  * caller's hint) set no bit, and neither does the first hit of a block
  * a prefetch brought (group.unread: that is its first use, not a
  * reuse).  A block filled goes on probation, a FIFO of block numbers
- * (obj->pq).  Victims come from probation first, oldest first: blocks
+ * (obj->evict.pq).  Victims come from probation first, oldest first: blocks
  * hit since they arrived are promoted to the main set, the others
- * evicted and, if they were ever read, remembered as ghosts (obj->gq,
+ * evicted and, if they were ever read, remembered as ghosts (obj->evict.gq,
  * a budget's worth); a ghost filled again skips probation, since it
  * was reused, only later than probation lasted.  So a scan, whose
  * blocks nobody hits again, only churns probation, and the hot set in
@@ -144,8 +144,8 @@ fsc_object_allocated (struct fsc_object *o)
 uint64_t
 fsc_budget_of (const struct fsc_object *o)
 {
-  uint64_t b = o->max_size ? o->max_size : UINT64_MAX;
-  return MIN (b, o->quota);
+  uint64_t b = o->evict.max_size ? o->evict.max_size : UINT64_MAX;
+  return MIN (b, o->evict.quota);
 }
 
 /* How far under budget an eviction goes: a batch, so that evictions
@@ -164,15 +164,15 @@ queue_punch (struct fsc_object *o, uint64_t gi)
   struct group *g = grp (o, gi);
   if (g->on_punch)
     return 0;
-  if (o->npunch == o->punch_cap) {
-    size_t ncap = o->punch_cap ? o->punch_cap * 2 : 16;
-    uint64_t *p = realloc (o->punch, ncap * sizeof *p);
+  if (o->evict.npunch == o->evict.punch_cap) {
+    size_t ncap = o->evict.punch_cap ? o->evict.punch_cap * 2 : 16;
+    uint64_t *p = realloc (o->evict.punch, ncap * sizeof *p);
     if (p == NULL)
       return -1;
-    o->punch = p;
-    o->punch_cap = ncap;
+    o->evict.punch = p;
+    o->evict.punch_cap = ncap;
   }
-  o->punch[o->npunch++] = gi;
+  o->evict.punch[o->evict.npunch++] = gi;
   g->on_punch = true;
   return 0;
 }
@@ -240,12 +240,13 @@ fsc_note_filled (struct fsc_object *o, uint64_t b, bool prefetched)
   /* Into the probation FIFO (without memory it stays a main block).
    * Stale entries make it longer than probation; 4 budgets bound it.
    */
-  if (ring_push (&o->pq, &o->pq_head, &o->pq_len, &o->pq_cap,
+  struct fsc_evict *ev = &o->evict;
+  if (ring_push (&ev->pq, &ev->pq_head, &ev->pq_len, &ev->pq_cap,
                  MIN (4 * budget_blocks (o, budget), QUEUE_MAX), b,
                  &dropped) == -1)
     return;
   g->probation |= bit;
-  o->nprobation++;
+  o->evict.nprobation++;
   if (dropped != UINT64_MAX) {
     /* The oldest entry fell off: its block, if still on probation,
      * becomes a main block.
@@ -254,7 +255,7 @@ fsc_note_filled (struct fsc_object *o, uint64_t b, bool prefetched)
     uint64_t dbit = BIT_OF (dropped);
     if (dropped != b && dg && (dg->probation & dbit)) {
       dg->probation &= ~dbit;           /* probation implies present */
-      o->nprobation--;
+      o->evict.nprobation--;
     }
   }
 }
@@ -264,7 +265,8 @@ static void
 note_ghost (struct fsc_object *o, uint64_t b, uint64_t budget)
 {
   uint64_t dropped;
-  if (ring_push (&o->gq, &o->gq_head, &o->gq_len, &o->gq_cap,
+  struct fsc_evict *ev = &o->evict;
+  if (ring_push (&ev->gq, &ev->gq_head, &ev->gq_len, &ev->gq_cap,
                  MIN (budget_blocks (o, budget), QUEUE_MAX), b,
                  &dropped) == -1)
     return;
@@ -339,10 +341,11 @@ sweep (struct fsc_object *o, uint64_t want, uint64_t need, uint64_t budget,
 
   /* Probation first, oldest first. */
   {
-    for (size_t n = o->pq_len; freed < want && n > 0 && o->pq_len > 0; --n) {
-      uint64_t b = o->pq[o->pq_head];
-      o->pq_head = (o->pq_head + 1) % o->pq_cap;
-      o->pq_len--;
+    for (size_t n = o->evict.pq_len;
+         freed < want && n > 0 && o->evict.pq_len > 0; --n) {
+      uint64_t b = o->evict.pq[o->evict.pq_head];
+      o->evict.pq_head = (o->evict.pq_head + 1) % o->evict.pq_cap;
+      o->evict.pq_len--;
       uint64_t gi = GROUP_OF (b), bit = BIT_OF (b);
       struct group *g = grp (o, gi);
       if (g == NULL || !(g->present & g->probation & bit & ~g->zero))
@@ -351,7 +354,7 @@ sweep (struct fsc_object *o, uint64_t want, uint64_t need, uint64_t budget,
         /* Hit again since it came (or busy): promoted to main. */
         g->probation &= ~bit;
         g->referenced &= ~bit;
-        o->nprobation--;
+        o->evict.nprobation--;
         FSC_STAT_ADD (&o->cache->stats, promoted_blocks, 1);
         continue;
       }
@@ -371,12 +374,13 @@ sweep (struct fsc_object *o, uint64_t want, uint64_t need, uint64_t budget,
    * set pays as little as it can.
    */
   for (uint64_t visited = 0;
-       freed < need && visited <= 2 * o->ngalloc; ++visited) {
+       freed < need && visited <= 2 * o->pager.ngalloc; ++visited) {
     /* The hand visits allocated groups only (groups.c). */
-    uint64_t gi = fsc_grp_next (o, o->hand < o->geom.ngroups ? o->hand : 0);
+    uint64_t gi = fsc_grp_next (o, o->evict.hand < o->geom.ngroups
+                                ? o->evict.hand : 0);
     if (gi >= o->geom.ngroups && (gi = fsc_grp_next (o, 0)) >= o->geom.ngroups)
       break;
-    o->hand = gi + 1;
+    o->evict.hand = gi + 1;
     struct group *g = grp (o, gi);
     /* Zero blocks hold no space: evicting them would free nothing. */
     uint64_t cand = g->present & ~g->fetching & ~g->zero;
@@ -406,10 +410,10 @@ static int
 punch_queued (struct fsc_object *o)
 {
   pthread_mutex_lock (&o->lock);
-  size_t n = o->npunch;
-  uint64_t *gis = o->punch;
-  o->punch = NULL;
-  o->npunch = o->punch_cap = 0;
+  size_t n = o->evict.npunch;
+  uint64_t *gis = o->evict.punch;
+  o->evict.punch = NULL;
+  o->evict.npunch = o->evict.punch_cap = 0;
   pthread_mutex_unlock (&o->lock);
 
   int r = 0, e = 0;
@@ -478,9 +482,9 @@ punch_queued (struct fsc_object *o)
 }
 
 /* Make LEN more bytes fit in the budget, evicting (down to a slack
- * under it) if they do not, and reserve them (o->pending_alloc) in the
+ * under it) if they do not, and reserve them (o->evict.pending_alloc) in the
  * same critical section as the check, so that two writers cannot both
- * pass it: one evictor or checker at a time (o->evicting).  Returns 0
+ * pass it: one evictor or checker at a time (o->evict.evicting).  Returns 0
  * (reserved), or -1 with errno (EAGAIN: could not get under budget;
  * else the object was withdrawn or punching failed).
  */
@@ -491,16 +495,16 @@ shrink (struct fsc_object *o, uint64_t len, bool scan)
 
   pthread_mutex_lock (&o->lock);
   for (int round = 0; ; ++round) {
-    while (o->evicting)
+    while (o->evict.evicting)
       pthread_cond_wait (&o->cond, &o->lock);
     uint64_t budget = fsc_budget_of (o);
-    uint64_t pend = o->pending_alloc;
+    uint64_t pend = o->evict.pending_alloc;
     if (budget == UINT64_MAX || o->state != FSC_OBJ_AVAILABLE) {
-      o->pending_alloc += len;
+      o->evict.pending_alloc += len;
       pthread_mutex_unlock (&o->lock);
       return 0;
     }
-    o->evicting = true;
+    o->evict.evicting = true;
     pthread_mutex_unlock (&o->lock);
 
     uint64_t used = fsc_object_allocated (o) + pend;
@@ -511,7 +515,8 @@ shrink (struct fsc_object *o, uint64_t len, bool scan)
       uint64_t need = used + len - budget;
       uint64_t want = need + MIN (slack, budget - len);
       pthread_mutex_lock (&o->lock);
-      bool paged_out = o->nonres_blocks > 0 || o->census_next < o->geom.ngroups;
+      bool paged_out = o->pager.nonres_blocks > 0 ||
+        o->pager.census_next < o->geom.ngroups;
       /* With blocks in groups not in memory (groups.c), the main set
        * in memory is the part somebody used lately: those not in
        * memory are the colder victims.  So the first sweep takes only
@@ -523,7 +528,7 @@ shrink (struct fsc_object *o, uint64_t len, bool scan)
        */
       uint64_t got = sweep (o, want, paged_out ? 0 : need, budget, scan);
       uint64_t target = o->change_seq;
-      uint64_t from = o->lhand;
+      uint64_t from = o->evict.lhand;
       pthread_mutex_unlock (&o->lock);
       if (got < need && paged_out) {
         uint64_t start;
@@ -531,8 +536,8 @@ shrink (struct fsc_object *o, uint64_t len, bool scan)
                                            PAGE_IN_GROUPS) == 0;
         pthread_mutex_lock (&o->lock);
         if (read_in) {
-          o->lhand = from;
-          o->hand = start;
+          o->evict.lhand = from;
+          o->evict.hand = start;
         }
         /* If reading failed, the resident main set it is. */
         got += sweep (o, want - MIN (got, want), need - got, budget, scan);
@@ -549,7 +554,7 @@ shrink (struct fsc_object *o, uint64_t len, bool scan)
     int e = errno;
 
     pthread_mutex_lock (&o->lock);
-    o->evicting = false;
+    o->evict.evicting = false;
     pthread_cond_broadcast (&o->cond);
     if (r == -1) {
       pthread_mutex_unlock (&o->lock);
@@ -557,7 +562,7 @@ shrink (struct fsc_object *o, uint64_t len, bool scan)
       return -1;
     }
     if (fits) {
-      o->pending_alloc += len;
+      o->evict.pending_alloc += len;
       pthread_mutex_unlock (&o->lock);
       return 0;
     }
@@ -597,10 +602,10 @@ void
 fsc_room_done (struct fsc_object *o, uint64_t len)
 {
   SCOPED_LOCK (&o->lock);
-  o->pending_alloc -= MIN (len, o->pending_alloc);
+  o->evict.pending_alloc -= MIN (len, o->evict.pending_alloc);
 }
 
-/* Read NAME.quota if it changed since the last look; set o->quota
+/* Read NAME.quota if it changed since the last look; set o->evict.quota
  * (UINT64_MAX: none).  A malformed record counts as none.
  */
 static void
@@ -613,9 +618,9 @@ read_quota (struct fsc_object *o)
   fsc_file_name (&o->files, ".quota", name);
   if (fstatat (o->files.fandirfd, name, &st, AT_SYMLINK_NOFOLLOW) == 0) {
     pthread_mutex_lock (&o->lock);
-    bool same = st.st_ino == o->quota_ino &&
-      st.st_mtim.tv_sec == o->quota_mtime.tv_sec &&
-      st.st_mtim.tv_nsec == o->quota_mtime.tv_nsec;
+    bool same = st.st_ino == o->evict.quota_ino &&
+      st.st_mtim.tv_sec == o->evict.quota_mtime.tv_sec &&
+      st.st_mtim.tv_nsec == o->evict.quota_mtime.tv_nsec;
     pthread_mutex_unlock (&o->lock);
     if (same)
       return;
@@ -630,9 +635,9 @@ read_quota (struct fsc_object *o)
     else if (n < 0 || fsc_quota_decode (buf, (size_t) n, &q) == -1) {
       q = UINT64_MAX;
       pthread_mutex_lock (&o->lock);
-      if (!o->quota_bad_said)
+      if (!o->evict.quota_bad_said)
         o->notices |= FSC_NOTICE_BADQUOTA;
-      o->quota_bad_said = true;
+      o->evict.quota_bad_said = true;
       pthread_mutex_unlock (&o->lock);
     }
   }
@@ -640,11 +645,11 @@ read_quota (struct fsc_object *o)
     memset (&st, 0, sizeof st);
 
   pthread_mutex_lock (&o->lock);
-  o->quota_ino = st.st_ino;
-  o->quota_mtime = st.st_mtim;
-  if (o->quota != q)
+  o->evict.quota_ino = st.st_ino;
+  o->evict.quota_mtime = st.st_mtim;
+  if (o->evict.quota != q)
     FSC_STAT_ADD (&o->cache->stats, quota_changes, 1);
-  o->quota = q;
+  o->evict.quota = q;
   pthread_mutex_unlock (&o->lock);
 }
 

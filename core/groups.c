@@ -61,31 +61,31 @@ fsc_gtable_init (struct fsc_object *o)
    * that an 8 EiB export does not take 2^26 of them (or 2^30 with
    * 4 KiB blocks).  grp and fsc_grp_alloc check the range.
    */
-  o->ntop = o->geom.size > FSC_OBJECT_SIZE_MAX ? 1
+  o->pager.ntop = o->geom.size > FSC_OBJECT_SIZE_MAX ? 1
     : DIV_ROUND_UP (o->geom.ngroups, (uint64_t) GT_LEAF * GT_MID);
-  if (o->ntop == 0)
-    o->ntop = 1;
-  o->gtop = calloc (o->ntop, sizeof *o->gtop);
-  o->ngalloc = 0;
-  return o->gtop ? 0 : -1;
+  if (o->pager.ntop == 0)
+    o->pager.ntop = 1;
+  o->pager.gtop = calloc (o->pager.ntop, sizeof *o->pager.gtop);
+  o->pager.ngalloc = 0;
+  return o->pager.gtop ? 0 : -1;
 }
 
 struct group *
 fsc_grp_alloc (struct fsc_object *o, uint64_t gi)
 {
-  if (gi >> (GT_LEAF_SHIFT + GT_MID_SHIFT) >= o->ntop) {
+  if (gi >> (GT_LEAF_SHIFT + GT_MID_SHIFT) >= o->pager.ntop) {
     errno = EFBIG;              /* too large to cache (fsc_gtable_init) */
     return NULL;
   }
-  struct gmid **mp = &o->gtop[gi >> (GT_LEAF_SHIFT + GT_MID_SHIFT)];
+  struct gmid **mp = &o->pager.gtop[gi >> (GT_LEAF_SHIFT + GT_MID_SHIFT)];
   if (*mp == NULL && (*mp = calloc (1, sizeof **mp)) == NULL)
     return NULL;
   struct gleaf **lp = &(*mp)->l[(gi >> GT_LEAF_SHIFT) & (GT_MID - 1)];
   if (*lp == NULL) {
-    if (o->lfree) {
-      *lp = o->lfree;
-      o->lfree = *(struct gleaf **) o->lfree;
-      o->nlfree--;
+    if (o->pager.lfree) {
+      *lp = o->pager.lfree;
+      o->pager.lfree = *(struct gleaf **) o->pager.lfree;
+      o->pager.nlfree--;
       memset (*lp, 0, sizeof **lp);
     }
     else if ((*lp = calloc (1, sizeof **lp)) == NULL)
@@ -93,16 +93,16 @@ fsc_grp_alloc (struct fsc_object *o, uint64_t gi)
   }
   struct group **gp = &(*lp)->g[gi & (GT_LEAF - 1)];
   if (*gp == NULL) {
-    if (o->gfree) {
-      *gp = o->gfree;
-      o->gfree = *(struct group **) o->gfree;
-      o->ngfree--;
+    if (o->pager.gfree) {
+      *gp = o->pager.gfree;
+      o->pager.gfree = *(struct group **) o->pager.gfree;
+      o->pager.ngfree--;
       memset (*gp, 0, sizeof **gp);
     }
     else if ((*gp = calloc (1, sizeof **gp)) == NULL)
       return NULL;
     (*lp)->n++;
-    o->ngalloc++;
+    o->pager.ngalloc++;
   }
   return *gp;
 }
@@ -111,9 +111,9 @@ uint64_t
 fsc_grp_next (const struct fsc_object *o, uint64_t gi)
 {
   while (gi < o->geom.ngroups) {
-    if (gi >> (GT_LEAF_SHIFT + GT_MID_SHIFT) >= o->ntop)
+    if (gi >> (GT_LEAF_SHIFT + GT_MID_SHIFT) >= o->pager.ntop)
       break;
-    const struct gmid *m = o->gtop[gi >> (GT_LEAF_SHIFT + GT_MID_SHIFT)];
+    const struct gmid *m = o->pager.gtop[gi >> (GT_LEAF_SHIFT + GT_MID_SHIFT)];
     if (m == NULL) {
       gi = ((gi >> (GT_LEAF_SHIFT + GT_MID_SHIFT)) + 1)
         << (GT_LEAF_SHIFT + GT_MID_SHIFT);
@@ -134,10 +134,10 @@ fsc_grp_next (const struct fsc_object *o, uint64_t gi)
 void
 fsc_gtable_free (struct fsc_object *o)
 {
-  if (o->gtop == NULL)
+  if (o->pager.gtop == NULL)
     return;
-  for (uint64_t t = 0; t < o->ntop; ++t) {
-    struct gmid *m = o->gtop[t];
+  for (uint64_t t = 0; t < o->pager.ntop; ++t) {
+    struct gmid *m = o->pager.gtop[t];
     if (m == NULL)
       continue;
     for (unsigned i = 0; i < GT_MID; ++i) {
@@ -150,20 +150,20 @@ fsc_gtable_free (struct fsc_object *o)
     }
     free (m);
   }
-  free (o->gtop);
-  o->gtop = NULL;
-  o->ngalloc = 0;
-  while (o->gfree) {
-    struct group *g = o->gfree;
-    o->gfree = *(struct group **) g;
+  free (o->pager.gtop);
+  o->pager.gtop = NULL;
+  o->pager.ngalloc = 0;
+  while (o->pager.gfree) {
+    struct group *g = o->pager.gfree;
+    o->pager.gfree = *(struct group **) g;
     free (g);
   }
-  while (o->lfree) {
-    struct gleaf *l = o->lfree;
-    o->lfree = *(struct gleaf **) l;
+  while (o->pager.lfree) {
+    struct gleaf *l = o->pager.lfree;
+    o->pager.lfree = *(struct gleaf **) l;
     free (l);
   }
-  o->ngfree = o->nlfree = 0;
+  o->pager.ngfree = o->pager.nlfree = 0;
 }
 
 /*----------------------------------------------------------------------
@@ -235,17 +235,17 @@ static void
 nonres_adjust (struct fsc_object *o, uint64_t gi, const struct group *g,
                int sign)
 {
-  if (gi >= o->census_next)
+  if (gi >= o->pager.census_next)
     return;
   uint64_t blocks, bytes;
   fsc_group_count (o, gi, g, &blocks, &bytes);
   if (sign > 0) {
-    o->nonres_blocks += blocks;
-    o->nonres_bytes += bytes;
+    o->pager.nonres_blocks += blocks;
+    o->pager.nonres_bytes += bytes;
   }
   else {
-    o->nonres_blocks -= MIN (blocks, o->nonres_blocks);
-    o->nonres_bytes -= MIN (bytes, o->nonres_bytes);
+    o->pager.nonres_blocks -= MIN (blocks, o->pager.nonres_blocks);
+    o->pager.nonres_bytes -= MIN (bytes, o->pager.nonres_bytes);
   }
 }
 
@@ -290,12 +290,12 @@ fill_placeholders (struct fsc_object *o, uint64_t g0, uint64_t g1,
       if (g->counted) {
         uint64_t blocks, bytes;
         fsc_group_count (o, gi, g, &blocks, &bytes);
-        o->nonres_blocks -= MIN (blocks, o->nonres_blocks);
-        o->nonres_bytes -= MIN (bytes, o->nonres_bytes);
+        o->pager.nonres_blocks -= MIN (blocks, o->pager.nonres_blocks);
+        o->pager.nonres_bytes -= MIN (bytes, o->pager.nonres_bytes);
       }
     }
     g->loading = false;
-    o->pager_events++;
+    o->pager.pager_events++;
   }
 }
 
@@ -332,7 +332,7 @@ fsc_groups_pin (struct fsc_object *o, uint64_t g0, uint64_t g1)
       }
       /* Nothing to read for an object that is not in use. */
       g->loading = o->state == FSC_OBJ_AVAILABLE;
-      g->counted = gi < o->census_next;
+      g->counted = gi < o->pager.census_next;
       mine[gi - g0] = g->loading;
       load |= g->loading;
     }
@@ -342,7 +342,7 @@ fsc_groups_pin (struct fsc_object *o, uint64_t g0, uint64_t g1)
     pinned[gi - g0] = 1;
     g->touched = true;
   }
-  if (o->ngalloc > o->res_max)
+  if (o->pager.ngalloc > o->pager.res_max)
     fsc_groups_trim (o);
   pthread_mutex_unlock (&o->lock);
 
@@ -447,9 +447,9 @@ static void
 page_out (struct fsc_object *o, uint64_t gi, struct group *g)
 {
   nonres_adjust (o, gi, g, +1);
-  o->nprobation -= MIN (o->nprobation,
+  o->evict.nprobation -= MIN (o->evict.nprobation,
                         (uint64_t) __builtin_popcountll (g->probation));
-  struct gmid *m = o->gtop[gi >> (GT_LEAF_SHIFT + GT_MID_SHIFT)];
+  struct gmid *m = o->pager.gtop[gi >> (GT_LEAF_SHIFT + GT_MID_SHIFT)];
   struct gleaf **lp = &m->l[(gi >> GT_LEAF_SHIFT) & (GT_MID - 1)];
   (*lp)->g[gi & (GT_LEAF - 1)] = NULL;
   /* A few are kept for reuse rather than freed: groups come and go by
@@ -460,24 +460,24 @@ page_out (struct fsc_object *o, uint64_t gi, struct group *g)
    * 131072 against 262144 groups, 52 against 63 MiB.)
    */
   if (--(*lp)->n == 0) {
-    if (o->nlfree < FREE_LEAVES_MAX) {
-      *(struct gleaf **) *lp = o->lfree;
-      o->lfree = *lp;
-      o->nlfree++;
+    if (o->pager.nlfree < FREE_LEAVES_MAX) {
+      *(struct gleaf **) *lp = o->pager.lfree;
+      o->pager.lfree = *lp;
+      o->pager.nlfree++;
     }
     else
       free (*lp);
     *lp = NULL;
   }
-  if (o->ngfree < FREE_GROUPS_MAX) {
-    *(struct group **) g = o->gfree;
-    o->gfree = g;
-    o->ngfree++;
+  if (o->pager.ngfree < FREE_GROUPS_MAX) {
+    *(struct group **) g = o->pager.gfree;
+    o->pager.gfree = g;
+    o->pager.ngfree++;
   }
   else
     free (g);
-  o->ngalloc--;
-  o->pager_events++;
+  o->pager.ngalloc--;
+  o->pager.pager_events++;
 }
 
 void
@@ -485,12 +485,13 @@ fsc_groups_trim (struct fsc_object *o)
 {
   if (o->committing)
     return;
-  for (uint64_t visits = 2 * o->ngalloc + 1;
-       o->ngalloc > o->res_max && visits > 0; --visits) {
-    uint64_t gi = fsc_grp_next (o, o->phand < o->geom.ngroups ? o->phand : 0);
+  for (uint64_t visits = 2 * o->pager.ngalloc + 1;
+       o->pager.ngalloc > o->pager.res_max && visits > 0; --visits) {
+    uint64_t gi = fsc_grp_next (o, o->pager.phand < o->geom.ngroups
+                                ? o->pager.phand : 0);
     if (gi >= o->geom.ngroups && (gi = fsc_grp_next (o, 0)) >= o->geom.ngroups)
       break;
-    o->phand = gi + 1;
+    o->pager.phand = gi + 1;
     struct group *g = grp (o, gi);
     if (!idle (g))
       continue;
@@ -555,7 +556,7 @@ fsc_groups_census (struct fsc_object *o)
   for (;;) {
     pthread_mutex_lock (&o->lock);
     bool go = gi < o->geom.ngroups && o->state == FSC_OBJ_AVAILABLE &&
-      !o->reclaim_stop;
+      !o->reclaim.stop;
     pthread_mutex_unlock (&o->lock);
     if (!go)
       break;
@@ -573,7 +574,7 @@ fsc_groups_census (struct fsc_object *o)
       : ((uint64_t) d - FSC_GROUPS_OFFSET) / gsize;
     if (next > gi) {
       pthread_mutex_lock (&o->lock);
-      o->census_next = MIN (next, o->geom.ngroups);
+      o->pager.census_next = MIN (next, o->geom.ngroups);
       pthread_mutex_unlock (&o->lock);
       gi = next;
       if (gi >= o->geom.ngroups)
@@ -581,14 +582,14 @@ fsc_groups_census (struct fsc_object *o)
     }
     uint64_t n = MIN (chunk, o->geom.ngroups - gi);
     pthread_mutex_lock (&o->lock);
-    uint64_t events = o->pager_events;
+    uint64_t events = o->pager.pager_events;
     pthread_mutex_unlock (&o->lock);
     if (read_records (o, gi, n, buf) == -1) {
       r = -1;
       break;
     }
     pthread_mutex_lock (&o->lock);
-    if (o->pager_events != events) {
+    if (o->pager.pager_events != events) {
       /* A group of the chunk may have been read in, changed and paged
        * out meanwhile: what we read may be older than its record.
        * Again, in smaller chunks, so that a busy pager cannot starve
@@ -610,17 +611,17 @@ fsc_groups_census (struct fsc_object *o)
       fsc_group_from_rec (o, &tmp, &rec, 0);
       uint64_t blocks, bytes;
       fsc_group_count (o, gi + k, &tmp, &blocks, &bytes);
-      o->nonres_blocks += blocks;
-      o->nonres_bytes += bytes;
+      o->pager.nonres_blocks += blocks;
+      o->pager.nonres_bytes += bytes;
     }
     gi += n;
-    o->census_next = gi;
+    o->pager.census_next = gi;
     pthread_mutex_unlock (&o->lock);
     chunk = MIN (chunk * 2, (uint64_t) CENSUS_CHUNK);
   }
   if (r == 0 && gi >= o->geom.ngroups) {
     pthread_mutex_lock (&o->lock);
-    o->census_next = o->geom.ngroups;
+    o->pager.census_next = o->geom.ngroups;
     pthread_mutex_unlock (&o->lock);
   }
   fsc_buf_put (o->cache, buf, cap);

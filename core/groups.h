@@ -34,7 +34,7 @@ extern bool fsc_groups_pin_resident (struct fsc_object *o, uint64_t g0,
  */
 extern void fsc_groups_unpin (struct fsc_object *o, uint64_t g0,
                               uint64_t g1);
-/* groups.c: page out unused groups until at most o->res_max are
+/* groups.c: page out unused groups until at most o->pager.res_max are
  * resident, or none more can go.  Caller holds o->lock.
  */
 extern void fsc_groups_trim (struct fsc_object *o);

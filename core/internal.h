@@ -131,7 +131,7 @@ struct group {
   bool has_record;
   bool dirty;                   /* on obj->dirty */
   bool reserved;                /* index space allocated */
-  bool on_punch;                /* on obj->punch */
+  bool on_punch;                /* on obj->evict.punch */
   uint64_t zero;                /* present blocks that are all zeroes:
                                  * whole, their data a hole never read,
                                  * their csum that of zeroes (a subset
@@ -195,21 +195,8 @@ struct fsc_files {
 struct fsc_object;
 typedef void fsc_reclaim_ended_fn (struct fsc_object *o);
 
-struct fsc_object {
-  struct fsc_cache *cache;
-  struct fsc_object *next;      /* cache->objects; under cache->lock */
-  unsigned refs;                /* under cache->lock */
-  bool ready;                   /* lookup done; under cache->lock */
-  uint64_t tag;                 /* the netfs's (fsc_object_set_tag);
-                                 * atomic */
-  bool closing;                 /* last reference gone, closing; under
-                                 * cache->lock */
-  unsigned char *key;
-  size_t key_len;
-  struct fsc_files files;       /* its files, by name and descriptor */
-  bool verify;
-  struct fsc_geom geom;         /* its size and block size, and what
-                                 * they make of it */
+/* An object's group table and its paging (groups.c). */
+struct fsc_pager {
   struct gmid **gtop;           /* the group table (groups.c) */
   uint64_t ntop;                /* its top level's entries */
   uint64_t ngalloc;             /* groups allocated (resident) */
@@ -225,6 +212,68 @@ struct fsc_object {
                                  * through their first bytes) */
   struct gleaf *lfree;          /* empty leaves, the same */
   uint64_t ngfree, nlfree;
+};
+
+/* An object's size cap and eviction (evict.c), under o->lock unless
+ * said otherwise.
+ */
+struct fsc_evict {
+  uint64_t max_size;            /* fscache-max-size; 0: none */
+  uint64_t quota;               /* from NAME.quota; 0: none */
+  uint64_t pending_alloc;       /* bytes being written by fills */
+  uint64_t hand;                /* main clock hand: a group index */
+  uint64_t lhand;               /* where eviction reads groups in next */
+  uint64_t nprobation;          /* present blocks on probation */
+  uint64_t *pq;                 /* probation FIFO of block numbers (a
+                                 * ring; entries may be stale) */
+  size_t pq_head, pq_len, pq_cap;
+  uint64_t *gq;                 /* ghost FIFO: blocks evicted from
+                                 * probation, at most a budget's worth */
+  size_t gq_head, gq_len, gq_cap;
+  uint64_t *punch;              /* groups with evicted blocks to punch */
+  size_t npunch, punch_cap;
+  bool evicting;                /* an eviction is under way */
+  bool quota_bad_said;          /* a bad quota record was noticed */
+  struct timespec quota_mtime;  /* of the quota record last read */
+  uint64_t quota_ino;
+};
+
+/* The reclaimer thread of an object (reclaim.c), started by
+ * fsc_object_open and joined by fsc_object_close.
+ */
+struct fsc_reclaim {
+  pthread_t thread;
+  bool joinable;                /* started, not joined */
+  bool running;                 /* under lock */
+  fsc_reclaim_ended_fn *ended;  /* fsc_reclaim_start's ENDED */
+  bool done;                    /* under lock: the walk finished */
+  bool closing;                 /* under lock: the close waits for it */
+  bool stop;                    /* under lock: stop at the next group
+                                 * (an open wants the object anew) */
+  bool unclean;                 /* the previous user crashed */
+  bool wanted;                  /* lookup asks for the thread */
+  unsigned test_walk_delay_ms;  /* NBD_FSCACHE_TEST_WALK_DELAY_MS: a
+                                 * pause after each group the walk
+                                 * looks at (tests only) */
+};
+
+struct fsc_object {
+  struct fsc_cache *cache;
+  struct fsc_object *next;      /* cache->objects; under cache->lock */
+  unsigned refs;                /* under cache->lock */
+  bool ready;                   /* lookup done; under cache->lock */
+  uint64_t tag;                 /* the netfs's (fsc_object_set_tag);
+                                 * atomic */
+  bool closing;                 /* last reference gone, closing; under
+                                 * cache->lock */
+  unsigned char *key;
+  size_t key_len;
+  struct fsc_files files;       /* its files, by name and descriptor */
+  bool verify;
+  struct fsc_geom geom;         /* its size and block size, and what
+                                 * they make of it */
+  struct fsc_pager pager;       /* the group table and its paging
+                                 * (groups.c) */
 
   pthread_mutex_t lock;
   pthread_cond_t cond;          /* fetch done, commit done */
@@ -267,25 +316,7 @@ struct fsc_object {
   uint64_t cu_pending;          /* their bytes */
   bool cu_on;                   /* noting (fsc_catchup_enable) */
 
-  /* Size cap (evict.c), under lock unless said otherwise. */
-  uint64_t max_size;            /* fscache-max-size; 0: none */
-  uint64_t quota;               /* from NAME.quota; 0: none */
-  uint64_t pending_alloc;       /* bytes being written by fills */
-  uint64_t hand;                /* main clock hand: a group index */
-  uint64_t lhand;               /* where eviction reads groups in next */
-  uint64_t nprobation;          /* present blocks on probation */
-  uint64_t *pq;                 /* probation FIFO of block numbers (a
-                                 * ring; entries may be stale) */
-  size_t pq_head, pq_len, pq_cap;
-  uint64_t *gq;                 /* ghost FIFO: blocks evicted from
-                                 * probation, at most a budget's worth */
-  size_t gq_head, gq_len, gq_cap;
-  uint64_t *punch;              /* groups with evicted blocks to punch */
-  size_t npunch, punch_cap;
-  bool evicting;                /* an eviction is under way */
-  bool quota_bad_said;          /* a bad quota record was noticed */
-  struct timespec quota_mtime;  /* of the quota record last read */
-  uint64_t quota_ino;
+  struct fsc_evict evict;       /* the size cap (evict.c) */
 
   /* The object's own counters (ostats.h), with relaxed atomics; saved
    * in the superblock (commit.c) and published in NAME.stats (live.c).
@@ -299,22 +330,7 @@ struct fsc_object {
   struct scache_entry *scache;
   size_t nscache;                       /* a power of 2, or 0 */
 
-  /* The reclaimer thread (evict.c), started by fsc_object_open and
-   * joined by fsc_object_close.
-   */
-  pthread_t reclaim_thread;
-  bool reclaim_joinable;        /* started, not joined */
-  bool reclaim_running;         /* under lock */
-  fsc_reclaim_ended_fn *reclaim_ended; /* fsc_reclaim_start's ENDED */
-  bool reclaim_done;            /* under lock: the walk finished */
-  bool reclaim_closing;         /* under lock: the close waits for it */
-  bool reclaim_stop;            /* under lock: stop at the next group
-                                 * (an open wants the object anew) */
-  bool reclaim_unclean;         /* the previous user crashed */
-  bool reclaim_wanted;          /* lookup asks for the thread */
-  unsigned test_walk_delay_ms;  /* NBD_FSCACHE_TEST_WALK_DELAY_MS: a
-                                 * pause after each group the walk
-                                 * looks at (tests only) */
+  struct fsc_reclaim reclaim;   /* the reclaimer thread (reclaim.c) */
   bool lingering;               /* under cache->lock: no reference left,
                                  * kept open for the walk, whose thread
                                  * closes it when done (evict.c) */
@@ -480,9 +496,9 @@ punch_hole (int fd, uint64_t off, uint64_t len)
 static inline struct group *
 grp (const struct fsc_object *o, uint64_t gi)
 {
-  if (gi >> (GT_LEAF_SHIFT + GT_MID_SHIFT) >= o->ntop)
+  if (gi >> (GT_LEAF_SHIFT + GT_MID_SHIFT) >= o->pager.ntop)
     return NULL;                /* too large to cache: none */
-  const struct gmid *m = o->gtop[gi >> (GT_LEAF_SHIFT + GT_MID_SHIFT)];
+  const struct gmid *m = o->pager.gtop[gi >> (GT_LEAF_SHIFT + GT_MID_SHIFT)];
   if (m == NULL)
     return NULL;
   const struct gleaf *l = m->l[(gi >> GT_LEAF_SHIFT) & (GT_MID - 1)];
@@ -649,7 +665,7 @@ extern void fsc_note_filled (struct fsc_object *o, uint64_t b,
 static inline void
 fsc_note_gone (struct fsc_object *o, struct group *g, uint64_t bits)
 {
-  o->nprobation -= __builtin_popcountll (bits & g->probation);
+  o->evict.nprobation -= __builtin_popcountll (bits & g->probation);
   g->probation &= ~bits;
   g->unread &= ~bits;
 }

@@ -49,8 +49,8 @@ fsc_ostats_snapshot (struct fsc_object *o, struct fsc_ostats *out)
    * then mix instants, which statistics may.
    */
   enum { GAUGE_BATCH = 1024 };
-  uint64_t gi = o->gtop ? fsc_grp_next (o, 0) : UINT64_MAX;
-  for (unsigned k = 0; o->gtop && gi < o->geom.ngroups;
+  uint64_t gi = o->pager.gtop ? fsc_grp_next (o, 0) : UINT64_MAX;
+  for (unsigned k = 0; o->pager.gtop && gi < o->geom.ngroups;
        gi = fsc_grp_next (o, gi + 1)) {
     const struct group *g = grp (o, gi);
     blocks += __builtin_popcountll (g->present);
@@ -65,8 +65,8 @@ fsc_ostats_snapshot (struct fsc_object *o, struct fsc_ostats *out)
   /* And the groups not in memory (groups.c); after a crash, those the
    * census has counted so far.
    */
-  blocks += o->nonres_blocks;
-  bytes += o->nonres_bytes;
+  blocks += o->pager.nonres_blocks;
+  bytes += o->pager.nonres_bytes;
   pthread_mutex_unlock (&o->lock);
   out->v[FSC_OSTAT_present_blocks] = blocks;
   out->v[FSC_OSTAT_cached_bytes] = bytes;
@@ -146,7 +146,7 @@ fsc_live_publish (struct fsc_object *o, bool open, bool force)
   /* Only while we hold the object (ifd, with its flock): an object
    * another process holds is that process's to publish.
    */
-  if (o->files.fandirfd < 0 || o->files.ifd < 0 || o->gtop == NULL)
+  if (o->files.fandirfd < 0 || o->files.ifd < 0 || o->pager.gtop == NULL)
     return;
   pthread_mutex_lock (&o->lock);
   bool due = force || now >= o->live_next;

@@ -183,9 +183,9 @@ lookup_reuse (struct fsc_object *o, const struct fsc_sb *sb, int slot,
       sb->ncounters > (uint32_t) FSC_OSTAT_cached_bytes &&
       pb <= o->geom.nblocks && cb <= o->geom.size &&
       cb <= pb * (uint64_t) o->geom.block_size) {
-    o->nonres_blocks = pb;
-    o->nonres_bytes = cb;
-    o->census_next = o->geom.ngroups;
+    o->pager.nonres_blocks = pb;
+    o->pager.nonres_bytes = cb;
+    o->pager.census_next = o->geom.ngroups;
   }
   o->ostats = sb->ostats;
   /* After a crash the superblock's counters are those of the last
@@ -206,8 +206,8 @@ lookup_reuse (struct fsc_object *o, const struct fsc_sb *sb, int slot,
    * does not wait for the walk; a clean close leaves none but sums
    * pages (reclaim.c).
    */
-  o->reclaim_unclean = info->unclean;
-  o->reclaim_wanted = true;
+  o->reclaim.unclean = info->unclean;
+  o->reclaim.wanted = true;
 }
 
 /* No index, or one discarded for REASON: start cold, keeping the
@@ -218,7 +218,7 @@ lookup_cold (struct fsc_object *o, const struct fsc_object_params *p,
              int reason, const struct fsc_sb *sb, bool sb_ours)
 {
   struct fsc_stats *st = &o->cache->stats;
-  o->census_next = o->geom.ngroups;        /* cold: nothing to count */
+  o->pager.census_next = o->geom.ngroups;        /* cold: nothing to count */
   o->state = FSC_OBJ_CREATING;
   if (reason != FSC_REJ_NEW)
     FSC_STAT_ADD (st, objects_discarded, 1);

@@ -68,9 +68,9 @@ free_object (struct fsc_object *o)
   (void) fsc_reclaim_finish (o);
   fsc_gtable_free (o);
   free (o->dirty);
-  free (o->punch);
-  free (o->pq);
-  free (o->gq);
+  free (o->evict.punch);
+  free (o->evict.pq);
+  free (o->evict.gq);
   free (o->scache);
   free (o->key);
   fsc_catchup_free (o);
@@ -107,9 +107,9 @@ new_object (struct fsc_cache *c, const struct fsc_object_params *p)
   o->geom.ngroups = DIV_ROUND_UP (o->geom.nblocks, (uint64_t) FSC_GROUP_BLOCKS);
   fsc_zero_csums (&o->geom);
   o->state = FSC_OBJ_LOOKING_UP;
-  o->max_size = p->max_size;
-  o->quota = UINT64_MAX;
-  o->res_max = p->resident_groups ? p->resident_groups
+  o->evict.max_size = p->max_size;
+  o->evict.quota = UINT64_MAX;
+  o->pager.res_max = p->resident_groups ? p->resident_groups
     : FSC_RESIDENT_DEFAULT;
   const char *nc = getenv ("NBD_FSCACHE_TEST_NO_CLAIM");
   o->test_no_claim = nc && strcmp (nc, "1") == 0;
@@ -137,8 +137,8 @@ start_local (struct fsc_object *o, const struct fsc_object_params *p)
   /* Leaked space only costs room: failing to start the walk is no
    * reason to refuse the object (the next unclean open walks).
    */
-  if (o->reclaim_wanted)
-    (void) fsc_reclaim_start (o, o->reclaim_unclean,
+  if (o->reclaim.wanted)
+    (void) fsc_reclaim_start (o, o->reclaim.unclean,
                               fsc_object_linger_done);
   /* Nor is failing to share it: the others are served uncached. */
   if (!p->exclusive && !p->offline)
@@ -427,7 +427,7 @@ fsc_object_linger_done (struct fsc_object *o)
   if (!mine)
     return;
   /* This is the reclaimer thread: nobody joins it now. */
-  o->reclaim_joinable = false;
+  o->reclaim.joinable = false;
   pthread_detach (pthread_self ());
   close_object (o);
 }
@@ -471,7 +471,7 @@ fsc_local_close (struct fsc_object *o)
      */
     fsc_punch_pending (o);
     if (reclaimed ||
-        (!o->reclaim_unclean && o->census_next >= o->geom.ngroups))
+        (!o->reclaim.unclean && o->pager.census_next >= o->geom.ngroups))
       fsc_write_sb (o, FSC_SB_CLEAN, 0, NULL);
   }
   /* The last word, while we still hold the lock on the index. */

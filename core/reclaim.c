@@ -166,7 +166,7 @@ static bool
 stopping (struct fsc_object *o)
 {
   SCOPED_LOCK (&o->lock);
-  return o->state != FSC_OBJ_AVAILABLE || o->reclaim_stop;
+  return o->state != FSC_OBJ_AVAILABLE || o->reclaim.stop;
 }
 
 /* Punch what no present block with data covers in FD: a data segment
@@ -200,8 +200,8 @@ reclaim_file (struct fsc_object *o, int fd, uint64_t base, bool sums,
       uint64_t skipped;
       if (reclaim_group (o, fd, base, sums, s, e, gi, range, &skipped) == -1)
         return -1;
-      if (o->test_walk_delay_ms)
-        poll (NULL, 0, o->test_walk_delay_ms);
+      if (o->reclaim.test_walk_delay_ms)
+        poll (NULL, 0, o->reclaim.test_walk_delay_ms);
       if (skipped) {
         if (later->n == later->cap) {
           size_t ncap = later->cap ? 2 * later->cap : 16;
@@ -237,13 +237,13 @@ reclaim_later (struct fsc_object *o, struct reclaim_later *later)
     pthread_mutex_lock (&o->lock);
     struct group *g = grp (o, gi);
     while (g && (g->fetching & mask) && o->state == FSC_OBJ_AVAILABLE &&
-           !o->reclaim_closing && !o->reclaim_stop)
+           !o->reclaim.closing && !o->reclaim.stop)
       pthread_cond_wait (&o->cond, &o->lock);
     /* The object is closing and a claim is still held (a fetch from a
      * stalled upstream, say): not waited for; the walk did not finish,
      * and the next open walks again.
      */
-    bool abandon = g && (g->fetching & mask) && o->reclaim_closing;
+    bool abandon = g && (g->fetching & mask) && o->reclaim.closing;
     pthread_mutex_unlock (&o->lock);
     if (abandon)
       return 1;
@@ -344,17 +344,17 @@ reclaimer (void *arg)
   while (gate && *gate && access (gate, F_OK) == -1 && !stopping (o))
     poll (NULL, 0, 10);
   /* The gauges first: leaked () needs them. */
-  if (o->census_next < o->geom.ngroups)
+  if (o->pager.census_next < o->geom.ngroups)
     r = fsc_groups_census (o);
-  if (r == 0 && !stopping (o) && (o->reclaim_unclean || leaked (o)))
+  if (r == 0 && !stopping (o) && (o->reclaim.unclean || leaked (o)))
     r = fsc_reclaim_unnamed (o);    /* 1: not finished */
   pthread_mutex_lock (&o->lock);
-  o->reclaim_done = r == 0 && o->state == FSC_OBJ_AVAILABLE &&
-    !o->reclaim_stop && o->census_next >= o->geom.ngroups;
-  o->reclaim_running = false;
+  o->reclaim.done = r == 0 && o->state == FSC_OBJ_AVAILABLE &&
+    !o->reclaim.stop && o->pager.census_next >= o->geom.ngroups;
+  o->reclaim.running = false;
   pthread_cond_broadcast (&o->cond);
   pthread_mutex_unlock (&o->lock);
-  o->reclaim_ended (o);             /* may free O */
+  o->reclaim.ended (o);             /* may free O */
   return NULL;
 }
 
@@ -365,11 +365,11 @@ fsc_reclaim_may_linger (struct fsc_object *o)
    * processes (writeback's, whose write log is the caller's state, or
    * an offline one).
    */
-  if (!o->reclaim_joinable || o->cache->stopping || o->join ||
+  if (!o->reclaim.joinable || o->cache->stopping || o->join ||
       o->share == NULL)
     return false;
   SCOPED_LOCK (&o->lock);
-  return o->reclaim_running && !o->reclaim_stop &&
+  return o->reclaim.running && !o->reclaim.stop &&
     o->state == FSC_OBJ_AVAILABLE;
 }
 
@@ -377,8 +377,8 @@ void
 fsc_reclaim_stop (struct fsc_object *o)
 {
   SCOPED_LOCK (&o->lock);
-  if (o->reclaim_running) {
-    o->reclaim_stop = true;
+  if (o->reclaim.running) {
+    o->reclaim.stop = true;
     pthread_cond_broadcast (&o->cond);
   }
 }
@@ -394,41 +394,41 @@ int
 fsc_reclaim_start (struct fsc_object *o, bool unclean,
                    fsc_reclaim_ended_fn *ended)
 {
-  o->reclaim_ended = ended;
+  o->reclaim.ended = ended;
   const char *d = getenv ("NBD_FSCACHE_TEST_WALK_DELAY_MS");
-  o->test_walk_delay_ms = d ? (unsigned) atoi (d) : 0;
-  o->reclaim_unclean = unclean;
-  o->reclaim_done = false;
-  o->reclaim_running = true;
-  int e = pthread_create (&o->reclaim_thread, NULL, reclaimer, o);
+  o->reclaim.test_walk_delay_ms = d ? (unsigned) atoi (d) : 0;
+  o->reclaim.unclean = unclean;
+  o->reclaim.done = false;
+  o->reclaim.running = true;
+  int e = pthread_create (&o->reclaim.thread, NULL, reclaimer, o);
   if (e != 0) {
-    o->reclaim_running = false;
+    o->reclaim.running = false;
     errno = e;
     return -1;
   }
-  o->reclaim_joinable = true;
+  o->reclaim.joinable = true;
   return 0;
 }
 
 bool
 fsc_reclaim_finish (struct fsc_object *o)
 {
-  if (!o->reclaim_joinable)
-    return o->reclaim_done;
+  if (!o->reclaim.joinable)
+    return o->reclaim.done;
   pthread_mutex_lock (&o->lock);
-  o->reclaim_closing = true;            /* reclaim_later waits no more */
+  o->reclaim.closing = true;            /* reclaim_later waits no more */
   pthread_cond_broadcast (&o->cond);
   pthread_mutex_unlock (&o->lock);
-  pthread_join (o->reclaim_thread, NULL);
-  o->reclaim_joinable = false;
-  return o->reclaim_done;
+  pthread_join (o->reclaim.thread, NULL);
+  o->reclaim.joinable = false;
+  return o->reclaim.done;
 }
 
 void
 fsc_object_wait_reclaim (struct fsc_object *o)
 {
   SCOPED_LOCK (&o->lock);
-  while (o->reclaim_running)
+  while (o->reclaim.running)
     pthread_cond_wait (&o->cond, &o->lock);
 }
 
