@@ -187,7 +187,7 @@ fsc_readahead_observe (struct fsc_readahead *ra, uint64_t offset,
     ra->sequential++;
     ra->front = end;
   }
-  if (ra->sequential < 2)
+  if (ra->sequential < 3)
     return;
   /* Paused (see worker): queue nothing and wake nobody.  A stream from
    * a fast upstream is read past the budget for its whole length, and
@@ -202,7 +202,7 @@ fsc_readahead_observe (struct fsc_readahead *ra, uint64_t offset,
    * more would evict what was prefetched before it is read.
    */
   uint64_t window = MIN (ra->window, fsc_budget_of (ra->obj) / 8);
-  /* Earned: a chunk after two reads in a row, doubling with each read
+  /* Earned: a chunk after three reads in a row, doubling with each read
    * that pushes the front on, up to the window.  A mixed reader (a VM
    * or database seeking, with short runs of two or three reads)
    * otherwise had a whole window fetched at every short run and
@@ -211,7 +211,7 @@ fsc_readahead_observe (struct fsc_readahead *ra, uint64_t offset,
    * cache, once readahead ran at each read's arrival).  A true stream
    * reaches the window within a few reads.
    */
-  window = MIN (window, ra->chunk << MIN (ra->sequential - 2, 20u));
+  window = MIN (window, ra->chunk << MIN (ra->sequential - 3, 20u));
   /* From the front, not from this read: the client's own reads in
    * flight already cover what lies behind it.  (Counted from the read
    * last served, the window lay inside what an iodepth-8 client had

@@ -4,9 +4,9 @@
  * each read as it arrives (fsc_readahead_observe).  A stream's front is
  * the furthest end of its reads; reads may arrive out of order by up
  * to sixteen reads' worth (a client's queue, raced over by the
- * server's threads) and still belong to it.  After two reads in a row
- * that push the front on, the WINDOW bytes beyond the front are queued
- * in chunks and fetched into the cache by background threads (at most
+ * server's threads) and still belong to it.  After three reads in a row
+ * that push the front on, the bytes beyond the front are queued (one
+ * chunk, doubling with each further read, up to WINDOW) in chunks and fetched into the cache by background threads (at most
  * the caller's limit, itself at most FSC_RA_THREADS, started on first
  * need) through fsc_object_prefetch.
  * Blocks already present, or being fetched by a demand miss, are
