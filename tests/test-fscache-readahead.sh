@@ -11,13 +11,20 @@ requires python3 -c 'import nbd'
 
 size=$((24 * 1024 * 1024 + 4321))
 make_random "$TMP/up.img" $size
-start_nbdkit -P "$TMP/up.pid" -U "$TMP/up.sock" \
-  --filter=log --filter=delay file "$TMP/up.img" \
-  logfile="$TMP/up.log" delay-read=5ms
-start_nbdkit -P "$TMP/px.pid" -U "$TMP/px.sock" \
-  --filter="$FILTER" nbd socket="$TMP/up.sock" \
-  fscache-dir="$TMP/cache" fscache-validate=size fscache-readahead=4M \
-  fscache-stats="$TMP/px.stats"
+# servers WINDOW: the upstream (logged, 5 ms a read) and the filter in
+# front of it with fscache-readahead=WINDOW, on a fresh cache.
+servers ()
+{
+  rm -rf "$TMP/cache" "$TMP/up.log" "$TMP/px.stats"
+  start_nbdkit -P "$TMP/up.pid" -U "$TMP/up.sock" \
+    --filter=log --filter=delay file "$TMP/up.img" \
+    logfile="$TMP/up.log" delay-read=5ms
+  start_nbdkit -P "$TMP/px.pid" -U "$TMP/px.sock" \
+    --filter="$FILTER" nbd socket="$TMP/up.sock" \
+    fscache-dir="$TMP/cache" fscache-validate=size \
+    fscache-readahead="$1" fscache-stats="$TMP/px.stats"
+}
+servers 4M
 
 python3 - "$TMP/px.sock" "$TMP/up.img" <<'PY'
 import nbd, sys
@@ -56,14 +63,7 @@ test "$hits" -gt $((size / 2))
 # another for a jump, readahead restarted every few requests: the
 # upstream saw about no 1 MiB reads.)
 stop_nbdkit "$TMP/up.pid"
-rm -rf "$TMP/cache" "$TMP/up.log" "$TMP/px.stats"
-start_nbdkit -P "$TMP/up.pid" -U "$TMP/up.sock" \
-  --filter=log --filter=delay file "$TMP/up.img" \
-  logfile="$TMP/up.log" delay-read=5ms
-start_nbdkit -P "$TMP/px.pid" -U "$TMP/px.sock" \
-  --filter="$FILTER" nbd socket="$TMP/up.sock" \
-  fscache-dir="$TMP/cache" fscache-validate=size fscache-readahead=2M \
-  fscache-stats="$TMP/px.stats"
+servers 2M
 
 python3 - "$TMP/px.sock" "$TMP/up.img" <<'PY'
 import nbd, sys
