@@ -216,11 +216,16 @@ fsc_readahead_observe (struct fsc_readahead *ra, uint64_t offset,
    * flight already cover what lies behind it.  (Counted from the read
    * last served, the window lay inside what an iodepth-8 client had
    * asked for already, and its prefetches only raced the client's
-   * misses.)  The target is rounded up to a whole chunk, so that after
-   * the first, every chunk queued is whole: one full-sized upstream
-   * read each, not a whole one and a sliver per top-up.
+   * misses.)  A window of whole chunks has its target rounded up to a
+   * whole chunk, so that after the first, every chunk queued is whole:
+   * one full-sized upstream read each, not a whole one and a sliver per
+   * top-up.  (A smaller one, fscache-readahead under 1 MiB or a capped
+   * object's eighth, is kept to: more could evict what it prefetched.)
    */
-  uint64_t target = MIN (size, ROUND_UP (ra->front + window, ra->chunk));
+  uint64_t target = ra->front + window;
+  if (window >= ra->chunk)
+    target = ROUND_UP (target, ra->chunk);
+  target = MIN (size, target);
   if (ra->queued_end < ra->front)
     ra->queued_end = ra->front;
   /* Top up only when less than half the window is left, so that the
