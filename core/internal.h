@@ -361,10 +361,8 @@ extern void fsc_ostats_snapshot (struct fsc_object *obj,
  */
 extern void fsc_live_publish (struct fsc_object *obj, bool open, bool force);
 
-/* commit.c: write the superblock if a counter changed since the last
- * one was written.  Returns 0, or -1 (object withdrawn).
- */
-extern int fsc_object_save_counters (struct fsc_object *obj);
+/* commit.c: commits (commit.h). */
+#include "commit.h"
 
 /* live.c: read the counters of OBJ's NAME.stats into OUT if it is
  * there, readable and of OBJ's key, with the incarnation and the time
@@ -386,9 +384,6 @@ extern bool fsc_object_has_dirty (struct fsc_object *obj);
  * (reused across calls), or NULL with errno.
  */
 extern void *fsc_scratch (struct fsc_cache *cache, size_t size);
-
-/* commit.c: ask the committer (cache.c's thread) to run soon. */
-extern void fsc_cache_kick (struct fsc_cache *cache);
 
 
 /*----------------------------------------------------------------------
@@ -445,31 +440,8 @@ sums_offset (const struct fsc_geom *g, uint64_t b)
   return b * subs_per_block (g) * 8;
 }
 
-/* data.c: the data in segment files of FSC_SEG_SIZE bytes: NAME.data
- * for the first, NAME.data.I for segment I >= 1 (their names, and
- * unlinking them, are files.h's).  Open (creating) them all, setting
- * *SIZES_OK if each has its length; truncate them to their lengths,
- * empty; close them; read, write (returns 0 or -1), sync what was
- * written, punch, and count allocated bytes.  All return -1 with errno
- * on failure; pread returns the bytes read, which may be short.
- */
-extern int fsc_data_open (struct fsc_object *o, bool *sizes_ok);
-extern int fsc_data_reset (struct fsc_object *o);
-extern void fsc_data_close (struct fsc_object *o);
-extern ssize_t fsc_data_pread (struct fsc_object *o, void *buf, size_t n,
-                               uint64_t off);
-extern int fsc_data_pwrite (struct fsc_object *o, const void *buf, size_t n,
-                            uint64_t off);
-extern int fsc_data_sync (struct fsc_object *o);
-extern int fsc_data_punch (struct fsc_object *o, uint64_t off, uint64_t len);
-/* The same read and punch on the segments F alone, through IO: no
- * object, no not-clean mark (the tools' inspection, inspect.c).
- */
-extern ssize_t fsc_segs_pread (struct fsc_io *io, const struct fsc_files *f,
-                               void *buf, size_t n, uint64_t off);
-extern int fsc_segs_punch (const struct fsc_files *f, uint64_t off,
-                           uint64_t len);
-extern uint64_t fsc_data_allocated (const struct fsc_object *o);
+/* data.c: an object's data segment files (data.h). */
+#include "data.h"
 
 /* The bytes file FD allocates, as du counts them (0 if FD is -1 or
  * cannot be stat'ed), and punching a hole into it that keeps its size
@@ -590,74 +562,13 @@ zero_csum (const struct fsc_geom *g, uint64_t b)
 /* Checksums and the hash cache (sums.c). */
 #include "sums.h"
 
-/* commit.c: queue group GI for the next commit.  Caller holds
- * o->lock.  Returns 0, or -1 (ENOMEM).
- */
-extern int fsc_mark_dirty (struct fsc_object *o, uint64_t gi,
-                           struct group *g);
-
-/* commit.c: write o->sb, with SET_FLAGS set, CLEAR_FLAGS cleared and
- * (if not NULL) *FINGERPRINT, into the other slot and sync.  Returns 0
- * or -1 (object withdrawn).  Takes o->lock.
- */
-extern int fsc_write_sb (struct fsc_object *o, uint32_t set_flags,
-                         uint32_t clear_flags, const uint64_t *fingerprint);
-
-/* commit.c: before the first change to the object's files after a
- * clean open (a data or sums write or punch, an index record, the
- * sample mode's stale mark), make the superblock's not-clean mark
- * durable, once: see "Crash safety" in docs/design.md.  Returns 0 (at
- * once if it is, or if the object was not opened clean), or -1 (the
- * object withdrawn).  Takes o->lock; never call it holding the lock
- * or the index (o->committing).  data.c calls it before its writes and
- * punches, and commit.c calls data.c's sync: the one pair of core/
- * files that call each other (tools/layers.py), declared here, since
- * the mark must precede every change whoever makes it.
- */
-extern int fsc_object_mark_in_use (struct fsc_object *o);
-
-/* commit.c: make every change up to TARGET (a change_seq) durable.
- * Returns 0, or -1 if the object is (or became) withdrawn.  Takes
- * o->lock.
- */
-extern int fsc_commit_upto (struct fsc_object *o, uint64_t target);
-
-/* commit.c: make sure the index has room for the records of groups
- * G0..G1, so that no commit fails for want of space.  Returns 0 or -1.
- */
-extern int fsc_reserve_groups (struct fsc_object *o, uint64_t g0,
-                               uint64_t g1);
-
 /* withdraw.c: withdraw O (uncached from now on) because of ERR, and
  * unlink its files.  Takes o->lock.
  */
 extern void fsc_withdraw (struct fsc_object *o, int err);
 
-/* evict.c: before writing LEN bytes of new blocks into O's files,
- * make sure they fit in its budget (the smaller of fscache-max-size
- * and its quota), evicting blocks if needed (their removal is durable
- * before this returns), and that the cache's filesystem is above its
- * free space floor.  With SCAN (a prefetch's or a sequential stream's
- * blocks), no referenced block is evicted for them.  Returns 0 (LEN
- * bytes reserved: call fsc_room_done after writing), or -1 with errno
- * EAGAIN (do not store: nothing could be evicted, or space is low) or
- * another error (withdraw).
- */
-extern int fsc_make_room (struct fsc_object *o, uint64_t len, bool scan);
-extern void fsc_room_done (struct fsc_object *o, uint64_t len);
-
-/* evict.c: drop blocks that were invalidated and punch their space
- * when O has a budget (called with the groups' bits already cleared).
- * Caller holds o->lock.
- */
-extern void fsc_note_dropped (struct fsc_object *o, uint64_t gi,
-                              uint64_t bits);
-
-/* evict.c: block B became present after a fill: on probation until
- * hit again.  Holds o->lock.
- */
-extern void fsc_note_filled (struct fsc_object *o, uint64_t b,
-                             bool prefetched);
+/* evict.c: the size cap (evict.h). */
+#include "evict.h"
 
 /* evict.c: BITS of G stop being present (evicted, invalidated, bad).
  * Holds o->lock.
@@ -670,36 +581,8 @@ fsc_note_gone (struct fsc_object *o, struct group *g, uint64_t bits)
   g->unread &= ~bits;
 }
 
-/* evict.c: punch the space of blocks evicted (and committed) or
- * dropped by writes that is still queued; failures are ignored (the
- * space stays until the next unclean open reclaims it).
- */
-extern void fsc_punch_pending (struct fsc_object *o);
-
-/* evict.c: punch the space of the data and sums files that no present
- * block covers (see "Space nobody names" in evict.c), claiming what it
- * punches so that it may run beside requests.  Returns 0, 1 if the
- * object began to close while a block it must look at again was still
- * claimed (not finished), or -1 with errno (EOPNOTSUPP where holes
- * cannot be punched).
- */
-extern int fsc_reclaim_unnamed (struct fsc_object *o);
-
-/* evict.c: start the reclaimer thread of an object just opened: the
- * census if the gauges are not known (groups.c), then after a crash
- * (UNCLEAN) fsc_reclaim_unnamed, else that only if the data files hold
- * clearly more than the blocks do.  Returns 0 or -1 with errno.
- * fsc_reclaim_finish waits for it to end (it ends early only if the
- * object is withdrawn) and tells whether it finished its work (true if
- * it never started).  Without o->lock.  ENDED is called by the
- * reclaimer thread as it ends: a declared callback up into object.c
- * (fsc_object_linger_done), which closes an object that lingered for
- * the walk, so that reclaim.c, below the object's life, never names
- * it.
- */
-extern int fsc_reclaim_start (struct fsc_object *o, bool unclean,
-                              fsc_reclaim_ended_fn *ended);
-extern bool fsc_reclaim_finish (struct fsc_object *o);
+/* reclaim.c: the reclaimer thread (reclaim.h). */
+#include "reclaim.h"
 
 /* catchup.c: note a skipped fill of [OFFSET, OFFSET + LEN) (whole
  * blocks around it), and free the ranges when the object goes.
@@ -709,44 +592,10 @@ extern void fsc_catchup_note (struct fsc_object *o, uint64_t offset,
                               uint64_t len);
 extern void fsc_catchup_free (struct fsc_object *o);
 
-/* evict.c: may O linger when its last reference goes (stay open,
- * unreferenced, o->lingering, while its walk runs on; the reclaimer
- * thread closes it when done)?  Only while the walk runs, not if the
- * cache is closing, nor for a shell or a withdrawn object.  Caller
- * holds cache->lock.
- */
-extern bool fsc_reclaim_may_linger (struct fsc_object *o);
-
-/* evict.c: stop O's walk (and census) at the next group, if it runs:
- * it ends unfinished, and the index stays unclean.  Takes o->lock.
- */
-extern void fsc_reclaim_stop (struct fsc_object *o);
-
-/* evict.c: somebody wants lingering O: mark it closing and stop its
- * walk at the next group, so that its thread closes it soon (the
- * waiter then opens it anew: a lookup, with its checks).  Caller holds
- * cache->lock.
- */
-extern void fsc_reclaim_unlinger (struct fsc_object *o);
-
 /* object.c: called by the reclaimer thread when its walk ends: close
  * O if it lingered and nobody took it back meanwhile.  Without locks.
  */
 extern void fsc_object_linger_done (struct fsc_object *o);
-
-/* evict.c: the committer's look at O: take up a changed quota record
- * and shrink O to its budget.
- */
-extern void fsc_object_check_budget (struct fsc_object *o);
-
-/* evict.c: O's budget in bytes (the smaller of fscache-max-size and
- * its quota), UINT64_MAX for none.  Reads under o->lock, or racily for
- * a hint.
- */
-extern uint64_t fsc_budget_of (const struct fsc_object *o);
-
-/* evict.c: O's allocated bytes (its three files, as du counts them). */
-extern uint64_t fsc_object_allocated (struct fsc_object *o);
 
 /* store.c: store N claimed blocks from B and publish those nothing
  * invalidated since EPOCHS (one per group from B's) were taken.  DATA
