@@ -40,7 +40,7 @@ seg_len (const struct fsc_object *o, uint64_t i)
 int
 fsc_data_open (struct fsc_object *o, bool *sizes_ok)
 {
-  o->files.nseg = o->geom.size ? DIV_ROUND_UP (o->geom.size, FSC_SEG_SIZE) : 1;
+  o->files.nseg = fsc_seg_count (o->geom.size);
   o->files.dfds = malloc (o->files.nseg * sizeof *o->files.dfds);
   o->files.seg_dirty = calloc (o->files.nseg, 1);
   if (o->files.dfds == NULL || o->files.seg_dirty == NULL)

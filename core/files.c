@@ -110,7 +110,7 @@ fsc_seg_suffix (uint64_t i, char buf[FSC_SEG_SUFFIX_MAX])
 void
 fsc_data_unlink (const struct fsc_object *o)
 {
-  uint64_t n = o->geom.size ? DIV_ROUND_UP (o->geom.size, FSC_SEG_SIZE) : 1;
+  uint64_t n = fsc_seg_count (o->geom.size);
   for (uint64_t i = 0; i < n; ++i) {
     char suffix[FSC_SEG_SUFFIX_MAX], name[FILE_NAME_MAX];
     fsc_seg_suffix (i, suffix);

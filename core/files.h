@@ -34,6 +34,15 @@ extern const char *fsc_file_name (const struct fsc_files *f,
                                   const char *suffix,
                                   char buf[FILE_NAME_MAX]);
 
+/* Data segments of an export of SIZE bytes: at least one, an empty
+ * NAME.data for an empty export.
+ */
+static inline uint64_t
+fsc_seg_count (uint64_t size)
+{
+  return size ? (size - 1) / FSC_SEG_SIZE + 1 : 1;
+}
+
 /* The suffix of data segment I: ".data" for 0, ".data.I" after. */
 extern void fsc_seg_suffix (uint64_t i, char buf[FSC_SEG_SUFFIX_MAX]);
 

@@ -78,7 +78,7 @@ open_data (struct fsc_inspect *ins)
   struct fsc_inspect_info *in = &ins->info;
   struct stat st;
 
-  f->nseg = g->size ? DIV_ROUND_UP (g->size, FSC_SEG_SIZE) : 1;
+  f->nseg = fsc_seg_count (g->size);
   f->dfds = malloc (f->nseg * sizeof *f->dfds);
   if (f->dfds == NULL)
     return -1;
