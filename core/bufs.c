@@ -28,7 +28,15 @@
 #include "utils.h"
 
 #define BUF_CLASS_MIN 16                /* 64 KiB */
-#define BUF_POOL_MAX (4u << 20)         /* big buffers kept for reuse */
+/* Big buffers kept for reuse.  It covers what a steady cold stream has
+ * out at once: the fill queue's FILL_MAX_BYTES (16 MiB) and as much
+ * again being fetched (a pool of 16 contexts with 1 MiB chunks, the
+ * client's own misses).  At 4 MiB, a sequential 1M read over a pool of
+ * 16 mapped and faulted in nearly every buffer: 86,000 page faults in
+ * 2 s, a tenth of the proxy's CPU (recv into fresh pages, clearing
+ * them, munmap); at 32 MiB, 4,000 (docs/benchmarks.md, stop 37).
+ */
+#define BUF_POOL_MAX (32u << 20)
 
 /* The size class of SIZE bytes (BUF_CLASSES: none, too big), and its
  * capacity.
