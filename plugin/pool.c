@@ -97,6 +97,8 @@ struct job {
   uint64_t offset;
   int err;                      /* 0, an errno, or -1: no context */
   bool done;
+  pthread_cond_t *wake;         /* its caller's: a job done, or the
+                                 * last worker gone */
   struct job *next;
 };
 
@@ -106,12 +108,17 @@ struct pool {
   unsigned refs;                /* connections using it */
   pthread_mutex_t lock;
   pthread_cond_t work;          /* a job queued, or stopping */
-  pthread_cond_t done;          /* a job done */
+  pthread_cond_t done;          /* a worker ended (pool_put) */
   struct job *head, **tail;
   unsigned max;                 /* workers at most: N, or fewer once
                                  * the upstream refused one */
   unsigned workers;             /* running */
-  unsigned idle;                /* waiting for a job */
+  unsigned idle;                /* waiting for a job, not yet woken */
+  unsigned wakes;               /* woken by a job's signal, not yet
+                                 * returned from the wait: so that the
+                                 * next caller does not count them idle
+                                 * (each returning waiter takes one of
+                                 * these, or else one off idle) */
   unsigned with_ctx;            /* holding an open context */
   bool refused_said;
   bool stopping;
@@ -165,7 +172,10 @@ worker (void *arg)
       deadline (&ts, IDLE_MS);
       p->idle++;
       int r = pthread_cond_timedwait (&p->work, &p->lock, &ts);
-      p->idle--;
+      if (p->wakes > 0)
+        p->wakes--;
+      else
+        p->idle--;
       if (r == ETIMEDOUT && p->head == NULL)
         goto out;
     }
@@ -197,7 +207,7 @@ worker (void *arg)
         if (p->with_ctx == 0) {
           j->err = -1;
           j->done = true;
-          pthread_cond_broadcast (&p->done);
+          pthread_cond_signal (j->wake);
         }
         else {
           j->next = p->head;
@@ -224,12 +234,18 @@ worker (void *arg)
       p->with_ctx--;
     j->err = r == -1 ? (err ? err : EIO) : 0;
     j->done = true;
-    pthread_cond_broadcast (&p->done);
+    pthread_cond_signal (j->wake);
   }
  out:
   if (have)
     p->with_ctx--;
   p->workers--;
+  /* The last worker gone with jobs queued (refused, or none could
+   * start): their callers take them back (pool_pread).
+   */
+  if (p->workers == 0)
+    for (struct job *q = p->head; q; q = q->next)
+      pthread_cond_signal (q->wake);
   pthread_cond_broadcast (&p->done);
   pthread_mutex_unlock (&p->lock);
   if (have)
@@ -324,11 +340,18 @@ pool_pread (struct pool *p, struct upstream *own, void *buf, uint32_t count,
     *err = ENOMEM;
     return -1;
   }
+  /* Our own condition, signalled for our jobs only: with one for the
+   * whole pool, every chunk done woke every caller waiting (up to 16
+   * readahead threads and the clients' misses), to find theirs not
+   * done and sleep again.
+   */
+  pthread_cond_t wake;
+  pthread_cond_init (&wake, NULL);
   for (unsigned i = 0; i < n; ++i) {
     uint32_t off = i * per;
     jobs[i] = (struct job) {
       .buf = (unsigned char *) buf + off, .offset = offset + off,
-      .count = MIN (per, count - off),
+      .count = MIN (per, count - off), .wake = &wake,
     };
   }
 
@@ -351,7 +374,12 @@ pool_pread (struct pool *p, struct upstream *own, void *buf, uint32_t count,
     p->workers++;
     want--;
   }
-  pthread_cond_broadcast (&p->work);
+  /* One idle worker per job, not all of them. */
+  unsigned k = MIN (n, p->idle);
+  p->idle -= k;
+  p->wakes += k;
+  for (unsigned i = 0; i < k; ++i)
+    pthread_cond_signal (&p->work);
   for (;;) {
     bool all = true;
     for (unsigned i = 0; i < n; ++i)
@@ -377,9 +405,10 @@ pool_pread (struct pool *p, struct upstream *own, void *buf, uint32_t count,
         p->tail = &(*p->tail)->next;
       continue;
     }
-    pthread_cond_wait (&p->done, &p->lock);
+    pthread_cond_wait (&wake, &p->lock);
   }
   pthread_mutex_unlock (&p->lock);
+  pthread_cond_destroy (&wake);
 
   int r = 0;
   for (unsigned i = 0; i < n && r == 0; ++i) {
