@@ -4,7 +4,11 @@
 #
 # nginx on 127.0.0.1 serves a random image, reached through nbdkit's
 # curl plugin (one request at a time per connection in nbdkit 1.32),
-# with the delay filter adding DELAY_MS to every read, as a remote:
+# with the delay filter adding DELAY_MS to every read, as a remote.
+# With --upstream=ssh (UPSTREAM=ssh), OpenSSH's sshd on 127.0.0.1 (a
+# private config and keys, as tests/test-fscache-up-ssh.sh) serves it
+# over SFTP through nbdkit's ssh plugin (also one request at a time)
+# instead, everywhere "curl" stands below:
 #
 #   nocache     nbdkit --filter=delay curl
 #   cachefilter nbdkit --filter=cache --filter=delay curl
@@ -36,7 +40,8 @@
 # Options (or environment): --size=SIZE (SIZE, default 1G),
 # --delay-ms=N (DELAY_MS, default 10), --runtime=S (RUNTIME, default
 # 8), --rounds=N (ROUNDS, default 3), --pools="0 1 4 8 16" (POOLS),
-# --splits="16" (SPLITS, default none), --out=DIR (OUT, default a new
+# --splits="16" (SPLITS, default none), --upstream=curl|ssh (UPSTREAM,
+# default curl; ssh needs root), --out=DIR (OUT, default a new
 # /tmp/fscache-serial-cold.XXXXXX).
 
 set -euo pipefail
@@ -46,7 +51,7 @@ BENCH_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 FILTER="${FSCACHE_FILTER:-$top_builddir/plugin/.libs/nbdkit-fscache-filter.so}"
 SIZE="${SIZE:-1G}" DELAY_MS="${DELAY_MS:-10}" RUNTIME="${RUNTIME:-8}"
 ROUNDS="${ROUNDS:-3}" POOLS="${POOLS:-0 1 4 8 16}" OUT="${OUT:-}"
-SPLITS="${SPLITS:-}"
+SPLITS="${SPLITS:-}" UPSTREAM="${UPSTREAM:-curl}"
 for a in "$@"; do
   case "$a" in
     --size=*) SIZE="${a#*=}" ;;
@@ -55,12 +60,18 @@ for a in "$@"; do
     --rounds=*) ROUNDS="${a#*=}" ;;
     --pools=*) POOLS="${a#*=}" ;;
     --splits=*) SPLITS="${a#*=}" ;;
+    --upstream=*) UPSTREAM="${a#*=}" ;;
     --out=*) OUT="${a#*=}" ;;
     -h|--help) sed -n '2,40p' "$0"; exit 0 ;;
     *) echo "serial-cold.sh: unknown option: $a" >&2; exit 2 ;;
   esac
 done
-for c in nginx nbdkit fio curl; do
+case $UPSTREAM in
+  curl) needs="nginx nbdkit fio curl" ;;
+  ssh) needs="/usr/sbin/sshd ssh-keygen nbdkit fio" ;;
+  *) echo "serial-cold.sh: --upstream=$UPSTREAM: curl or ssh" >&2; exit 2 ;;
+esac
+for c in $needs; do
   command -v "$c" >/dev/null ||
     { echo "serial-cold.sh: $c: not installed" >&2; exit 1; }
 done
@@ -76,7 +87,7 @@ pids=()
 # below fscache-min-free the filter stores nothing).  raw/ stays.
 cleanup () {
   local p f
-  for f in s.pid b.pid; do
+  for f in s.pid b.pid sshd.pid; do
     [ -s "$OUT/$f" ] && kill "$(cat "$OUT/$f")" 2>/dev/null || true
   done
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
@@ -87,7 +98,8 @@ trap cleanup EXIT
 bytes=$(numfmt --from=iec "$SIZE")
 head -c "$bytes" /dev/urandom > "$OUT/www/img"
 port=$($PY -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-cat > "$OUT/nginx/nginx.conf" <<EOF
+if [ "$UPSTREAM" = curl ]; then
+  cat > "$OUT/nginx/nginx.conf" <<EOF
 daemon off;
 user root;
 worker_processes 2;
@@ -104,30 +116,60 @@ http {
   server { listen 127.0.0.1:$port; root $OUT/www; }
 }
 EOF
-nginx -c "$OUT/nginx/nginx.conf" -p "$OUT/nginx" &
-pids+=($!)
-for i in $(seq 100); do
-  curl -sfI "http://127.0.0.1:$port/img" >/dev/null 2>&1 && break
-  sleep 0.1
-done
-url="http://127.0.0.1:$port/img"
+  nginx -c "$OUT/nginx/nginx.conf" -p "$OUT/nginx" &
+  pids+=($!)
+  for i in $(seq 100); do
+    curl -sfI "http://127.0.0.1:$port/img" >/dev/null 2>&1 && break
+    sleep 0.1
+  done
+  up=(curl url="http://127.0.0.1:$port/img")
+else
+  # sshd with a private config and keys (tests/test-fscache-up-ssh.sh).
+  mkdir -p "$OUT/ssh" /run/sshd
+  ssh-keygen -q -t ed25519 -N '' -f "$OUT/ssh/host_key"
+  ssh-keygen -q -t ed25519 -N '' -f "$OUT/ssh/client_key"
+  cp "$OUT/ssh/client_key.pub" "$OUT/ssh/authorized_keys"
+  echo "[127.0.0.1]:$port $(cut -d' ' -f1,2 "$OUT/ssh/host_key.pub")" \
+    > "$OUT/ssh/known_hosts"
+  : > "$OUT/ssh/ssh_config"
+  cat > "$OUT/ssh/sshd_config" <<EOF
+Port $port
+ListenAddress 127.0.0.1
+HostKey $OUT/ssh/host_key
+AuthorizedKeysFile $OUT/ssh/authorized_keys
+PubkeyAuthentication yes
+PermitRootLogin prohibit-password
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+StrictModes no
+UsePAM no
+PidFile $OUT/sshd.pid
+MaxStartups 100
+Subsystem sftp internal-sftp
+EOF
+  /usr/sbin/sshd -f "$OUT/ssh/sshd_config"
+  for i in $(seq 100); do [ -s "$OUT/sshd.pid" ] && break; sleep 0.1; done
+  up=(ssh host=127.0.0.1 port="$port" user=root
+      identity="$OUT/ssh/client_key" known-hosts="$OUT/ssh/known_hosts"
+      config="$OUT/ssh/ssh_config" timeout=20 "$OUT/www/img")
+fi
 
 # serve CONFIG: start the server of CONFIG on $OUT/s.sock, fresh cache.
 serve () {
   local c=$1 args
   rm -rf "$OUT/cache" "$OUT/s.sock" "$OUT/s.pid"
   case $c in
-    nocache) args=(--filter=delay curl url="$url") ;;
-    cachefilter) args=(--filter=cache --filter=delay curl url="$url"
+    nocache) args=(--filter=delay "${up[@]}") ;;
+    cachefilter) args=(--filter=cache --filter=delay "${up[@]}"
                        cache-min-block-size=64K) ;;
-    pool*) args=(--filter="$FILTER" --filter=delay curl url="$url"
+    pool*) args=(--filter="$FILTER" --filter=delay "${up[@]}"
                  fscache-dir="$OUT/cache" fscache-validate=size
                  fscache-upstream-connections="${c#pool}") ;;
     ceiling) args=(--filter=delay file "$OUT/www/img") ;;
   esac
   rm -f "$OUT/b.sock" "$OUT/b.pid"
   if [ "${c#split}" != "$c" ]; then
-    nbdkit -U "$OUT/b.sock" -P "$OUT/b.pid" --filter=delay curl url="$url" \
+    nbdkit -U "$OUT/b.sock" -P "$OUT/b.pid" --filter=delay "${up[@]}" \
       delay-read="${DELAY_MS}ms" 2>>"$OUT/raw/$c-back.log"
     for i in $(seq 100); do [ -s "$OUT/b.pid" ] && break; sleep 0.1; done
     nbdkit -U "$OUT/s.sock" -P "$OUT/s.pid" --filter="$FILTER" \
