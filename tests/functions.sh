@@ -41,6 +41,9 @@
 #   start_nginx ROOT FORMAT    nginx serving ROOT on 127.0.0.1:$PORT,
 #                              access log $TMP/access.log; http_get PATH
 #   free_port                  a free TCP port on 127.0.0.1
+#   start_sshd SUBSYSTEM [LINE...]
+#                              OpenSSH's sshd on 127.0.0.1:$PORT, keys
+#                              of its own; ssh_args for the ssh plugin
 #
 # $FILTER is the fscache filter to pass to --filter=, $PYTHON the python3
 # with the libnbd bindings, $TMP a private
@@ -399,6 +402,64 @@ stop_sampler ()
 free_port ()
 {
   $PYTHON -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+}
+
+# start_sshd SUBSYSTEM [LINE...]: OpenSSH's sshd on 127.0.0.1:$PORT
+# (set here), with a host key, a client key, authorized_keys,
+# known_hosts and an empty ssh_config of its own in $TMP, key
+# authentication only, root allowed, SFTP served by SUBSYSTEM (an
+# sshd_config "Subsystem sftp" value: internal-sftp, or a command), and
+# each LINE added to its config; in the foreground as a background job,
+# its messages in $TMP/sshd.err, stopped at exit.  Sets PORT, sshd_pid
+# and ssh_args (the ssh plugin's parameters, all but the file).  1 if
+# sshd rejects its config or does not start, the reason in
+# $TMP/sshd.err.  Needs root (sshd's privilege separation directory is
+# /run/sshd).
+start_sshd ()
+{
+  local subsystem=$1 line
+  shift
+  PORT=$(free_port)
+  rm -f "$TMP/host_key" "$TMP/host_key.pub" "$TMP/client_key" \
+    "$TMP/client_key.pub"
+  ssh-keygen -q -t ed25519 -N '' -C fscache-test-host -f "$TMP/host_key"
+  ssh-keygen -q -t ed25519 -N '' -C fscache-test-client -f "$TMP/client_key"
+  cp "$TMP/client_key.pub" "$TMP/authorized_keys"
+  echo "[127.0.0.1]:$PORT $(cut -d' ' -f1,2 "$TMP/host_key.pub")" \
+    > "$TMP/known_hosts"
+  : > "$TMP/ssh_config"         # the ssh plugin reads this, not ~/.ssh/config
+  cat > "$TMP/sshd_config" <<EOF
+Port $PORT
+ListenAddress 127.0.0.1
+HostKey $TMP/host_key
+AuthorizedKeysFile $TMP/authorized_keys
+PubkeyAuthentication yes
+PermitRootLogin prohibit-password
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+StrictModes no
+UsePAM no
+PidFile $TMP/sshd.pid
+LogLevel INFO
+Subsystem sftp $subsystem
+EOF
+  for line in "$@"; do
+    echo "$line" >> "$TMP/sshd_config"
+  done
+  mkdir -p /run/sshd
+  /usr/sbin/sshd -t -f "$TMP/sshd_config" 2>"$TMP/sshd.err" || return 1
+  /usr/sbin/sshd -D -e -f "$TMP/sshd_config" > "$TMP/sshd.err" 2>&1 &
+  sshd_pid=$!
+  cleanup_fn "kill -TERM $sshd_pid 2>/dev/null; wait $sshd_pid 2>/dev/null"
+  wait_until _sshd_up || return 1
+  ssh_args=(host=127.0.0.1 port="$PORT" user=root
+            identity="$TMP/client_key" known-hosts="$TMP/known_hosts"
+            config="$TMP/ssh_config" timeout=20)
+}
+_sshd_up ()
+{
+  kill -0 "$sshd_pid" 2>/dev/null &&
+    grep -q "Server listening on 127.0.0.1 port $PORT" "$TMP/sshd.err"
 }
 
 # start_nginx ROOT FORMAT: nginx serving ROOT on 127.0.0.1:$PORT (set

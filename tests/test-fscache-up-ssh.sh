@@ -63,51 +63,11 @@ if [ -n "${FSCACHE_UP_READAHEAD:-}" ]; then
 fi
 echo "readahead: ${FSCACHE_UP_READAHEAD:-default}"
 
-free_port ()
-{
-  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
-}
-
 # ---- sshd ------------------------------------------------------------------
-PORT=$(free_port)
-ssh-keygen -q -t ed25519 -N '' -C fscache-test-host -f "$TMP/host_key"
-ssh-keygen -q -t ed25519 -N '' -C fscache-test-client -f "$TMP/client_key"
-cp "$TMP/client_key.pub" "$TMP/authorized_keys"
-echo "[127.0.0.1]:$PORT $(cut -d' ' -f1,2 "$TMP/host_key.pub")" \
-  > "$TMP/known_hosts"
-: > "$TMP/ssh_config"           # the ssh plugin reads this, not ~/.ssh/config
-cat > "$TMP/sshd_config" <<EOF
-Port $PORT
-ListenAddress 127.0.0.1
-HostKey $TMP/host_key
-AuthorizedKeysFile $TMP/authorized_keys
-PubkeyAuthentication yes
-PermitRootLogin prohibit-password
-PasswordAuthentication no
-KbdInteractiveAuthentication no
-StrictModes no
-UsePAM no
-PidFile $TMP/sshd.pid
-LogLevel INFO
-Subsystem sftp /usr/lib/openssh/sftp-server -e -l INFO 2>>$TMP/sftp.log
-EOF
 : > "$TMP/sftp.log"
-mkdir -p /run/sshd
-/usr/sbin/sshd -t -f "$TMP/sshd_config" || fail "sshd rejects its config"
-/usr/sbin/sshd -D -e -f "$TMP/sshd_config" > "$TMP/sshd.err" 2>&1 &
-server_pid=$!
-cleanup_fn "kill -TERM $server_pid 2>/dev/null; wait $server_pid 2>/dev/null"
-server_up ()
-{
-  kill -0 "$server_pid" 2>/dev/null &&
-    grep -q "Server listening on 127.0.0.1 port $PORT" "$TMP/sshd.err"
-}
-wait_until server_up || {
+start_sshd "/usr/lib/openssh/sftp-server -e -l INFO 2>>$TMP/sftp.log" || {
   cat "$TMP/sshd.err" >&2; fail "sshd did not start on port $PORT"
 }
-ssh_args=(host=127.0.0.1 port="$PORT" user=root
-          identity="$TMP/client_key" known-hosts="$TMP/known_hosts"
-          config="$TMP/ssh_config" timeout=20)
 # The ssh plugin on its own: the key, the host key and the size.
 got=$(nbdkit -r -U - ssh "${ssh_args[@]}" "$TMP/img.raw" \
         --run 'nbdinfo --size "$uri"') || {

@@ -127,47 +127,11 @@ nbdkit ssh --dump-plugin >/dev/null 2>&1 || ssh_skip "no nbdkit ssh plugin"
 nbdkit --filter=log null --dump-plugin >/dev/null 2>&1 ||
   ssh_skip "no nbdkit log filter"
 
-PORT=$($PYTHON -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-ssh-keygen -q -t ed25519 -N '' -C fscache-test-host -f "$TMP/host_key"
-ssh-keygen -q -t ed25519 -N '' -C fscache-test-client -f "$TMP/client_key"
-cp "$TMP/client_key.pub" "$TMP/authorized_keys"
-echo "[127.0.0.1]:$PORT $(cut -d' ' -f1,2 "$TMP/host_key.pub")" \
-  > "$TMP/known_hosts"
-: > "$TMP/ssh_config"
-cat > "$TMP/sshd_config" <<EOF
-Port $PORT
-ListenAddress 127.0.0.1
-HostKey $TMP/host_key
-AuthorizedKeysFile $TMP/authorized_keys
-PubkeyAuthentication yes
-PermitRootLogin prohibit-password
-PasswordAuthentication no
-KbdInteractiveAuthentication no
-StrictModes no
-UsePAM no
-PidFile $TMP/sshd.pid
-LogLevel INFO
-Subsystem sftp internal-sftp
-EOF
-mkdir -p /run/sshd
-/usr/sbin/sshd -t -f "$TMP/sshd_config" 2>"$TMP/sshd.err" ||
-  ssh_skip "sshd rejects its config: $(head -1 "$TMP/sshd.err")"
-/usr/sbin/sshd -D -e -f "$TMP/sshd_config" > "$TMP/sshd.err" 2>&1 &
-server_pid=$!
-cleanup_fn "kill -TERM $server_pid 2>/dev/null; wait $server_pid 2>/dev/null"
-server_up ()
-{
-  kill -0 "$server_pid" 2>/dev/null &&
-    grep -q "Server listening on 127.0.0.1 port $PORT" "$TMP/sshd.err"
-}
-wait_until server_up ||
+start_sshd internal-sftp ||
   ssh_skip "sshd did not start: $(tail -1 "$TMP/sshd.err")"
 
 make_random "$TMP/ssh.img" "$size"
 cp "$TMP/ssh.img" "$TMP/orig.img"
-ssh_args=(host=127.0.0.1 port="$PORT" user=root
-          identity="$TMP/client_key" known-hosts="$TMP/known_hosts"
-          config="$TMP/ssh_config" timeout=20)
 got=$(nbdkit -U - ssh "${ssh_args[@]}" "$TMP/ssh.img" \
         --run 'nbdinfo --size "$uri"' 2>"$TMP/ssh-probe.err") ||
   { cat "$TMP/ssh-probe.err" "$TMP/sshd.err" >&2

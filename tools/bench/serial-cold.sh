@@ -48,6 +48,9 @@ set -euo pipefail
 BENCH_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 : "${top_srcdir:=$(cd "$BENCH_DIR/../.." && pwd)}"
 : "${top_builddir:=$top_srcdir}"
+# cleanup_fn, free_port, start_sshd and a private $TMP, removed at exit.
+# shellcheck source=/dev/null
+source "$top_srcdir/tests/functions.sh"
 FILTER="${FSCACHE_FILTER:-$top_builddir/plugin/.libs/nbdkit-fscache-filter.so}"
 SIZE="${SIZE:-1G}" DELAY_MS="${DELAY_MS:-10}" RUNTIME="${RUNTIME:-8}"
 ROUNDS="${ROUNDS:-3}" POOLS="${POOLS:-0 1 4 8 16}" OUT="${OUT:-}"
@@ -87,17 +90,17 @@ pids=()
 # below fscache-min-free the filter stores nothing).  raw/ stays.
 cleanup () {
   local p f
-  for f in s.pid b.pid sshd.pid; do
+  for f in s.pid b.pid; do
     [ -s "$OUT/$f" ] && kill "$(cat "$OUT/$f")" 2>/dev/null || true
   done
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
   rm -rf "$OUT/www" "$OUT/cache"
 }
-trap cleanup EXIT
+cleanup_fn cleanup
 
 bytes=$(numfmt --from=iec "$SIZE")
 head -c "$bytes" /dev/urandom > "$OUT/www/img"
-port=$($PY -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+port=$(free_port)
 if [ "$UPSTREAM" = curl ]; then
   cat > "$OUT/nginx/nginx.conf" <<EOF
 daemon off;
@@ -124,34 +127,14 @@ EOF
   done
   up=(curl url="http://127.0.0.1:$port/img")
 else
-  # sshd with a private config and keys (tests/test-fscache-up-ssh.sh).
-  mkdir -p "$OUT/ssh" /run/sshd
-  ssh-keygen -q -t ed25519 -N '' -f "$OUT/ssh/host_key"
-  ssh-keygen -q -t ed25519 -N '' -f "$OUT/ssh/client_key"
-  cp "$OUT/ssh/client_key.pub" "$OUT/ssh/authorized_keys"
-  echo "[127.0.0.1]:$port $(cut -d' ' -f1,2 "$OUT/ssh/host_key.pub")" \
-    > "$OUT/ssh/known_hosts"
-  : > "$OUT/ssh/ssh_config"
-  cat > "$OUT/ssh/sshd_config" <<EOF
-Port $port
-ListenAddress 127.0.0.1
-HostKey $OUT/ssh/host_key
-AuthorizedKeysFile $OUT/ssh/authorized_keys
-PubkeyAuthentication yes
-PermitRootLogin prohibit-password
-PasswordAuthentication no
-KbdInteractiveAuthentication no
-StrictModes no
-UsePAM no
-PidFile $OUT/sshd.pid
-MaxStartups 100
-Subsystem sftp internal-sftp
-EOF
-  /usr/sbin/sshd -f "$OUT/ssh/sshd_config"
-  for i in $(seq 100); do [ -s "$OUT/sshd.pid" ] && break; sleep 0.1; done
-  up=(ssh host=127.0.0.1 port="$port" user=root
-      identity="$OUT/ssh/client_key" known-hosts="$OUT/ssh/known_hosts"
-      config="$OUT/ssh/ssh_config" timeout=20 "$OUT/www/img")
+  # sshd with keys of its own (tests/functions.sh); more connections
+  # being authenticated at once than its default 10, which a pool of
+  # 16 and a split's back server can have.
+  start_sshd internal-sftp "MaxStartups 100" || {
+    cat "$TMP/sshd.err" >&2; echo "serial-cold.sh: sshd did not start" >&2
+    exit 1
+  }
+  up=(ssh "${ssh_args[@]}" "$OUT/www/img")
 fi
 
 # serve CONFIG: start the server of CONFIG on $OUT/s.sock, fresh cache.
