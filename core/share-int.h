@@ -204,7 +204,6 @@ struct fsc_join {
   uint64_t retry_at;            /* ms: next try to rejoin or take over */
   struct fsc_object *local;     /* taken over: forward to it */
   struct fsc_object_params p;   /* ours, for rejoining and taking over */
-  int owner_pid;
   const uint32_t *ep;           /* the epochs file, mapped, or NULL */
   uint64_t refs[REF_BATCH];     /* blocks hit here, not yet reported */
   unsigned nrefs;

@@ -103,7 +103,6 @@ fsc_share_join (struct fsc_object *o, const struct fsc_object_params *p,
     }
     j->cap = 4;
     j->watch = fd;              /* requests open sockets of their own */
-    j->owner_pid = wel.pid;
     sh_setup_direct (o, j);
     info->owner_pid = wel.pid;
     info->present_blocks = wel.present_blocks;
@@ -287,15 +286,6 @@ fsc_share_commit (struct fsc_object *o)
     return -1;
   }
   return 0;
-}
-
-int
-fsc_share_owner_pid (struct fsc_object *o)
-{
-  if (o->join == NULL)
-    return 0;
-  SCOPED_LOCK (&o->join->lock);
-  return o->join->local ? (int) getpid () : o->join->owner_pid;
 }
 
 /* A joined object's operations (objops.h): set with o->join in

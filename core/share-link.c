@@ -210,7 +210,6 @@ sh_get_conn (struct fsc_object *o, struct fsc_object **local)
         (!sh_file_ids (o, ids) || memcmp (ids, j->ids, sizeof ids) != 0))
       j->direct_off = true;             /* files made anew: not ours */
     j->broken = false;
-    j->owner_pid = wel.pid;
     if (j->watch < 0) {
       /* A new owner (or the same one after a broken link): this socket
        * watches it, and the request gets one of its own.
