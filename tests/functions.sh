@@ -211,9 +211,19 @@ make_random ()
   head -c "$2" /dev/urandom > "$1"
 }
 
+# On failure, the end of each server's stderr kept in $TMP (*.err, as
+# NBDKIT_STDERR names them) goes into the test's log too: $TMP is gone
+# after the exit, and a failure that does not come back (a fleet's
+# node killed at the wrong moment) is otherwise left with one line.
 fail ()
 {
+  local f
   echo "$0: FAIL: $*" >&2
+  for f in "$TMP"/*.err; do
+    [ -s "$f" ] || continue
+    echo "--- the last 20 lines of $f:"
+    tail -n 20 "$f"
+  done >&2
   exit 1
 }
 
