@@ -474,15 +474,19 @@ _sshd_up ()
 
 # start_nginx ROOT FORMAT: nginx serving ROOT on 127.0.0.1:$PORT (set
 # here), its access log in $TMP/access.log in log_format FORMAT (nginx
-# variables, quoted so that the shell leaves them alone), /status its
+# variables, quoted so that the shell leaves them alone; "off": no
+# access log, for a benchmark, which should not pay for one), /status its
 # stub_status (not logged); waited for (ROOT/ready is created for it),
 # stopped at exit.  Sets PORT and nginx_pid.
 start_nginx ()
 {
-  local root=$1 format=$2
+  local root=$1 format=$2 log
   mkdir -p "$TMP/nginx-tmp"
   : > "$root/ready"
   PORT=$(free_port)
+  log="log_format fmt '$format';
+  access_log $TMP/access.log fmt;"
+  [ "$format" != off ] || log="access_log off;"
   cat > "$TMP/nginx.conf" <<EOF
 daemon off;
 master_process on;
@@ -493,8 +497,7 @@ error_log $TMP/nginx-error.log info;
 events { worker_connections 256; }
 http {
   default_type application/octet-stream;
-  log_format fmt '$format';
-  access_log $TMP/access.log fmt;
+  $log
   client_body_temp_path $TMP/nginx-tmp/body;
   proxy_temp_path $TMP/nginx-tmp/proxy;
   fastcgi_temp_path $TMP/nginx-tmp/fastcgi;

@@ -48,7 +48,7 @@ set -euo pipefail
 BENCH_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 : "${top_srcdir:=$(cd "$BENCH_DIR/../.." && pwd)}"
 : "${top_builddir:=$top_srcdir}"
-# cleanup_fn, free_port, start_sshd and a private $TMP, removed at exit.
+# cleanup_fn, start_nginx, start_sshd and a private $TMP, removed at exit.
 # shellcheck source=/dev/null
 source "$top_srcdir/tests/functions.sh"
 FILTER="${FSCACHE_FILTER:-$top_builddir/plugin/.libs/nbdkit-fscache-filter.so}"
@@ -83,49 +83,26 @@ done
 PY=python3; [ -x /usr/bin/python3 ] && PY=/usr/bin/python3
 
 [ -n "$OUT" ] || OUT="$(mktemp -d /tmp/fscache-serial-cold.XXXXXX)"
-mkdir -p "$OUT/raw" "$OUT/www" "$OUT/nginx"
-pids=()
-# On exit: the servers, then the image and the cache (3 GiB each at
+mkdir -p "$OUT/raw" "$OUT/www"
+# On exit: the nbdkit servers (nginx and sshd stop by their own
+# cleanup_fn, registered later, so run first), then the image and the cache (3 GiB each at
 # the documented sizes; left behind, a few runs fill the disk, and
 # below fscache-min-free the filter stores nothing).  raw/ stays.
 cleanup () {
-  local p f
+  local f
   for f in s.pid b.pid; do
     [ -s "$OUT/$f" ] && kill "$(cat "$OUT/$f")" 2>/dev/null || true
   done
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
   rm -rf "$OUT/www" "$OUT/cache"
 }
 cleanup_fn cleanup
 
 bytes=$(numfmt --from=iec "$SIZE")
 head -c "$bytes" /dev/urandom > "$OUT/www/img"
-port=$(free_port)
 if [ "$UPSTREAM" = curl ]; then
-  cat > "$OUT/nginx/nginx.conf" <<EOF
-daemon off;
-user root;
-worker_processes 2;
-pid $OUT/nginx/nginx.pid;
-error_log $OUT/nginx/error.log;
-events { worker_connections 1024; }
-http {
-  access_log off;
-  client_body_temp_path $OUT/nginx;
-  proxy_temp_path $OUT/nginx;
-  fastcgi_temp_path $OUT/nginx;
-  uwsgi_temp_path $OUT/nginx;
-  scgi_temp_path $OUT/nginx;
-  server { listen 127.0.0.1:$port; root $OUT/www; }
-}
-EOF
-  nginx -c "$OUT/nginx/nginx.conf" -p "$OUT/nginx" &
-  pids+=($!)
-  for i in $(seq 100); do
-    curl -sfI "http://127.0.0.1:$port/img" >/dev/null 2>&1 && break
-    sleep 0.1
-  done
-  up=(curl url="http://127.0.0.1:$port/img")
+  # nginx without an access log (tests/functions.sh), stopped at exit.
+  start_nginx "$OUT/www" off
+  up=(curl url="http://127.0.0.1:$PORT/img")
 else
   # sshd with keys of its own (tests/functions.sh); more connections
   # being authenticated at once than its default 10, which a pool of

@@ -33,6 +33,9 @@ set -euo pipefail
 BENCH_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 : "${top_srcdir:=$(cd "$BENCH_DIR/../.." && pwd)}"
 : "${top_builddir:=$top_srcdir}"
+# cleanup_fn, start_nginx and a private $TMP, removed at exit.
+# shellcheck source=/dev/null
+source "$top_srcdir/tests/functions.sh"
 FILTER="${FSCACHE_FILTER:-$top_builddir/plugin/.libs/nbdkit-fscache-filter.so}"
 SIZE="${SIZE:-512M}" DELAY_MS="${DELAY_MS:-5}" RUNTIME="${RUNTIME:-5}"
 ROUNDS="${ROUNDS:-3}" OUT="${OUT:-}"
@@ -57,40 +60,14 @@ PY=python3; [ -x /usr/bin/python3 ] && PY=/usr/bin/python3
 mkdir -p "$OUT/raw" "$OUT/www"
 pids=()
 cleanup () { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; }
-trap cleanup EXIT
+cleanup_fn cleanup
 
 bytes=$(numfmt --from=iec "$SIZE")
 half=$((bytes / 2 / 1048576 * 1048576))
 head -c "$bytes" /dev/urandom > "$OUT/www/img"
 
-port=$($PY -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-mkdir -p "$OUT/nginx"
-cat > "$OUT/nginx/nginx.conf" <<EOF
-daemon off;
-user root;
-worker_processes 2;
-pid $OUT/nginx/nginx.pid;
-error_log $OUT/nginx/error.log;
-events { worker_connections 256; }
-http {
-  access_log off;
-  client_body_temp_path $OUT/nginx;
-  proxy_temp_path $OUT/nginx;
-  fastcgi_temp_path $OUT/nginx;
-  uwsgi_temp_path $OUT/nginx;
-  scgi_temp_path $OUT/nginx;
-  server {
-    listen 127.0.0.1:$port;
-    root $OUT/www;
-  }
-}
-EOF
-nginx -c "$OUT/nginx/nginx.conf" -p "$OUT/nginx" &
-pids+=($!)
-for i in $(seq 100); do
-  curl -sfI "http://127.0.0.1:$port/img" >/dev/null 2>&1 && break
-  sleep 0.1
-done
+# nginx without an access log (tests/functions.sh), stopped at exit.
+start_nginx "$OUT/www" off
 
 # start NAME ARGS...: an nbdkit on $OUT/NAME.sock, waited for.
 start () {
@@ -100,7 +77,7 @@ start () {
   for i in $(seq 100); do [ -s "$OUT/$name.pid" ] && break; sleep 0.1; done
   pids+=("$(cat "$OUT/$name.pid")")
 }
-url="http://127.0.0.1:$port/img"
+url="http://127.0.0.1:$PORT/img"
 start px --filter="$FILTER" --filter=delay curl url="$url" \
   delay-read="${DELAY_MS}ms" fscache-dir="$OUT/cache" fscache-key=serial \
   fscache-validate=size
