@@ -6,7 +6,7 @@
 # curl plugin (one request at a time per connection in nbdkit 1.32),
 # with the delay filter adding DELAY_MS to every read, as a remote.
 # With --upstream=ssh (UPSTREAM=ssh), OpenSSH's sshd on 127.0.0.1 (a
-# private config and keys, as tests/test-fscache-up-ssh.sh) serves it
+# private config and keys: start_sshd, tests/functions.sh) serves it
 # over SFTP through nbdkit's ssh plugin (also one request at a time)
 # instead, everywhere "curl" stands below:
 #
@@ -70,7 +70,7 @@ for a in "$@"; do
   esac
 done
 case $UPSTREAM in
-  curl) needs="nginx nbdkit fio curl" ;;
+  curl) needs="nginx nbdkit fio" ;;
   ssh) needs="/usr/sbin/sshd ssh-keygen nbdkit fio" ;;
   *) echo "serial-cold.sh: --upstream=$UPSTREAM: curl or ssh" >&2; exit 2 ;;
 esac
@@ -80,14 +80,14 @@ for c in $needs; do
 done
 [ -f "$FILTER" ] ||
   { echo "serial-cold.sh: $FILTER: not built (./build.sh build)" >&2; exit 1; }
-PY=python3; [ -x /usr/bin/python3 ] && PY=/usr/bin/python3
 
 [ -n "$OUT" ] || OUT="$(mktemp -d /tmp/fscache-serial-cold.XXXXXX)"
 mkdir -p "$OUT/raw" "$OUT/www"
-# On exit: the nbdkit servers (nginx and sshd stop by their own
-# cleanup_fn, registered later, so run first), then the image and the cache (3 GiB each at
-# the documented sizes; left behind, a few runs fill the disk, and
-# below fscache-min-free the filter stores nothing).  raw/ stays.
+# On exit: the nbdkit servers, then the image and the cache (3 GiB
+# each at the documented sizes; left behind, a few runs fill the disk,
+# and below fscache-min-free the filter stores nothing).  raw/ stays.
+# nginx and sshd stop by their own cleanup_fn, registered later, so
+# run before this one.
 cleanup () {
   local f
   for f in s.pid b.pid; do
@@ -182,7 +182,7 @@ for r in $(seq "$ROUNDS"); do
   done
 done
 
-$PY - "$OUT/raw" "$ROUNDS" $configs <<'EOF' | tee "$OUT/results.txt"
+$PYTHON - "$OUT/raw" "$ROUNDS" $configs <<'EOF' | tee "$OUT/results.txt"
 import json, statistics, sys
 raw, rounds, configs = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
 def val(c, w, r):

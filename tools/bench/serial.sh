@@ -54,7 +54,6 @@ for c in nginx nbdkit fio python3; do
   command -v "$c" >/dev/null || { echo "serial.sh: $c: not installed" >&2; exit 1; }
 done
 [ -f "$FILTER" ] || { echo "serial.sh: $FILTER: not built (./build.sh build)" >&2; exit 1; }
-PY=python3; [ -x /usr/bin/python3 ] && PY=/usr/bin/python3
 
 [ -n "$OUT" ] || OUT="$(mktemp -d /tmp/fscache-serial.XXXXXX)"
 mkdir -p "$OUT/raw" "$OUT/www"
@@ -95,7 +94,7 @@ fio_rand () {
       --iodepth=8 --offset="$3" --size="$4" --runtime="$RUNTIME" $tb \
       --output-format=json --output="$OUT/raw/$1.json" >/dev/null
 }
-iops () { $PY -c 'import json,sys; print(round(json.load(open(sys.argv[1]))["jobs"][0]["read"]["iops"]))' "$1"; }
+iops () { $PYTHON -c 'import json,sys; print(round(json.load(open(sys.argv[1]))["jobs"][0]["read"]["iops"]))' "$1"; }
 
 echo "warming the first half ($half bytes) ..."
 fio --name=warm --ioengine=nbd --uri="$px" --rw=read --bs=1M --iodepth=4 \
@@ -116,7 +115,7 @@ for r in $(seq "$ROUNDS"); do
   echo "round $r: $(tail -1 "$OUT/results.tsv")"
 done
 
-$PY - "$OUT/results.tsv" "$DELAY_MS" "$SIZE" > "$OUT/table.md" <<'EOF'
+$PYTHON - "$OUT/results.tsv" "$DELAY_MS" "$SIZE" > "$OUT/table.md" <<'EOF'
 import statistics, sys
 rows = [list(map(int, l.split())) for l in open(sys.argv[1]) if l.strip()]
 names = ["4k hits alone (warm half)", "4k hits beside cold misses",

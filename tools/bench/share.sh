@@ -88,7 +88,6 @@ done
 [ -f "$FILTER" ] || { echo "share.sh: $FILTER: not built (./build.sh build)" >&2; exit 1; }
 [ -z "$OLD_FILTER" ] || [ -f "$OLD_FILTER" ] ||
   { echo "share.sh: --old-filter: $OLD_FILTER: no such file" >&2; exit 1; }
-PY=python3; [ -x /usr/bin/python3 ] && PY=/usr/bin/python3
 
 [ -n "$OUT" ] || OUT="$(mktemp -d /tmp/fscache-share.XXXXXX)"
 mkdir -p "$OUT/raw" "$OUT/work"
@@ -168,7 +167,7 @@ since () { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.2f\n", b - a }'; }
 # then start at once).
 first_connects ()               # NAME
 {
-  "$PY" -c 'import nbd, sys; h = nbd.NBD(); h.connect_uri(sys.argv[1]); h.pread(4096, 0); h.shutdown()' "$(uri "$1")"
+  "$PYTHON" -c 'import nbd, sys; h = nbd.NBD(); h.connect_uri(sys.argv[1]); h.pread(4096, 0); h.shutdown()' "$(uri "$1")"
 }
 
 # ---- (a) cold ------------------------------------------------------------
@@ -219,7 +218,7 @@ warm ()                         # CASE ROUND
     4x1) for n in 1 2 3 4; do proxy "p$n" "$dir"; done; names=(p1 p2 p3 p4) ;;
   esac
   # A connection to p1 first (the owner), held during the run.
-  "$PY" -c '
+  "$PYTHON" -c '
 import nbd, os, sys, time
 h = nbd.NBD(); h.connect_uri(sys.argv[1]); h.pread(4096, 0)
 open(sys.argv[2], "w").close()
@@ -244,7 +243,7 @@ h.shutdown()' "$(uri p1)" "$OUT/work/held" "$OUT/work/release" &
   rm -f "$OUT/work/held" "$OUT/work/release"
   for n in $(printf '%s\n' "${names[@]}" | sort -u); do stop "$n"; done
   stop up
-  "$PY" - "$OUT/raw/fio-$c-$r.json" "$c" "$r" "$up" >> "$OUT/results.tsv" <<'EOF'
+  "$PYTHON" - "$OUT/raw/fio-$c-$r.json" "$c" "$r" "$up" >> "$OUT/results.tsv" <<'EOF'
 import json, sys
 f, c, r, up = sys.argv[1:]
 jobs = json.load(open(f))["jobs"]
@@ -279,7 +278,7 @@ for (( r=1; r<=ROUNDS; r++ )); do
 done
 
 # ---- the table -----------------------------------------------------------
-"$PY" - "$OUT/results.tsv" "$bytes" > "$OUT/table.md" <<'EOF'
+"$PYTHON" - "$OUT/results.tsv" "$bytes" > "$OUT/table.md" <<'EOF'
 import statistics, sys
 rows = [l.rstrip("\n").split("\t") for l in open(sys.argv[1]) if l.strip()]
 size = int(sys.argv[2])
