@@ -29,7 +29,8 @@
 
 #define BUF_CLASS_MIN 16                /* 64 KiB */
 /* Big buffers kept for reuse.  It covers what a steady cold stream has
- * out at once: the fill queue's FILL_MAX_BYTES (16 MiB) and as much
+ * out at once: 16 MiB of fills waiting for the disk (the queue's
+ * least bound, fill.c; it grows only to ride out a stall) and as much
  * again being fetched (a pool of 16 contexts with 1 MiB chunks, the
  * client's own misses).  At 4 MiB, a sequential 1M read over a pool of
  * 16 mapped and faulted in nearly every buffer: 86,000 page faults in

@@ -7,7 +7,7 @@
  * the object.  A miss takes its job before it reads upstream (the read
  * lands in the job's buffer) and offers it to the queue once the data
  * is there (fsc_fill_submit).  Jobs wait in a FIFO under
- * cache->fill_lock, at most FILL_MAX_BYTES of them.  That bound is the
+ * cache->fill_lock, at most fsc_fill_bound of them.  That bound is the
  * cache disk's backlog, bytes fetched and not yet written, so it is
  * checked when the data has arrived, not when the fetch starts: a slow
  * link with many large reads in flight has much being fetched and
@@ -139,7 +139,29 @@
 #include "internal.h"
 #include "utils.h"
 
-#define FILL_MAX_BYTES (16u << 20)      /* queued background fills */
+/* The fill queue's bound (fsc_fill_bound): FILL_QUEUE_MS of the
+ * fills' best rate, their meter's peak, within [FILL_MIN_BYTES,
+ * FILL_MAX_BYTES].  The queue is what lets a client be served from
+ * memory while the file system stalls its writers: a commit's
+ * fdatasync makes ext4 allocate the blocks that delayed allocation
+ * left, under the inode's data lock, reading block bitmaps as it goes,
+ * and every fill's pwrite waits for it; so does any writer behind a
+ * journal commit or another program's fsync.  Those stalls lasted up
+ * to 250 ms on the VM of docs/benchmarks.md (issue 27, stop 39).  With
+ * 16 MiB queued, a cold stream from a link of 750 MiB/s filled the
+ * queue within 21 ms of a stall; readahead paused, prefetches and
+ * client misses wrote inline and held their claims, and the stream
+ * waited on the disk: 520 MiB/s in one process, 680 through the split,
+ * against 720 and 800 with 128 MiB (256 did no better).  A disk that
+ * is slow for good, not for a moment, keeps a small queue: its fills'
+ * peak is low (a cgroup-throttled disk's pwrites block in the kernel's
+ * dirty-page throttling), and there a bigger queue would only hold
+ * more memory and put off the skip of a disk that is the bottleneck.
+ * Before the fills are measured: the minimum.
+ */
+#define FILL_MIN_BYTES ((uint64_t) 16 << 20)
+#define FILL_MAX_BYTES ((uint64_t) 128 << 20)
+#define FILL_QUEUE_MS 250
 
 /* The cache disk is the bottleneck when fills are written at less
  * than this share of the upstream's rate (see the comment at the top).
@@ -283,12 +305,23 @@ fsc_fill_budget (struct fsc_cache *c, uint64_t len, bool speculative)
 }
 
 size_t
+fsc_fill_bound (struct fsc_cache *c)
+{
+  const uint64_t peak = __atomic_load_n (&c->fill_meter.peak,
+                                         __ATOMIC_RELAXED);
+  /* peak / 1000 * MS, not peak * MS / 1000: no overflow at any rate. */
+  const uint64_t b = peak / 1000 * FILL_QUEUE_MS;
+  return (size_t) MIN (FILL_MAX_BYTES, MAX (FILL_MIN_BYTES, b));
+}
+
+size_t
 fsc_fill_room (struct fsc_cache *c)
 {
   SCOPED_LOCK (&c->fill_lock);
   if (!c->filler_running || c->fill_stopping)
     return 0;
-  return c->fill_bytes >= FILL_MAX_BYTES ? 0 : FILL_MAX_BYTES - c->fill_bytes;
+  const size_t bound = fsc_fill_bound (c);
+  return c->fill_bytes >= bound ? 0 : bound - c->fill_bytes;
 }
 
 struct fsc_fill *
@@ -366,7 +399,7 @@ bool
 fsc_fill_congested (struct fsc_cache *c)
 {
   return __atomic_load_n (&c->fill_bytes, __ATOMIC_RELAXED) >
-    FILL_MAX_BYTES / 2;
+    fsc_fill_bound (c) / 2;
 }
 
 int
@@ -380,7 +413,7 @@ fsc_fill_submit (struct fsc_cache *c, struct fsc_object *obj,
   pthread_mutex_lock (&c->fill_lock);
   const size_t queued = c->fill_bytes;
   bool ok = !c->fill_stopping &&
-    (queued == 0 || queued + f->len <= FILL_MAX_BYTES);
+    (queued == 0 || queued + f->len <= fsc_fill_bound (c));
   if (ok)
     __atomic_store_n (&c->fill_bytes, queued + f->len, __ATOMIC_RELAXED);
   pthread_mutex_unlock (&c->fill_lock);

@@ -62,6 +62,11 @@ struct fsc_meter {
  */
 extern struct fsc_fill *fsc_fill_new (struct fsc_cache *cache, size_t len);
 
+/* fill.c: the fill queue's bound in bytes: a quarter second of the
+ * fills' peak rate, from 16 to 128 MiB (16 until measured).  No lock.
+ */
+extern size_t fsc_fill_bound (struct fsc_cache *cache);
+
 /* fill.c: bytes the fill queue has room for now (a hint: no lock
  * held after).  Takes cache->fill_lock.
  */

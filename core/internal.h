@@ -52,7 +52,7 @@ struct fsc_cache {
   bool stopping;
   bool commit_wanted;
 
-  /* Background fills: a FIFO under fill_lock, at most FILL_MAX_BYTES
+  /* Background fills: a FIFO under fill_lock, at most fsc_fill_bound
    * queued (fill_bytes, also read without the lock: atomic stores);
    * the thread runs between fsc_cache_start and close.
    */

@@ -16,6 +16,9 @@
  *                            rate; a speculative prefetch is not
  *                            charged (readahead asks fsc_fill_budgeted
  *                            and pauses instead).
+ *
+ * And the fill queue's bound (fsc_fill_bound), from the fills' peak:
+ * a quarter second of it, within 16 and 128 MiB.
  */
 #include <config.h>
 
@@ -80,6 +83,20 @@ main (void)
   CHECK (fsc_fill_budgeted (c));
   CHECK (!fsc_fill_budget (c, 64 * MiB, false));
   CHECK (fsc_fill_budget (c, 64 * MiB, true));
+
+  /* The fill queue's bound: 16 MiB until the fills are measured, and
+   * for a disk slower than 64 MiB/s; a quarter second of their peak
+   * above; 128 MiB at most (a stall of a fast disk).
+   */
+  CHECK (fsc_fill_bound (c) == 16 * MiB);
+  __atomic_store_n (&c->fill_meter.peak, 4 * MiB, __ATOMIC_RELAXED);
+  CHECK (fsc_fill_bound (c) == 16 * MiB);
+  __atomic_store_n (&c->fill_meter.peak, 256 * MiB, __ATOMIC_RELAXED);
+  CHECK (fsc_fill_bound (c) >= 63 * MiB && fsc_fill_bound (c) <= 64 * MiB);
+  __atomic_store_n (&c->fill_meter.peak, 2000 * MiB, __ATOMIC_RELAXED);
+  CHECK (fsc_fill_bound (c) == 128 * MiB);
+  __atomic_store_n (&c->fill_meter.peak, UINT64_MAX, __ATOMIC_RELAXED);
+  CHECK (fsc_fill_bound (c) == 128 * MiB);
 
   fsc_cache_close (c);
   char cmd[128];
