@@ -148,11 +148,12 @@
  * and every fill's pwrite waits for it; so does any writer behind a
  * journal commit or another program's fsync.  Those stalls lasted up
  * to 250 ms on the VM of docs/benchmarks.md (issue 27, stop 39).  With
- * 16 MiB queued, a cold stream from a link of 750 MiB/s filled the
+ * 16 MiB at most, a cold stream from a link of 750 MiB/s filled the
  * queue within 21 ms of a stall; readahead paused, prefetches and
  * client misses wrote inline and held their claims, and the stream
- * waited on the disk: 520 MiB/s in one process, 680 through the split,
- * against 720 and 800 with 128 MiB (256 did no better).  A disk that
+ * waited on the disk.  tools/bench/serial-cold.sh, pool of 16: 506
+ * MiB/s in one process and 605 through the split, against 749 and 868
+ * with this bound (a fixed 256 MiB did no better than 128).  A disk that
  * is slow for good, not for a moment, keeps a small queue: its fills'
  * peak is low (a cgroup-throttled disk's pwrites block in the kernel's
  * dirty-page throttling), and there a bigger queue would only hold
