@@ -154,10 +154,12 @@
  * waited on the disk.  tools/bench/serial-cold.sh, pool of 16: 506
  * MiB/s in one process and 605 through the split, against 749 and 868
  * with this bound (a fixed 256 MiB did no better than 128).  A disk that
- * is slow for good, not for a moment, keeps a small queue: its fills'
- * peak is low (a cgroup-throttled disk's pwrites block in the kernel's
- * dirty-page throttling), and there a bigger queue would only hold
- * more memory and put off the skip of a disk that is the bottleneck.
+ * is slow for good, not for a moment, gets a small queue back: once the
+ * kernel throttles the fills' pwrites (dirty pages at their limit, or a
+ * cgroup's, as in test-fscache-slow-disk.sh), their windows are slow
+ * and the peak decays to them, halving in under a second of busy time
+ * (meter.c, PEAK_DECAY); there a bigger queue would only hold more
+ * memory and put off the skip of a disk that is the bottleneck.
  * Before the fills are measured: the minimum.
  */
 #define FILL_MIN_BYTES ((uint64_t) 16 << 20)
