@@ -952,10 +952,13 @@ decode_trace (size_t *np)
       v[n].ev = j;
       v[n].type = h[4];
       v[n].off = get_le64 (h + 24);
-      v[n].len = h[4] == 4 ? 0 : len;
+      /* Markers and void records (padding) hold no export bytes. */
+      v[n].len = h[4] == 4 || h[4] == 5 ? 0 : len;
       v[n].data = h + hl;
       n++;
-      at += ROUND_UP (hl + (h[4] == 1 ? len : 0), (uint64_t) 8);
+      /* (A void record's length is its whole size.) */
+      at += h[4] == 5 ? ROUND_UP (len, (uint64_t) 8)
+        : ROUND_UP (hl + (h[4] == 1 ? len : 0), (uint64_t) 8);
     }
   }
   *np = n;
@@ -983,11 +986,18 @@ trec_holds (const struct trec *t, uint64_t a, uint64_t b,
  * untouched part of a unit from the record before it, and zeroes look
  * alike whichever record they come from.  So a newest match that is
  * not durable is excused by an older durable record holding the same
- * bytes, if every record between them holds those bytes too where it
- * overlaps the unit: the upstream then got what the durable log holds.
- * (An oracle that took the newest match alone failed about 1 run in 8
- * under load, always on such a copy; the writer had sent the durable
- * record.)
+ * bytes for the whole unit: the upstream then got what the durable log
+ * holds.  Records between the two may hold other bytes: the writer
+ * sends epoch after epoch (rule 6), so while it is behind it sends an
+ * old epoch's zero record after newer epochs wrote data over the same
+ * unit and a still newer trim zeroed it again.  Only zeroes and copies
+ * match across records (the data is random), so the excuse covers no
+ * other send.  (An oracle that took the newest match alone failed about
+ * 1 run in 8 under load, always on such a copy; one that also wanted
+ * every record between to match failed 4 runs in 90 on a quiet 2-core
+ * machine, each time on the writer's first batch, an old zero record
+ * sent while a trim of the last operations before the writer started
+ * was not yet durable.)
  */
 static uint64_t
 sent_not_durable (const ssize_t *sync_begin, unsigned seed)
@@ -1021,16 +1031,13 @@ sent_not_durable (const ssize_t *sync_begin, unsigned seed)
         continue;               /* from no record: not the writer's */
       if ((ssize_t) r[k].ev < durable_ev)
         continue;
-      /* The same bytes in an older durable record? */
+      /* The same bytes, the whole unit, in an older durable record? */
       bool ok = false;
       for (size_t q = k; q-- > 0 && !ok; ) {
         const struct trec *t = &r[q];
-        if (t->type == 4 || t->off >= ue || t->off + t->len <= u)
+        if (t->type == 4 || t->off > u || t->off + t->len < ue)
           continue;
-        uint64_t a = MAX (u, t->off), e = MIN (ue, t->off + t->len);
-        if (!trec_holds (t, a, e, want + (a - u)))
-          break;
-        ok = (ssize_t) t->ev < durable_ev && a == u && e == ue;
+        ok = (ssize_t) t->ev < durable_ev && trec_holds (t, u, ue, want);
       }
       if (ok) {
         excused++;
