@@ -94,10 +94,10 @@ push (int type, int kind, const void *buf, size_t n, uint64_t off)
  * runs beside the workload, and may make the not-clean mark and commit
  * itself: two threads record at once.  Unlocked, one push's realloc
  * could move the array under the other's, an event be lost or written
- * into freed memory.  (One CI run failed the not-clean check below,
- * on the first commit's record write right after the mark, as if the
- * mark's event were damaged; seen once more in about 700 runs here,
- * and not since the lock.)
+ * into freed memory.  (The not-clean check below failed once in
+ * about 590 runs here, on the first commit's record write right after
+ * the mark, as if the mark's event were damaged; not in 415 runs since
+ * the lock.)
  */
 static pthread_mutex_t obj_ev_lock = PTHREAD_MUTEX_INITIALIZER;
 
