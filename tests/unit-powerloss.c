@@ -61,7 +61,7 @@ struct event {
   uint64_t off;
   size_t n;
   unsigned char *data;
-  unsigned long tid;            /* low bits of the thread's id */
+  pthread_t tid;                /* the thread that recorded it */
 };
 
 static struct event *ev;
@@ -81,7 +81,7 @@ push (int type, int kind, const void *buf, size_t n, uint64_t off)
   ev[nev].off = off;
   ev[nev].n = n;
   ev[nev].data = NULL;
-  ev[nev].tid = (unsigned long) pthread_self () & 0xffff;
+  ev[nev].tid = pthread_self ();
   if (n) {
     ev[nev].data = malloc (n);
     CHECK (ev[nev].data != NULL);
@@ -329,7 +329,7 @@ run (unsigned seed)
       fprintf (stderr, "  event %zu: %s of file kind %d at %" PRIu64
                " n %zu (thread %04lx)\n", i,
                ev[i].type == EV_SYNC ? "sync" : "write", ev[i].kind,
-               ev[i].off, ev[i].n, ev[i].tid);
+               ev[i].off, ev[i].n, (unsigned long) ev[i].tid & 0xffff);
     exit (1);
   }
   CHECK (changed);
@@ -476,8 +476,6 @@ enum { EV_SYNC_BEGIN = 10, EV_PUNCH, EV_TRUNC, EV_OP_BEGIN, EV_OP_DURABLE,
        EV_WRITER };
 
 static pthread_mutex_t ev_lock = PTHREAD_MUTEX_INITIALIZER;
-static pthread_t *ev_tid;               /* thread of each event */
-static size_t ev_tid_cap;
 
 /* The log's file, once created: its changes are recorded. */
 static bool wl_watch;
@@ -492,12 +490,6 @@ wpush_locked (int type, const void *buf, size_t n, uint64_t off)
 {
   push (type, FSC_FILE_WLOG, buf, buf ? n : 0, off);
   ev[nev - 1].n = n;
-  if (ev_tid_cap < capev) {
-    ev_tid_cap = capev;
-    ev_tid = realloc (ev_tid, ev_tid_cap * sizeof *ev_tid);
-    CHECK (ev_tid != NULL);
-  }
-  ev_tid[nev - 1] = pthread_self ();
 }
 
 static void
@@ -821,7 +813,7 @@ wdump (size_t from, size_t to)
   for (size_t j = from; j < to && j < nev; ++j)
     fprintf (stderr, "  event %zu: %s off %" PRIu64 " n %zu (thread %lx)\n",
              j, names[ev[j].type], ev[j].off, ev[j].n,
-             (unsigned long) ev_tid[j] & 0xffff);
+             (unsigned long) ev[j].tid & 0xffff);
 }
 
 /* Keep the failing image (in the current directory) and the run's
@@ -1181,7 +1173,7 @@ run_wlog (unsigned seed)
     if (ev[j].type == EV_SYNC) {
       for (ssize_t i = j - 1; i >= 0 && sync_begin[j] < 0; --i)
         if (ev[i].type == EV_SYNC_BEGIN &&
-            pthread_equal (ev_tid[i], ev_tid[j]))
+            pthread_equal (ev[i].tid, ev[j].tid))
           sync_begin[j] = i;
       CHECK (sync_begin[j] >= 0);
     }
@@ -1416,9 +1408,6 @@ run_wlog (unsigned seed)
   free (ev);
   ev = NULL;
   nev = capev = 0;
-  free (ev_tid);
-  ev_tid = NULL;
-  ev_tid_cap = 0;
   free (sync_begin);
   free (points);
   free (base.p);
@@ -1514,7 +1503,7 @@ run_restart (unsigned seed)
       nsync++;
       for (ssize_t i = j - 1; i >= 0; --i)
         if (ev[i].type == EV_SYNC_BEGIN &&
-            pthread_equal (ev_tid[i], ev_tid[j])) {
+            pthread_equal (ev[i].tid, ev[j].tid)) {
           if (i > synced)
             synced = i;
           break;
