@@ -41,6 +41,13 @@ struct cu_range {
   uint64_t b, n;                /* first block, blocks */
 };
 
+/* The bytes of blocks [B, B + N), the last one cut at the export's end. */
+static uint64_t
+range_bytes (const struct fsc_object *o, uint64_t b, uint64_t n)
+{
+  return MIN (n << o->geom.bshift, o->geom.size - (b << o->geom.bshift));
+}
+
 void
 fsc_catchup_note (struct fsc_object *o, uint64_t offset, uint64_t len)
 {
@@ -49,7 +56,11 @@ fsc_catchup_note (struct fsc_object *o, uint64_t offset, uint64_t len)
   uint64_t b = offset >> o->geom.bshift;
   uint64_t e = MIN (offset + len, o->geom.size);
   uint64_t n = ((e - 1) >> o->geom.bshift) - b + 1;
-  uint64_t bytes = n << o->geom.bshift;
+  /* Counted as fsc_catchup_take hands them out, up to the export's
+   * end: the counters then add up (noted = done + dropped + pending)
+   * for an export whose last block is short.
+   */
+  uint64_t bytes = range_bytes (o, b, n);
   struct fsc_stats *st = &o->cache->stats;
 
   pthread_mutex_lock (&o->cu_lock);
@@ -86,7 +97,7 @@ fsc_catchup_note (struct fsc_object *o, uint64_t offset, uint64_t len)
       FSC_STAT_ADD (st, catchup_dropped_bytes, bytes);
       return;
     }
-    dropped = o->cu[o->cu_head].n << o->geom.bshift;
+    dropped = range_bytes (o, o->cu[o->cu_head].b, o->cu[o->cu_head].n);
     o->cu_head = (o->cu_head + 1) % o->cu_cap;
     o->cu_len--;
     o->cu_pending -= MIN (o->cu_pending, dropped);
@@ -117,7 +128,7 @@ fsc_catchup_take (struct fsc_object *o, uint64_t max, uint64_t *offset,
       o->cu_head = (o->cu_head + 1) % o->cu_cap;
       o->cu_len--;
     }
-    o->cu_pending -= MIN (o->cu_pending, n << o->geom.bshift);
+    o->cu_pending -= MIN (o->cu_pending, *len);
     r = 1;
   }
   pthread_mutex_unlock (&o->cu_lock);

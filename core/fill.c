@@ -291,14 +291,15 @@ fsc_fill_budget (struct fsc_cache *c, uint64_t len, bool speculative)
   const uint64_t rate = engaged ? fill / 100 * DUTY_PCT : 0;
   const uint64_t now = fsc_mono_ns ();
   SCOPED_LOCK (&c->budget_lock);
+  const uint64_t burst = c->budget_burst ? c->budget_burst : BUDGET_BURST;
   if (c->budget_ns == 0) {              /* the first time: full */
-    c->budget_bytes = BUDGET_BURST;
+    c->budget_bytes = burst;
     c->budget_ns = now;
   }
   else if (now > c->budget_ns) {
     const double add = (double) (now - c->budget_ns) * (double) rate / 1e9;
-    c->budget_bytes = add >= (double) BUDGET_BURST ? BUDGET_BURST
-      : MIN (BUDGET_BURST, c->budget_bytes + (uint64_t) add);
+    c->budget_bytes = add >= (double) burst ? burst
+      : MIN (burst, c->budget_bytes + (uint64_t) add);
     c->budget_ns = now;
   }
   if (c->budget_bytes < len)

@@ -85,6 +85,9 @@ struct fsc_cache {
                                          * engaged whatever the rates,
                                          * 0 never (nor the full
                                          * queue's skip), -1 unset */
+  uint64_t budget_burst;                /* the bucket's size (fill.c);
+                                         * NBD_FSCACHE_TEST_BURST sets
+                                         * a smaller one for tests */
 
   /* Is the cache disk the bottleneck (fill.c, fsc_fill_slower)? */
   struct fsc_meter up_meter;            /* every upstream read */
