@@ -390,8 +390,16 @@ extern void fsc_object_count_peer (struct fsc_object *obj,
                                    enum fsc_peer_stat which, uint64_t delta);
 extern void fsc_cache_set_peers_known (struct fsc_cache *cache, uint64_t n);
 
+/* The upstream is no longer the one OBJ caches (a context reopened on
+ * it reports another size): withdraw OBJ (uncached from now on, its
+ * files removed, joiners told), with ERR (ESTALE) as the reason its
+ * notices give.  Idempotent.
+ */
+extern void fsc_object_withdraw (struct fsc_object *obj, int err);
+
 /* Introspection. */
 extern int fsc_object_state (struct fsc_object *obj);
+extern uint64_t fsc_object_size (struct fsc_object *obj);
 extern uint64_t fsc_object_present_blocks (struct fsc_object *obj);
 
 /* OBJ's own counters (ostats.h: persistent across opens, unlike the

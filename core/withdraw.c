@@ -49,6 +49,18 @@ fsc_withdraw (struct fsc_object *o, int err)
   }
 }
 
+void
+fsc_object_withdraw (struct fsc_object *o, int err)
+{
+  fsc_withdraw (o, err);
+}
+
+uint64_t
+fsc_object_size (struct fsc_object *o)
+{
+  return o->geom.size;          /* fixed from the object's open */
+}
+
 bool
 fsc_object_check_stale (struct fsc_object *o)
 {

@@ -41,6 +41,7 @@
 
 #include "blocksize.h"
 #include "upstream.h"
+#include "say.h"
 
 /* Where reads and writes are split when the upstream gives no
  * maximum: NBD's 32 MiB, well over anything the filter asks at once.
@@ -246,7 +247,7 @@ bs_check_block_size (struct upstream *u, uint32_t block_size)
   if ((block_size % min == 0 && (max == 0 || block_size <= max)) ||
       __atomic_test_and_set (&said, __ATOMIC_RELAXED))
     return;
-  nbdkit_error ("fscache: warning: fscache-block-size=%" PRIu32 " does not "
+  say_warning ("fscache-block-size=%" PRIu32 " does not "
                 "fit the upstream's block sizes (minimum %" PRIu32
                 ", maximum %" PRIu32 "): each fill is %s; a block size "
                 "that is a multiple of the minimum and at most the "

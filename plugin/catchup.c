@@ -41,6 +41,7 @@
 
 #include "blocksize.h"
 #include "catchup.h"
+#include "ownctx.h"
 #include "params.h"
 #include "upstream.h"
 
@@ -130,12 +131,26 @@ worker (void *arg)
 
   while (wait_idle () && fsc_catchup_take (w->obj, CHUNK, &off, &len)) {
     if (!w->have_u) {
-      if (upstream_open_shared (&w->u, backend, w->exportname) == -1 ||
-          upstream_prepare (&w->u) == -1 || upstream_get_size (&w->u) == -1) {
+      int64_t size = -1;
+      if (upstream_open_shared (&w->u, backend, 1, w->exportname) == -1 ||
+          upstream_prepare (&w->u) == -1 ||
+          (size = upstream_get_size (&w->u)) == -1) {
         upstream_close (&w->u);
         nbdkit_debug ("fscache: export \"%s\": catch-up: cannot open the "
                       "upstream; what is pending waits", w->exportname);
         fsc_catchup_done (w->obj, len, false);  /* the chunk taken */
+        break;
+      }
+      if ((uint64_t) size != fsc_object_size (w->obj)) {
+        /* Not the image cached: fill nothing from it (as pool.c). */
+        upstream_close (&w->u);
+        nbdkit_error ("fscache: export \"%s\": catch-up: the upstream now "
+                      "reports %" PRId64 " bytes, not the %" PRIu64
+                      " cached: it was replaced under the cache; "
+                      "withdrawing its cache object", w->exportname, size,
+                      fsc_object_size (w->obj));
+        fsc_object_withdraw (w->obj, ESTALE);
+        fsc_catchup_done (w->obj, len, false);
         break;
       }
       w->have_u = true;
@@ -185,7 +200,8 @@ void
 catchup_maybe_start (struct fsc_object *obj, const char *exportname)
 {
   if (!params.catchup || params.mode == MODE_WRITEBACK || backend == NULL ||
-      !upstream_model_allows_shared () || fsc_catchup_pending (obj) == 0)
+      !upstream_model_allows_shared () || fsc_catchup_pending (obj) == 0 ||
+      !ownctx_allowed (exportname))
     return;
   SCOPED_LOCK (&list_lock);
   reap_locked ();

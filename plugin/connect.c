@@ -37,12 +37,14 @@
 #include "blocksize.h"
 #include "handle.h"
 #include "identity.h"
+#include "ownctx.h"
 #include "params.h"
 #include "peers.h"
 #include "pool.h"
 #include "upstream.h"
 #include "view.h"
 #include "writeback.h"
+#include "say.h"
 
 /* Held while a connection opens an object not yet open in this
  * process: the write log's flock is per open file, so two connections
@@ -102,8 +104,15 @@ origin_pread (void *opaque, void *buf, uint32_t count, uint64_t offset,
 {
   struct handle *h = opaque;
   struct view *v = view_of (h, false);
-  return v ? bs_pread (view_upstream (v), buf, count, offset, 0, err)
+  int r = v ? bs_pread (view_upstream (v), buf, count, offset, 0, err)
     : pool_pread (h->pool, &h->upstream, buf, count, offset, err);
+  if (r == -1 && *err == ESTALE) {
+    /* Not the image cached any more (said by the pool). */
+    if (h->obj)
+      fsc_object_withdraw (h->obj, ESTALE);
+    *err = EIO;
+  }
+  return r;
 }
 
 /* ... and with a fleet, the ranges other peers own from them. */
@@ -241,7 +250,8 @@ static int
 start_readahead (struct handle *h)
 {
   if (params.catchup && !h->wbmode &&
-      fsc_object_state (h->obj) == FSC_OBJ_AVAILABLE)
+      fsc_object_state (h->obj) == FSC_OBJ_AVAILABLE &&
+      upstream_model_allows_shared () && ownctx_allowed (h->exportname))
     fsc_catchup_enable (h->obj, true);
   /* A peer asks for exactly the ranges it wants: reading ahead of it
    * would fetch ranges other peers own.
@@ -369,7 +379,7 @@ prepare_offline (struct handle *h, struct fsc_object_params *p)
     return -1;
   }
   h->size = size;
-  nbdkit_error ("fscache: warning: export \"%s\": upstream unavailable; "
+  say_warning ("export \"%s\": upstream unavailable; "
                 "serving the cached copy read-only, as last validated "
                 "(%" PRIu64 " blocks cached; reads of the rest fail with "
                 "EIO)", h->exportname, fsc_object_present_blocks (h->obj));
@@ -449,12 +459,17 @@ wb_wanted (struct handle *h)
   h->wbmode = false;
   if (params.mode != MODE_WRITEBACK)
     return 0;
+  /* The writer needs a context of its own (ownctx.c says when there
+   * is none, once): without one, written through.
+   */
+  if (!ownctx_allowed (h->exportname))
+    return 0;
   int w = upstream_can_write (&h->upstream);
   if (w == -1)
     return -1;
   h->wbmode = w == 1;
   if (w == 0 && !__atomic_test_and_set (&said, __ATOMIC_RELAXED))
-    nbdkit_error ("fscache: warning: export \"%s\": fscache-mode=writeback, "
+    say_warning ("export \"%s\": fscache-mode=writeback, "
                   "but the upstream cannot write: serving it read-only, "
                   "cached as in writethrough mode", h->exportname);
   return 0;
@@ -531,7 +546,7 @@ static void
 say_open (struct handle *h, const struct fsc_open_info *info)
 {
   if (info->busy)
-    nbdkit_error ("fscache: warning: export \"%s\" is cached by another "
+    say_warning ("export \"%s\" is cached by another "
                   "process using %s%s; serving it uncached",
                   h->exportname, params.dir,
                   info->reason == FSC_REJ_UPSTREAM_SIZE ||
@@ -544,19 +559,19 @@ say_open (struct handle *h, const struct fsc_open_info *info)
                   "(%" PRIu64 " blocks cached)", h->exportname,
                   info->owner_pid, info->present_blocks);
   else if (info->err == EPERM || info->err == ENOTDIR)
-    nbdkit_error ("fscache: warning: export \"%s\": cache unusable: its "
+    say_warning ("export \"%s\": cache unusable: its "
                   "fan-out directory in %s/objects (or a file in it) is not "
                   "this user's alone (owned by another user, writable by "
                   "others, or not a directory: it must be uid %d's, mode "
                   "0700); refusing it and serving the export uncached",
                   h->exportname, params.dir, (int) geteuid ());
   else if (info->err)
-    nbdkit_error ("fscache: warning: export \"%s\": cache unusable (%s); "
+    say_warning ("export \"%s\": cache unusable (%s); "
                   "serving it uncached", h->exportname,
                   strerror (info->err));
   else if (!info->shared) {
     if (info->reason != FSC_OK && info->reason != FSC_REJ_NEW)
-      nbdkit_error ("fscache: warning: export \"%s\": discarding cached "
+      say_warning ("export \"%s\": discarding cached "
                     "data (%s), starting cold", h->exportname,
                     fsc_reason_name (info->reason));
     if (info->old_version)
@@ -564,7 +579,7 @@ say_open (struct handle *h, const struct fsc_open_info *info)
                     "version %u read and upgraded to version %u",
                     h->exportname, info->old_version, FSC_INDEX_VERSION);
     if (info->unclean)
-      nbdkit_error ("fscache: warning: export \"%s\": previous user did "
+      say_warning ("export \"%s\": previous user did "
                     "not shut down cleanly; the cache was checked and "
                     "kept", h->exportname);
     nbdkit_debug ("fscache: export \"%s\": %s, %" PRIu64 " blocks cached",
@@ -586,10 +601,10 @@ fscache_prepare (nbdkit_next *next, void *handle, int readonly)
   if (upstream_prepare (&h->upstream) == -1)
     return -1;
   h->need_view = params.mode != MODE_WRITEBACK &&
-    upstream_available (&h->upstream) && view_wanted (&h->upstream);
-  if (h->pool == NULL && upstream_available (&h->upstream) &&
-      pool_wanted (&h->upstream))
-    h->pool = pool_get (h->exportname);
+    upstream_available (&h->upstream) && view_wanted (&h->upstream) &&
+    ownctx_allowed (h->exportname);
+  bool want_pool = h->pool == NULL && upstream_available (&h->upstream) &&
+    pool_wanted (&h->upstream) && ownctx_allowed (h->exportname);
 
   struct fsc_object_params p = {
     .key = k, .key_len = klen, .block_size = params.block_size,
@@ -609,6 +624,8 @@ fscache_prepare (nbdkit_next *next, void *handle, int readonly)
     return -1;
   h->size = p.size = size;
   bs_check_block_size (&h->upstream, params.block_size);
+  if (want_pool)
+    h->pool = pool_get (h->exportname, size);
 
   /* Another connection has the object open: it was validated then. */
   if (join_open (h, &p, k, klen, false))

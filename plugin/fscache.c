@@ -58,6 +58,7 @@
 #include "params.h"
 #include "writeback.h"
 #include "handle.h"
+#include "ownctx.h"
 
 struct filter_state state;
 
@@ -75,6 +76,7 @@ fscache_config (nbdkit_next_config *next, nbdkit_backend *nxdata,
   int r = params_config (k, value);
   if (r <= 0)
     return r;
+  ownctx_config (k, value);
   return next (nxdata, k, value);
 }
 
@@ -148,6 +150,7 @@ static int
 fscache_get_ready (int thread_model)
 {
   upstream_set_thread_model (thread_model);
+  ownctx_init ();
   if (params.mode == MODE_WRITEBACK && !upstream_model_allows_shared ()) {
     nbdkit_error ("fscache-mode=writeback: the upstream's thread model "
                   "(%s) allows one connection at a time, and the writer "

@@ -34,6 +34,7 @@
 
 #include "identity.h"
 #include "params.h"
+#include "say.h"
 
 struct fscache_params params = {
   .block_size = 64 * 1024,
@@ -463,12 +464,6 @@ params_config (const char *k, const char *value)
     nbdkit_error ("unknown parameter %s (see nbdkit-fscache-filter(1))", k);
     return -1;
   }
-  /* The nbd plugin's dynamic-export follows each client's export
-   * name, which the writeback writer, connected outside any client,
-   * cannot give it (nbdkit 1.32's nbd plugin aborts then).
-   */
-  if (strcmp (k, "dynamic-export") == 0 && nbdkit_parse_bool (value) == 1)
-    params.dynamic_export = true;
   if (derive_key (k, value) == -1)
     return -1;
   return 1;
@@ -505,13 +500,6 @@ params_config_complete (void)
     }
     params.resident_groups = v;
   }
-  if (params.mode == MODE_WRITEBACK && params.dynamic_export) {
-    nbdkit_error ("fscache-mode=writeback cannot be used with "
-                  "dynamic-export=true: the writer writes back on a "
-                  "connection of its own, which has no client export name "
-                  "to follow");
-    return -1;
-  }
   if ((params.peer_self || params.peer_psk) && params.peers_file == NULL) {
     nbdkit_error ("fscache-peer-self and fscache-peer-tls-psk need "
                   "fscache-peers=FILE (the fleet's list of proxies)");
@@ -536,7 +524,7 @@ params_config_complete (void)
    */
   if (params.key && params.validate != FSC_VALIDATE_SAMPLE &&
       params.generation == NULL)
-    nbdkit_error ("fscache: warning: fscache-key=%s with fscache-validate=%s: "
+    say_warning ("fscache-key=%s with fscache-validate=%s: "
                   "any upstream of the same size served with this key "
                   "(another plugin, other filters, another image) shares "
                   "this cache object and is served its data; give each "

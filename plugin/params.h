@@ -59,7 +59,6 @@ struct fscache_params {
                                  * pool's size (pool.c), 0: none */
   bool upstream_connections_given; /* ... given on the command line:
                                  * a pool over a parallel plugin too */
-  bool dynamic_export;          /* the plugin got dynamic-export=true */
   char *peers_file;             /* fscache-peers, absolute, or NULL:
                                  * no peer tier (peers.c) */
   char *peer_self;              /* fscache-peer-self: this node's line */

@@ -90,6 +90,7 @@
 #include "params.h"
 #include "peers.h"
 #include "peerlink.h"
+#include "say.h"
 
 /* One owner per range of this size.  Smaller ranges spread an image
  * more evenly over the fleet (128 MiB over 4 nodes: 32 ranges each at
@@ -280,7 +281,7 @@ reload_locked (bool force)
     nbdkit_debug ("fscache-peers=%s: %zu other peers", params.peers_file,
                   others);
   else
-    nbdkit_error ("fscache: warning: fscache-peers=%s: fscache-peer-self=%s "
+    say_warning ("fscache-peers=%s: fscache-peer-self=%s "
                   "is not one of its %zu lines: this node owns no range "
                   "and asks the others for everything", params.peers_file,
                   params.peer_self, ms->n);

@@ -52,13 +52,29 @@
  *
  * Lifetime.  Workers start on demand, up to N; a worker opens its
  * context at its first job and closes it after IDLE_MS without one (the
- * thread then ends), and after a failed call (the next job opens a new
- * one: the failure itself goes to the caller, as it would have from
- * the connection's context).  A context that cannot be opened (the
- * upstream refuses more connections) lowers the pool's size to the
- * workers that have one, said once; with none at all, reads go to the
- * connection's own context.  The pool of an export lives while a
- * connection uses it.
+ * thread then ends).  A failed read closes the context and is tried
+ * once more on a fresh one before its caller hears of it: an upstream
+ * that restarted, or dropped an idle connection, costs a reconnection,
+ * not a client's EIO.
+ *
+ * Refusals (issue 40).  A context that cannot be opened (the upstream
+ * refuses more connections, or is away for a moment: the filter cannot
+ * tell which) lowers the pool's size to the workers that have one, said
+ * once, for a back-off (BACKOFF_MIN_MS, doubling to BACKOFF_MAX_MS while
+ * opens keep failing); after it the pool may grow to N again.  With no
+ * context at all, reads go to the connection's own context meanwhile.
+ * The size is read once per read (pool_pread), under the lock: a
+ * worker lowers it at any time.
+ *
+ * A changed upstream.  Every context opened reports the upstream's
+ * size; one that differs from the size the pool was made for (the
+ * export's, at the connection's open) is not the image the cache
+ * holds: its reads fail with ESTALE, and the connection withdraws its
+ * object (connect.c), so that nothing of the new image is cached under
+ * the old one's key.  Said once per pool.
+ *
+ * The pool of an export lives while a connection uses it; pools are
+ * per export name and size.
  *
  * Locking: pool->lock guards the queue, the counts and the chunks'
  * completion; it is never held across an upstream call.
@@ -66,17 +82,20 @@
 #include <config.h>
 
 #include <errno.h>
+#include <inttypes.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+#include "fscache.h"
 #include "readahead.h"
 #include "utils.h"
 
 #include "blocksize.h"
 #include "params.h"
 #include "pool.h"
+#include "say.h"
 #include "upstream.h"
 
 /* A chunk is at least this.  Over a link the round trip is paid per
@@ -90,6 +109,12 @@
 
 /* A worker without a job this long closes its context and ends. */
 #define IDLE_MS 10000
+
+/* After a refused open, the pool stays at the contexts it has for
+ * this long, doubling while opens keep failing.
+ */
+#define BACKOFF_MIN_MS 1000
+#define BACKOFF_MAX_MS 30000
 
 struct job {
   unsigned char *buf;
@@ -105,6 +130,7 @@ struct job {
 struct pool {
   struct pool *next;            /* in the process's list */
   char *exportname;
+  uint64_t size;                /* the export's, when the pool was made */
   unsigned refs;                /* connections using it */
   pthread_mutex_t lock;
   pthread_cond_t work;          /* a job queued, or stopping */
@@ -120,7 +146,11 @@ struct pool {
                                  * (each returning waiter takes one of
                                  * these, or else one off idle) */
   unsigned with_ctx;            /* holding an open context */
+  uint64_t regrow_ms;           /* after a refusal: when max may go
+                                 * back to N (fsc_mono_ms) */
+  unsigned backoff_ms;          /* the next refusal's back-off */
   bool refused_said;
+  bool changed_said;
   bool stopping;
 };
 
@@ -146,16 +176,104 @@ deadline (struct timespec *ts, unsigned ms)
   }
 }
 
-/* Open U for P's export.  Returns 0 or -1. */
+/* Open U for P's export.  Returns 0, or -1 with *CHANGED set if the
+ * upstream now has another size (then the context is closed too).
+ */
 static int
-open_ctx (struct pool *p, struct upstream *u)
+open_ctx (struct pool *p, struct upstream *u, bool *changed)
 {
-  if (upstream_open_shared (u, backend, p->exportname) == -1 ||
-      upstream_prepare (u) == -1 || upstream_get_size (u) == -1) {
+  *changed = false;
+  if (upstream_open_shared (u, backend, 1, p->exportname) == -1 ||
+      upstream_prepare (u) == -1) {
     upstream_close (u);
     return -1;
   }
+  int64_t size = upstream_get_size (u);
+  if (size == -1) {
+    upstream_close (u);
+    return -1;
+  }
+  if ((uint64_t) size != p->size) {
+    upstream_close (u);
+    *changed = true;
+    pthread_mutex_lock (&p->lock);
+    bool say = !p->changed_said;
+    p->changed_said = true;
+    pthread_mutex_unlock (&p->lock);
+    if (say)
+      nbdkit_error ("fscache: export \"%s\": a new connection to the "
+                    "upstream reports %" PRId64 " bytes, not the %" PRIu64
+                    " cached: the upstream was replaced under the cache; "
+                    "withdrawing its cache object (nothing of the new "
+                    "image is cached under the old one's identity), and "
+                    "this connection's reads fail: reconnect",
+                    p->exportname, size, p->size);
+    return -1;
+  }
   return 0;
+}
+
+/* A refused open (P locked): the pool is as large as the contexts it
+ * has, until the back-off ends.
+ */
+static void
+refused_locked (struct pool *p)
+{
+  p->max = p->with_ctx;
+  if (p->backoff_ms == 0)
+    p->backoff_ms = BACKOFF_MIN_MS;
+  p->regrow_ms = fsc_mono_ms () + p->backoff_ms;
+  p->backoff_ms = MIN (p->backoff_ms * 2, BACKOFF_MAX_MS);
+  if (!p->refused_said) {
+    p->refused_said = true;
+    say_warning ("export \"%s\": the upstream refused another connection; "
+                 "the pool goes on with %u for now "
+                 "(fscache-upstream-connections=%u), and tries again later",
+                 p->exportname, p->with_ctx, params.upstream_connections);
+  }
+}
+
+/* Read J on U, whose context is open (*HAVE), else opened first; a
+ * failed read is tried once more on a fresh context.  Returns 0, an
+ * errno (ESTALE: the upstream changed), or -1 if a context could not
+ * be opened (the job then goes to another worker, or back to its
+ * caller).  Called without P's lock.
+ */
+static int
+run_job (struct pool *p, struct upstream *u, bool *have, struct job *j)
+{
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    if (!*have) {
+      bool changed;
+      if (open_ctx (p, u, &changed) == -1) {
+        if (changed)
+          return ESTALE;
+        pthread_mutex_lock (&p->lock);
+        refused_locked (p);
+        pthread_mutex_unlock (&p->lock);
+        return -1;
+      }
+      *have = true;
+      pthread_mutex_lock (&p->lock);
+      p->with_ctx++;
+      p->backoff_ms = 0;
+      pthread_mutex_unlock (&p->lock);
+    }
+    int err = 0;
+    if (bs_pread (u, j->buf, j->count, j->offset, 0, &err) == 0)
+      return 0;
+    upstream_close (u);
+    *have = false;
+    pthread_mutex_lock (&p->lock);
+    p->with_ctx--;
+    pthread_mutex_unlock (&p->lock);
+    if (attempt == 1)
+      return err ? err : EIO;
+    nbdkit_debug ("fscache: export \"%s\": pool: a read at %" PRIu64
+                  " failed (%s); trying it once more on a new connection",
+                  p->exportname, j->offset, strerror (err ? err : EIO));
+  }
+  return EIO;
 }
 
 static void *
@@ -186,55 +304,26 @@ worker (void *arg)
     if (p->head == NULL)
       p->tail = &p->head;
 
-    if (!have) {
-      pthread_mutex_unlock (&p->lock);
-      int r = open_ctx (p, &u);
-      pthread_mutex_lock (&p->lock);
-      if (r == -1) {
-        /* Refused: the pool is as large as the contexts it has.  The
-         * job goes back for another worker, or to the caller's own
-         * context if there is none.
-         */
-        p->max = p->with_ctx;
-        if (!p->refused_said) {
-          p->refused_said = true;
-          nbdkit_error ("fscache: export \"%s\": the upstream refused "
-                        "another connection; the pool goes on with %u "
-                        "(fscache-upstream-connections=%u)",
-                        p->exportname, p->with_ctx,
-                        params.upstream_connections);
-        }
-        if (p->with_ctx == 0) {
-          j->err = -1;
-          j->done = true;
-          pthread_cond_signal (j->wake);
-        }
-        else {
-          j->next = p->head;
-          p->head = j;
-          if (j->next == NULL)
-            p->tail = &j->next;
-          pthread_cond_signal (&p->work);
-        }
-        goto out;
-      }
-      have = true;
-      p->with_ctx++;
-    }
     pthread_mutex_unlock (&p->lock);
-    int err = 0;
-    int r = bs_pread (&u, j->buf, j->count, j->offset, 0, &err);
-    if (r == -1) {
-      /* A failed call: the next job opens a new context. */
-      upstream_close (&u);
-      have = false;
-    }
+    int r = run_job (p, &u, &have, j);
     pthread_mutex_lock (&p->lock);
-    if (r == -1)
-      p->with_ctx--;
-    j->err = r == -1 ? (err ? err : EIO) : 0;
+    if (r == -1 && p->with_ctx > 0) {
+      /* Refused, and others have contexts: the job goes back for
+       * them, and this worker ends (the pool is smaller now).
+       */
+      j->next = p->head;
+      p->head = j;
+      if (j->next == NULL)
+        p->tail = &j->next;
+      pthread_cond_signal (&p->work);
+      goto out;
+    }
+    /* -1 with no context anywhere: the caller reads on its own. */
+    j->err = r;
     j->done = true;
     pthread_cond_signal (j->wake);
+    if (r == -1)
+      goto out;
   }
  out:
   if (have)
@@ -263,11 +352,11 @@ pool_wanted (struct upstream *u)
 }
 
 struct pool *
-pool_get (const char *exportname)
+pool_get (const char *exportname, uint64_t size)
 {
   SCOPED_LOCK (&list_lock);
   for (struct pool *p = list; p; p = p->next)
-    if (strcmp (p->exportname, exportname) == 0) {
+    if (strcmp (p->exportname, exportname) == 0 && p->size == size) {
       p->refs++;
       return p;
     }
@@ -277,6 +366,7 @@ pool_get (const char *exportname)
     return NULL;
   }
   p->refs = 1;
+  p->size = size;
   p->max = params.upstream_connections;
   p->tail = &p->head;
   pthread_mutex_init (&p->lock, NULL);
@@ -322,14 +412,24 @@ int
 pool_pread (struct pool *p, struct upstream *own, void *buf, uint32_t count,
             uint64_t offset, int *err)
 {
-  if (p == NULL || __atomic_load_n (&p->max, __ATOMIC_RELAXED) == 0)
+  if (p == NULL)
+    return bs_pread (own, buf, count, offset, 0, err);
+
+  /* The size, once (a worker lowers it at any time), grown back to N
+   * once a refusal's back-off is over.
+   */
+  pthread_mutex_lock (&p->lock);
+  if (p->max < params.upstream_connections && fsc_mono_ms () >= p->regrow_ms)
+    p->max = params.upstream_connections;
+  unsigned max = p->max;
+  pthread_mutex_unlock (&p->lock);
+  if (max == 0)
     return bs_pread (own, buf, count, offset, 0, err);
 
   /* The chunks: as many as the pool has workers, none under CHUNK_MIN,
    * cut at multiples of it.
    */
   unsigned n = DIV_ROUND_UP (count, CHUNK_MIN);
-  unsigned max = __atomic_load_n (&p->max, __ATOMIC_RELAXED);
   if (n > max)
     n = max;
   uint32_t per = ROUND_UP (DIV_ROUND_UP (count, n), (uint32_t) CHUNK_MIN);

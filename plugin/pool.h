@@ -24,16 +24,18 @@ extern void pool_set_backend (nbdkit_backend *backend);
  */
 extern bool pool_wanted (struct upstream *u);
 
-/* The pool of EXPORTNAME, created if none, with a reference; NULL if
- * out of memory (then the connection reads on its own context).
- * pool_put drops the reference; the last one stops the workers.
+/* The pool of EXPORTNAME of SIZE bytes, created if none, with a
+ * reference; NULL if out of memory (then the connection reads on its
+ * own context).  pool_put drops the reference; the last one stops the
+ * workers.
  */
-extern struct pool *pool_get (const char *exportname);
+extern struct pool *pool_get (const char *exportname, uint64_t size);
 extern void pool_put (struct pool *p);
 
 /* Read [OFFSET, OFFSET + COUNT) through P's contexts, in parallel
  * chunks (P NULL, or no context: on OWN).  As upstream_pread: 0, or -1
- * with *ERR.
+ * with *ERR; ESTALE: a context reopened on the upstream found another
+ * size (said), and the caller's object must be withdrawn.
  */
 extern int pool_pread (struct pool *p, struct upstream *own, void *buf,
                        uint32_t count, uint64_t offset, int *err);

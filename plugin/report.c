@@ -28,6 +28,7 @@
 
 #include "params.h"
 #include "handle.h"
+#include "say.h"
 
 static pthread_mutex_t skips_lock = PTHREAD_MUTEX_INITIALIZER;
 
@@ -101,7 +102,7 @@ log_skipped_fills (struct handle *h)
       now - state.skips_said_at >= SKIP_LOG_SECONDS) {
     struct fsc_stats st;
     fsc_cache_stats (state.cache, &st);
-    nbdkit_error ("fscache: note: export \"%s\": the cache disk is slower "
+    say_note ("export \"%s\": the cache disk is slower "
                   "than the upstream: reads do not wait for it, and %" PRIu64
                   " bytes read %s were not cached (fill_skipped_bytes)",
                   h->exportname, st.fill_skipped_bytes - state.skips_said,
@@ -119,19 +120,19 @@ log_notices (struct handle *h)
   int err;
   unsigned n = fsc_object_take_notices (h->obj, &err);
   if (n & FSC_NOTICE_WITHDRAWN)
-    nbdkit_error ("fscache: warning: export \"%s\": cache I/O error (%s); "
+    say_warning ("export \"%s\": cache I/O error (%s); "
                   "cache withdrawn, serving from upstream", h->exportname,
                   strerror (err));
   if (n & FSC_NOTICE_BADQUOTA)
-    nbdkit_error ("fscache: warning: export \"%s\": its quota record "
+    say_warning ("export \"%s\": its quota record "
                   "(.quota) is malformed; ignored", h->exportname);
   if (n & FSC_NOTICE_NOFILL)
-    nbdkit_error ("fscache: warning: export \"%s\": cache directory full; "
+    say_warning ("export \"%s\": cache directory full; "
                   "not caching new blocks for a while", h->exportname);
   if (n & FSC_NOTICE_SKIPPED)
     log_skipped_fills (h);
   if (n & FSC_NOTICE_PEER)
-    nbdkit_error ("fscache: warning: export \"%s\": refused a process of "
+    say_warning ("export \"%s\": refused a process of "
                   "uid %ld on the object's share socket: only processes of "
                   "uid %ld (ours) or root may join it", h->exportname,
                   fsc_share_refused_uid (h->obj), (long) geteuid ());

@@ -107,9 +107,9 @@ upstream_open (struct upstream *u, nbdkit_context *context, int readonly,
 
 int
 upstream_open_shared (struct upstream *u, nbdkit_backend *backend,
-                      const char *exportname)
+                      int readonly, const char *exportname)
 {
-  return open_gated (u, backend, 0, exportname, true);
+  return open_gated (u, backend, readonly, exportname, true);
 }
 
 bool

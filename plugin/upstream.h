@@ -81,12 +81,16 @@ extern unsigned upstream_max_background (void);
 extern int upstream_open (struct upstream *u, nbdkit_context *context,
                           int readonly, const char *exportname);
 
-/* Outside any connection (the writeback writer, from .after_fork's
- * BACKEND): open a shared, writable context for EXPORTNAME, gated as
- * one more connection.  Same contract as upstream_open.
+/* Outside any connection (the pool, the catch-up worker, the view and
+ * the writeback writer, from .after_fork's BACKEND): open a shared
+ * context for EXPORTNAME, gated as one more connection; READONLY for
+ * the users that only read (under -r the plugin may not open a
+ * read-only image for writing: the ssh plugin opens O_RDWR unless
+ * told).  Only where ownctx_allowed (ownctx.c).  Same contract as
+ * upstream_open.
  */
 extern int upstream_open_shared (struct upstream *u, nbdkit_backend *backend,
-                                 const char *exportname);
+                                 int readonly, const char *exportname);
 
 /* True under serialize_requests: one call at a time per connection,
  * connections in parallel (where a pool of contexts helps, pool.c).

@@ -73,7 +73,7 @@ static int
 open_view (struct view *v)
 {
   struct upstream *u = &v->u;
-  if (upstream_open_shared (u, backend, v->exportname) == -1 ||
+  if (upstream_open_shared (u, backend, 0, v->exportname) == -1 ||
       upstream_prepare (u) == -1 || upstream_get_size (u) == -1 ||
       upstream_can_write (u) == -1 || upstream_can_flush (u) == -1 ||
       upstream_can_trim (u) == -1 || upstream_can_zero (u) == -1 ||

@@ -29,6 +29,7 @@
 #include "blocksize.h"
 #include "params.h"
 #include "writeback.h"
+#include "say.h"
 
 struct wb {
   struct wb *next;
@@ -157,7 +158,7 @@ w_pread (void *opaque, void *buf, uint32_t count, uint64_t offset)
 static int
 open_upstream (struct wb *wb)
 {
-  if (upstream_open_shared (&wb->up, backend, wb->exportname) == -1 ||
+  if (upstream_open_shared (&wb->up, backend, 0, wb->exportname) == -1 ||
       upstream_prepare (&wb->up) == -1)
     return -1;
   int64_t size = upstream_get_size (&wb->up);
@@ -230,7 +231,7 @@ wb_log_notices (struct wb *wb)
                   "flushed before stays in the cache to be written back",
                   wb->exportname, strerror (err));
   if (n & FSC_WLOG_NOTICE_NORESERVE)
-    nbdkit_error ("fscache: warning: export \"%s\": could not reserve "
+    say_warning ("export \"%s\": could not reserve "
                   "fscache-dirty-max of space for the write log (%s): "
                   "writes may fail with EIO when the cache disk is full "
                   "(they go on once it has space again); free space or "
@@ -253,14 +254,14 @@ wb_log_notices (struct wb *wb)
     wb->stall_said = now;
   pthread_mutex_unlock (&list_lock);
   if (say_out)
-    nbdkit_error ("fscache: warning: export \"%s\": writeback cannot reach "
+    say_warning ("export \"%s\": writeback cannot reach "
                   "the upstream (%s); dirty data stays in the cache, "
                   "retrying", wb->exportname, strerror (err));
   if (say_back)
     nbdkit_error ("fscache: export \"%s\": writeback reached the upstream "
                   "again", wb->exportname);
   if (say_stall)
-    nbdkit_error ("fscache: warning: export \"%s\": fscache-dirty-max "
+    say_warning ("export \"%s\": fscache-dirty-max "
                   "reached; writes wait for writeback", wb->exportname);
 }
 

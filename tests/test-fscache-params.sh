@@ -11,6 +11,7 @@ source "${top_srcdir:-$(dirname "$0")/..}/tests/functions.sh"
 requires nbdkit --version
 requires nbdinfo --version
 requires timeout --version
+requires "$PYTHON" -c "import nbd"
 requires nbdkit --filter="$FILTER" null --dump-plugin
 
 failures=0
@@ -102,16 +103,31 @@ expect_refused fscache-peer-self fscache-peers="$TMP/peers" fscache-peer-self=
 expect_refused fscache-peer-tls-psk fscache-peers="$TMP/peers" \
   fscache-peer-self=nbd://x fscache-peer-tls-psk="$TMP/empty-psk"
 # Writeback cannot follow the client's export name (the nbd plugin's
-# dynamic-export): refused before anything is created.
+# dynamic-export: its writer would have no client's connection to take
+# the name from, plugin/ownctx.c): the export is written through, said
+# once as a note (not an error), and a client's write reaches the
+# upstream at once (issue 40; it used to refuse to start).
+head -c 1048576 /dev/zero > "$TMP/dyn-img"
+start_nbdkit -P "$TMP/dyn-up.pid" -U "$TMP/dyn-up.sock" file "$TMP/dyn-img"
+cat > "$TMP/dyn-write.py" <<'EOF'
+import sys, nbd
+h = nbd.NBD()
+h.connect_uri(sys.argv[1])
+h.pwrite(b"dyn!" * 1024, 8192)
+h.shutdown()
+EOF
 rc=0
-timeout 20 nbdkit -U - --filter="$FILTER" nbd socket="$TMP/none.sock" \
+timeout 60 nbdkit -U - --filter="$FILTER" nbd socket="$TMP/dyn-up.sock" \
   dynamic-export=true fscache-mode=writeback fscache-dir="$TMP/cache-dyn" \
-  --run true >/dev/null 2>"$TMP/err-dyn" || rc=$?
-[ "$rc" -ne 0 ] || fail "writeback with dynamic-export=true: nbdkit started"
-grep -q 'dynamic-export' "$TMP/err-dyn" ||
-  fail "writeback with dynamic-export=true: stderr does not say why"
-[ ! -e "$TMP/cache-dyn" ] ||
-  fail "writeback with dynamic-export=true: the cache directory was created"
+  --run "$PYTHON $TMP/dyn-write.py \"\$uri\"" >/dev/null 2>"$TMP/err-dyn" || rc=$?
+[ "$rc" -eq 0 ] || fail "writeback with dynamic-export=true: exit $rc"
+grep -q 'fscache: note: .*dynamic-export=true.*writes through' "$TMP/err-dyn" ||
+  fail "writeback with dynamic-export=true: no note saying why it writes through"
+! grep -q 'error' "$TMP/err-dyn" ||
+  fail "writeback with dynamic-export=true: an error line"
+$PYTHON -c 'import sys; sys.stdout.buffer.write(b"dyn!" * 1024)' > "$TMP/dyn-want"
+cmp -s <(dd if="$TMP/dyn-img" bs=4096 skip=2 count=1 2>/dev/null) "$TMP/dyn-want" ||
+  fail "writeback with dynamic-export=true: the write is not in the upstream"
 
 # An empty fscache-dir.
 run_nbdkit "$TMP/err-empty" fscache-dir=

@@ -1,0 +1,28 @@
+/* nbdkit-fscache-filter: may the filter open upstream contexts of its
+ * own, outside a client's connection? (ownctx.c says why it asks.)
+ */
+#ifndef FSC_PLUGIN_OWNCTX_H
+#define FSC_PLUGIN_OWNCTX_H
+
+#include <stdbool.h>
+
+/* .config: a plugin parameter (one the filter passes on), kept if it
+ * decides how the plugin opens (file's dir=, info's mode=, nbd's
+ * dynamic-export= and shared=).
+ */
+extern void ownctx_config (const char *key, const char *value);
+
+/* .get_ready: find which plugin serves (its shared object's name). */
+extern void ownctx_init (void);
+
+/* The plugin's name ("file", "curl", ...), or "" if not known. */
+extern const char *ownctx_plugin_name (void);
+
+/* May the pool, the catch-up worker, the shared view and the
+ * writeback writer open contexts of their own on EXPORTNAME (the
+ * canonical name the client's connection opened)?  The first time the
+ * answer is no, says why once (a note).
+ */
+extern bool ownctx_allowed (const char *exportname);
+
+#endif /* FSC_PLUGIN_OWNCTX_H */
