@@ -248,10 +248,10 @@ bs_check_block_size (struct upstream *u, uint32_t block_size)
       __atomic_test_and_set (&said, __ATOMIC_RELAXED))
     return;
   say_warning ("fscache-block-size=%" PRIu32 " does not "
-                "fit the upstream's block sizes (minimum %" PRIu32
-                ", maximum %" PRIu32 "): each fill is %s; a block size "
-                "that is a multiple of the minimum and at most the "
-                "maximum avoids that", block_size, min, max,
-                block_size % min ? "rounded out to the minimum, reading "
-                "bytes it then drops" : "split into several requests");
+               "fit the upstream's block sizes (minimum %" PRIu32
+               ", maximum %" PRIu32 "): each fill is %s; a block size "
+               "that is a multiple of the minimum and at most the "
+               "maximum avoids that", block_size, min, max,
+               block_size % min ? "rounded out to the minimum, reading "
+               "bytes it then drops" : "split into several requests");
 }

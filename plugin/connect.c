@@ -380,9 +380,9 @@ prepare_offline (struct handle *h, struct fsc_object_params *p)
   }
   h->size = size;
   say_warning ("export \"%s\": upstream unavailable; "
-                "serving the cached copy read-only, as last validated "
-                "(%" PRIu64 " blocks cached; reads of the rest fail with "
-                "EIO)", h->exportname, fsc_object_present_blocks (h->obj));
+               "serving the cached copy read-only, as last validated "
+               "(%" PRIu64 " blocks cached; reads of the rest fail with "
+               "EIO)", h->exportname, fsc_object_present_blocks (h->obj));
   return 0;
 }
 
@@ -470,8 +470,8 @@ wb_wanted (struct handle *h)
   h->wbmode = w == 1;
   if (w == 0 && !__atomic_test_and_set (&said, __ATOMIC_RELAXED))
     say_warning ("export \"%s\": fscache-mode=writeback, "
-                  "but the upstream cannot write: serving it read-only, "
-                  "cached as in writethrough mode", h->exportname);
+                 "but the upstream cannot write: serving it read-only, "
+                 "cached as in writethrough mode", h->exportname);
   return 0;
 }
 
@@ -547,41 +547,41 @@ say_open (struct handle *h, const struct fsc_open_info *info)
 {
   if (info->busy)
     say_warning ("export \"%s\" is cached by another "
-                  "process using %s%s; serving it uncached",
-                  h->exportname, params.dir,
-                  info->reason == FSC_REJ_UPSTREAM_SIZE ||
-                  info->reason == FSC_REJ_GENERATION ||
-                  info->reason == FSC_REJ_FINGERPRINT
-                  ? ", for a different upstream (size, generation or "
-                  "sample)" : "");
+                 "process using %s%s; serving it uncached",
+                 h->exportname, params.dir,
+                 info->reason == FSC_REJ_UPSTREAM_SIZE ||
+                 info->reason == FSC_REJ_GENERATION ||
+                 info->reason == FSC_REJ_FINGERPRINT
+                 ? ", for a different upstream (size, generation or "
+                 "sample)" : "");
   else if (info->joined)
     nbdkit_debug ("fscache: export \"%s\": joined the copy of process %d "
                   "(%" PRIu64 " blocks cached)", h->exportname,
                   info->owner_pid, info->present_blocks);
   else if (info->err == EPERM || info->err == ENOTDIR)
     say_warning ("export \"%s\": cache unusable: its "
-                  "fan-out directory in %s/objects (or a file in it) is not "
-                  "this user's alone (owned by another user, writable by "
-                  "others, or not a directory: it must be uid %d's, mode "
-                  "0700); refusing it and serving the export uncached",
-                  h->exportname, params.dir, (int) geteuid ());
+                 "fan-out directory in %s/objects (or a file in it) is not "
+                 "this user's alone (owned by another user, writable by "
+                 "others, or not a directory: it must be uid %d's, mode "
+                 "0700); refusing it and serving the export uncached",
+                 h->exportname, params.dir, (int) geteuid ());
   else if (info->err)
     say_warning ("export \"%s\": cache unusable (%s); "
-                  "serving it uncached", h->exportname,
-                  strerror (info->err));
+                 "serving it uncached", h->exportname,
+                 strerror (info->err));
   else if (!info->shared) {
     if (info->reason != FSC_OK && info->reason != FSC_REJ_NEW)
       say_warning ("export \"%s\": discarding cached "
-                    "data (%s), starting cold", h->exportname,
-                    fsc_reason_name (info->reason));
+                   "data (%s), starting cold", h->exportname,
+                   fsc_reason_name (info->reason));
     if (info->old_version)
-      nbdkit_error ("fscache: export \"%s\": cache index of format "
-                    "version %u read and upgraded to version %u",
-                    h->exportname, info->old_version, FSC_INDEX_VERSION);
+      say_note ("export \"%s\": cache index of format "
+                "version %u read and upgraded to version %u",
+                h->exportname, info->old_version, FSC_INDEX_VERSION);
     if (info->unclean)
       say_warning ("export \"%s\": previous user did "
-                    "not shut down cleanly; the cache was checked and "
-                    "kept", h->exportname);
+                   "not shut down cleanly; the cache was checked and "
+                   "kept", h->exportname);
     nbdkit_debug ("fscache: export \"%s\": %s, %" PRIu64 " blocks cached",
                   h->exportname, fsc_reason_name (info->reason),
                   info->present_blocks);

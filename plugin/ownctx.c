@@ -27,7 +27,7 @@
  *            for every export.  The nbd plugin without dynamic-export
  *            is one (it asks for the name but does not use it; nbdkit
  *            logs its failed ask, which the filter cannot prevent, and
- *            says once is not an error).
+ *            says once is expected: ownctx_opening).
  *   DEFAULT  the plugin asks for the name and gets "" (sh, eval):
  *            contexts of our own only for the export "".
  *   NONE     the plugin opens what the client names, or something
@@ -190,12 +190,19 @@ ownctx_init (void)
   nbdkit_debug ("fscache: plugin \"%s\": contexts of the filter's own: %s",
                 plugin, own == OWN_ANY ? "for every export" :
                 own == OWN_DEFAULT ? "for the export \"\" only" : "none");
-  if (own == OWN_ANY && strcmp (plugin, "nbd") == 0 && !nbd_shared)
+}
+
+void
+ownctx_opening (void)
+{
+  static bool nbd_said;
+  if (strcmp (plugin, "nbd") == 0 && !nbd_shared &&
+      !__atomic_test_and_set (&nbd_said, __ATOMIC_RELAXED))
     say_note ("the nbd plugin logs \"no connection in this thread\" when "
               "the filter opens a connection of its own to the server "
               "(its pool, catch-up or writeback: nbdkit 1.32 gives it no "
               "client's export name there, and it does not need one): "
-              "that line is not an error");
+              "that line is expected: nothing failed");
 }
 
 const char *

@@ -18,6 +18,12 @@ extern void ownctx_init (void);
 /* The plugin's name ("file", "curl", ...), or "" if not known. */
 extern const char *ownctx_plugin_name (void);
 
+/* Before a context of the filter's own is opened: say, once, what the
+ * plugin will log about it if that is not an error (the nbd plugin's
+ * "no connection in this thread").
+ */
+extern void ownctx_opening (void);
+
 /* May the pool, the catch-up worker, the shared view and the
  * writeback writer open contexts of their own on EXPORTNAME (the
  * canonical name the client's connection opened)?  The first time the

@@ -525,13 +525,13 @@ params_config_complete (void)
   if (params.key && params.validate != FSC_VALIDATE_SAMPLE &&
       params.generation == NULL)
     say_warning ("fscache-key=%s with fscache-validate=%s: "
-                  "any upstream of the same size served with this key "
-                  "(another plugin, other filters, another image) shares "
-                  "this cache object and is served its data; give each "
-                  "upstream its own fscache-key, or change "
-                  "fscache-generation when the upstream changes",
-                  params.key,
-                  params.validate == FSC_VALIDATE_SIZE ? "size" : "none");
+                 "any upstream of the same size served with this key "
+                 "(another plugin, other filters, another image) shares "
+                 "this cache object and is served its data; give each "
+                 "upstream its own fscache-key, or change "
+                 "fscache-generation when the upstream changes",
+                 params.key,
+                 params.validate == FSC_VALIDATE_SIZE ? "size" : "none");
   if (params.key == NULL) {
     /* Two plugins (or filter stacks) may take the same parameters: the
      * plugin's name and the filters below us are part of the identity

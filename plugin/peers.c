@@ -282,9 +282,9 @@ reload_locked (bool force)
                   others);
   else
     say_warning ("fscache-peers=%s: fscache-peer-self=%s "
-                  "is not one of its %zu lines: this node owns no range "
-                  "and asks the others for everything", params.peers_file,
-                  params.peer_self, ms->n);
+                 "is not one of its %zu lines: this node owns no range "
+                 "and asks the others for everything", params.peers_file,
+                 params.peer_self, ms->n);
   return 0;
 }
 

@@ -103,10 +103,10 @@ log_skipped_fills (struct handle *h)
     struct fsc_stats st;
     fsc_cache_stats (state.cache, &st);
     say_note ("export \"%s\": the cache disk is slower "
-                  "than the upstream: reads do not wait for it, and %" PRIu64
-                  " bytes read %s were not cached (fill_skipped_bytes)",
-                  h->exportname, st.fill_skipped_bytes - state.skips_said,
-                  state.skips_said_at ? "since the last note" : "so far");
+              "than the upstream: reads do not wait for it, and %" PRIu64
+              " bytes read %s were not cached (fill_skipped_bytes)",
+              h->exportname, st.fill_skipped_bytes - state.skips_said,
+              state.skips_said_at ? "since the last note" : "so far");
     state.skips_said = st.fill_skipped_bytes;
     __atomic_store_n (&state.skips_said_at, now, __ATOMIC_RELAXED);
   }
@@ -119,22 +119,26 @@ log_notices (struct handle *h)
 {
   int err;
   unsigned n = fsc_object_take_notices (h->obj, &err);
-  if (n & FSC_NOTICE_WITHDRAWN)
+  if ((n & FSC_NOTICE_WITHDRAWN) && err == ESTALE)
+    say_warning ("export \"%s\": cache withdrawn, serving from upstream: "
+                 "the upstream was replaced, or the object marked stale, "
+                 "under it", h->exportname);
+  else if (n & FSC_NOTICE_WITHDRAWN)
     say_warning ("export \"%s\": cache I/O error (%s); "
-                  "cache withdrawn, serving from upstream", h->exportname,
-                  strerror (err));
+                 "cache withdrawn, serving from upstream", h->exportname,
+                 strerror (err));
   if (n & FSC_NOTICE_BADQUOTA)
     say_warning ("export \"%s\": its quota record "
-                  "(.quota) is malformed; ignored", h->exportname);
+                 "(.quota) is malformed; ignored", h->exportname);
   if (n & FSC_NOTICE_NOFILL)
     say_warning ("export \"%s\": cache directory full; "
-                  "not caching new blocks for a while", h->exportname);
+                 "not caching new blocks for a while", h->exportname);
   if (n & FSC_NOTICE_SKIPPED)
     log_skipped_fills (h);
   if (n & FSC_NOTICE_PEER)
     say_warning ("export \"%s\": refused a process of "
-                  "uid %ld on the object's share socket: only processes of "
-                  "uid %ld (ours) or root may join it", h->exportname,
-                  fsc_share_refused_uid (h->obj), (long) geteuid ());
+                 "uid %ld on the object's share socket: only processes of "
+                 "uid %ld (ours) or root may join it", h->exportname,
+                 fsc_share_refused_uid (h->obj), (long) geteuid ());
 }
 

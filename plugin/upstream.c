@@ -9,6 +9,7 @@
 #include <pthread.h>
 
 #include "blocksize.h"
+#include "ownctx.h"
 #include "readahead.h"
 #include "upstream.h"
 
@@ -109,6 +110,7 @@ int
 upstream_open_shared (struct upstream *u, nbdkit_backend *backend,
                       int readonly, const char *exportname)
 {
+  ownctx_opening ();
   return open_gated (u, backend, readonly, exportname, true);
 }
 

@@ -232,10 +232,10 @@ wb_log_notices (struct wb *wb)
                   wb->exportname, strerror (err));
   if (n & FSC_WLOG_NOTICE_NORESERVE)
     say_warning ("export \"%s\": could not reserve "
-                  "fscache-dirty-max of space for the write log (%s): "
-                  "writes may fail with EIO when the cache disk is full "
-                  "(they go on once it has space again); free space or "
-                  "lower fscache-dirty-max", wb->exportname, strerror (err));
+                 "fscache-dirty-max of space for the write log (%s): "
+                 "writes may fail with EIO when the cache disk is full "
+                 "(they go on once it has space again); free space or "
+                 "lower fscache-dirty-max", wb->exportname, strerror (err));
   if (n & FSC_WLOG_NOTICE_WRITEFAIL)
     nbdkit_error ("fscache: ERROR: export \"%s\": a write to the write "
                   "log failed (%s): that request failed with EIO; later "
@@ -255,14 +255,14 @@ wb_log_notices (struct wb *wb)
   pthread_mutex_unlock (&list_lock);
   if (say_out)
     say_warning ("export \"%s\": writeback cannot reach "
-                  "the upstream (%s); dirty data stays in the cache, "
-                  "retrying", wb->exportname, strerror (err));
+                 "the upstream (%s); dirty data stays in the cache, "
+                 "retrying", wb->exportname, strerror (err));
   if (say_back)
-    nbdkit_error ("fscache: export \"%s\": writeback reached the upstream "
-                  "again", wb->exportname);
+    say_note ("export \"%s\": writeback reached the upstream "
+              "again", wb->exportname);
   if (say_stall)
     say_warning ("export \"%s\": fscache-dirty-max "
-                  "reached; writes wait for writeback", wb->exportname);
+                 "reached; writes wait for writeback", wb->exportname);
 }
 
 /*----------------------------------------------------------------------
@@ -389,9 +389,9 @@ wb_check_log (struct fsc_cache *cache, const char *exportname,
     return 0;
   }
   if (info.records)
-    nbdkit_error ("fscache: export \"%s\": %" PRIu64 " bytes of dirty data "
-                  "in %" PRIu64 " epochs found in the cache; writing them "
-                  "back", exportname, info.dirty_bytes, info.epochs);
+    say_note ("export \"%s\": %" PRIu64 " bytes of dirty data "
+              "in %" PRIu64 " epochs found in the cache; writing them "
+              "back", exportname, info.dirty_bytes, info.epochs);
   *wlp = wl;
   return 0;
 }
