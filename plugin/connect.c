@@ -69,7 +69,8 @@ view_of (struct handle *h, bool writing)
   struct view *v = __atomic_load_n (&h->view, __ATOMIC_ACQUIRE);
   if (v)
     return v;
-  v = writing ? view_get (h->exportname) : view_find (h->exportname);
+  v = writing ? view_get (h->exportname, h->size)
+    : view_find (h->exportname);
   if (v == NULL)
     return NULL;
   struct view *none = NULL;

@@ -33,6 +33,7 @@
 #include <config.h>
 
 #include <errno.h>
+#include <inttypes.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -67,15 +68,25 @@ view_wanted (struct upstream *u)
 }
 
 /* Open V's context and ask what nbdkit wants asked before data calls
- * on it.  Returns 0 or -1.
+ * on it.  Returns 0, or -1 (ESTALE: the upstream no longer has SIZE
+ * bytes, so it is not the export the connection opened).
  */
 static int
-open_view (struct view *v)
+open_view (struct view *v, uint64_t size)
 {
   struct upstream *u = &v->u;
+  int64_t now = -1;
   if (upstream_open_shared (u, backend, 0, v->exportname) == -1 ||
-      upstream_prepare (u) == -1 || upstream_get_size (u) == -1 ||
-      upstream_can_write (u) == -1 || upstream_can_flush (u) == -1 ||
+      upstream_prepare (u) == -1 || (now = upstream_get_size (u)) == -1) {
+    upstream_close (u);
+    return -1;
+  }
+  if ((uint64_t) now != size) {
+    upstream_close (u);
+    errno = ESTALE;
+    return -1;
+  }
+  if (upstream_can_write (u) == -1 || upstream_can_flush (u) == -1 ||
       upstream_can_trim (u) == -1 || upstream_can_zero (u) == -1 ||
       upstream_can_fast_zero (u) == -1 || upstream_can_fua (u) == -1 ||
       upstream_can_extents (u) == -1) {
@@ -86,7 +97,7 @@ open_view (struct view *v)
 }
 
 struct view *
-view_get (const char *exportname)
+view_get (const char *exportname, uint64_t size)
 {
   SCOPED_LOCK (&list_lock);
   for (struct view *v = list; v; v = v->next)
@@ -104,9 +115,14 @@ view_get (const char *exportname)
    * waits for it rather than opening another view.  (An open is an
    * upstream call; only first connections of an export wait here.)
    */
-  if (open_view (v) == -1) {
-    nbdkit_error ("fscache: export \"%s\": opening the shared view of an "
-                  "upstream without multi-conn: %m", exportname);
+  if (open_view (v, size) == -1) {
+    if (errno == ESTALE)
+      nbdkit_error ("fscache: export \"%s\": the upstream no longer has "
+                    "the %" PRIu64 " bytes this connection opened (it was "
+                    "replaced): not writing to it", exportname, size);
+    else
+      nbdkit_error ("fscache: export \"%s\": opening the shared view of "
+                    "an upstream without multi-conn: %m", exportname);
     free (v->exportname);
     free (v);
     return NULL;

@@ -5,6 +5,7 @@
 #define FSC_PLUGIN_VIEW_H
 
 #include <stdbool.h>
+#include <stdint.h>
 
 #ifndef NBDKIT_API_VERSION
 #define NBDKIT_API_VERSION 2
@@ -24,10 +25,10 @@ extern void view_set_backend (nbdkit_backend *backend);
 extern bool view_wanted (struct upstream *u);
 
 /* The view of EXPORTNAME, opened if none, with a reference; NULL if it
- * cannot be opened (said).  view_put drops the reference; the view
+ * cannot be opened, or its upstream has not SIZE bytes (said).  view_put drops the reference; the view
  * stays open until view_close_all.
  */
-extern struct view *view_get (const char *exportname);
+extern struct view *view_get (const char *exportname, uint64_t size);
 /* The same if it is open already, else NULL. */
 extern struct view *view_find (const char *exportname);
 extern void view_put (struct view *v);
