@@ -285,7 +285,8 @@ start_readahead (struct handle *h)
  * connection that opened it (FP: the sampled fingerprint if it took
  * one), so that joining connections need not read the upstream again.
  * A peer's connection asking for another identity is refused; one
- * asking for ours is served, and never asks peers itself (P1).
+ * asking for ours is served, and asks upward in the range's tree as a
+ * client's connection does (peers.c, T1).
  */
 static int
 connection_ready (struct handle *h, const char *k, size_t klen,
@@ -324,8 +325,7 @@ connection_ready (struct handle *h, const char *k, size_t klen,
     }
     h->peer_serving = true;
   }
-  else
-    h->fleet = peers_export_get (h->exportname, k, klen, id);
+  h->fleet = peers_export_get (h->exportname, k, klen, id);
   return start_readahead (h);
 }
 

@@ -62,7 +62,7 @@ struct handle {
   uint64_t peer_want;           /* a peer's connection: the identity it
                                  * asked for; 0 for a client's */
   bool peer_serving;            /* a peer's connection, accepted: its
-                                 * misses go to the origin only (P1) */
+                                 * misses go up the range's tree (T1) */
 };
 
 /* connect.c: the connection callbacks. */

@@ -59,6 +59,7 @@ struct fscache_params params = {
    * docs/benchmarks.md.
    */
   .upstream_connections = 8,
+  .peer_fanout = 8,
   .catchup = true,
 };
 
@@ -89,6 +90,8 @@ const char params_help[] =
   "fscache-peers=FILE         The fleet: one NBD URI per line, each a proxy\n"
   "                           of this filter; misses go to a range's owner.\n"
   "fscache-peer-self=URI      This node's line in fscache-peers.\n"
+  "fscache-peer-fanout=K      Each node serves a range to at most K others\n"
+  "                           (a tree per range; default 8, 0: flat).\n"
   "fscache-peer-tls-psk=FILE  Peers speak TLS with this pre-shared key.";
 
 /* VALUE as a decimal number from 0 to MAX, digits only, into *N.
@@ -286,6 +289,19 @@ set_upstream_connections (const char *k, const char *value)
 }
 
 static int
+set_peer_fanout (const char *k, const char *value)
+{
+  unsigned long n;
+  if (parse_count (value, 65536, &n) == -1) {
+    nbdkit_error ("fscache-peer-fanout=%s: must be a number of askers from "
+                  "1 to 65536, or 0 for a flat fleet", value);
+    return -1;
+  }
+  params.peer_fanout = n;
+  return 0;
+}
+
+static int
 set_max_size (const char *k, const char *value)
 {
   int64_t r = nbdkit_parse_size (value);
@@ -448,6 +464,7 @@ static const struct {
   { "fscache-peers", set_peers },
   { "fscache-peer-tls-psk", set_peers },
   { "fscache-peer-self", set_peer_self },
+  { "fscache-peer-fanout", set_peer_fanout },
   { "fscache-trace", set_trace },
   { "fscache-trace-max", set_trace_max },
   { "fscache-dirty-max", set_dirty_max },

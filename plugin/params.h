@@ -64,6 +64,8 @@ struct fscache_params {
   char *peer_self;              /* fscache-peer-self: this node's line */
   char *peer_psk;               /* fscache-peer-tls-psk, absolute, or
                                  * NULL: peers speak plain NBD */
+  unsigned peer_fanout;         /* fscache-peer-fanout: askers per
+                                 * range and member, 0: flat */
 };
 
 /* The parameters, with their defaults until .config changes them. */

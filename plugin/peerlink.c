@@ -5,8 +5,14 @@
  * carrying one request at a time: libnbd's synchronous calls hold a
  * handle's lock for a whole request, so one handle per request in
  * flight is what lets several go at once.  They are opened lazily and
- * kept idle until the export's last connection closes; a caller finding
- * all of them busy waits for one.
+ * closed once idle for LINK_IDLE_MS (peer_link_reap, from peers.c's
+ * reaper): a peer's connection asks upward in the range's tree, so
+ * nodes hold links to each other, and links kept until the export
+ * closes kept each other's exports open for good (a fleet never
+ * stopped: nbdkit waits for its clients).  A caller finding all of
+ * them busy waits for one, until the read's deadline.  A transport
+ * failure closes the idle ones too: after a peer restarted they are
+ * all dead, and the retry must dial, not take another dead one.
  *
  * Every call is bounded (invariant P3 of peers.c): the connect (in
  * libnbd's opt mode, so that the export name is ours, not the URI's)
@@ -41,6 +47,7 @@
 #include "peerlink.h"
 
 #define LINK_MAX_CONNS 8        /* connections to one peer, per export */
+#define LINK_IDLE_MS 3000       /* an idle connection closes after */
 #define BACKOFF_MIN 5           /* seconds */
 #define BACKOFF_MAX 60
 #define ERROR_LOG_SECONDS 60
@@ -51,6 +58,7 @@ struct peer_link {
   pthread_mutex_t lock;
   pthread_cond_t freed;
   struct nbd_handle *idle[LINK_MAX_CONNS];
+  int64_t idle_since[LINK_MAX_CONNS]; /* when each was given back */
   unsigned nidle, nopen;        /* under lock */
   int64_t backoff_until;        /* monotonic ms; atomic */
   unsigned backoff_s;           /* under lock */
@@ -216,14 +224,31 @@ dial (const char *export_name, const char *uri)
 }
 
 /* A connection of L: an idle one, or a new one if fewer than
- * LINK_MAX_CONNS are open, else wait for one to come back.
+ * LINK_MAX_CONNS are open, else wait for one to come back, until
+ * DEADLINE (NULL, ETIMEDOUT).
  */
 static struct nbd_handle *
-link_take (struct peer_link *l, const char *export_name, const char *dial_uri)
+link_take (struct peer_link *l, const char *export_name, const char *dial_uri,
+           int64_t deadline)
 {
   pthread_mutex_lock (&l->lock);
-  while (l->nidle == 0 && l->nopen >= LINK_MAX_CONNS)
-    pthread_cond_wait (&l->freed, &l->lock);
+  while (l->nidle == 0 && l->nopen >= LINK_MAX_CONNS) {
+    struct timespec ts;
+    int64_t left = deadline - peer_now_ms ();
+    clock_gettime (CLOCK_REALTIME, &ts);
+    if (left <= 0) {
+      pthread_mutex_unlock (&l->lock);
+      errno = ETIMEDOUT;
+      return NULL;
+    }
+    ts.tv_sec += left / 1000;
+    ts.tv_nsec += (left % 1000) * 1000000;
+    if (ts.tv_nsec >= 1000000000) {
+      ts.tv_sec++;
+      ts.tv_nsec -= 1000000000;
+    }
+    pthread_cond_timedwait (&l->freed, &l->lock, &ts);
+  }
   if (l->nidle) {
     struct nbd_handle *nbd = l->idle[--l->nidle];
     pthread_mutex_unlock (&l->lock);
@@ -243,19 +268,57 @@ link_take (struct peer_link *l, const char *export_name, const char *dial_uri)
   return nbd;
 }
 
-/* Give NBD back to L: idle if GOOD, else closed. */
+/* Give NBD back to L: idle if GOOD, else closed, with every idle one
+ * (a transport failure: they are likely dead too).
+ */
 static void
 link_give (struct peer_link *l, struct nbd_handle *nbd, bool good)
 {
+  struct nbd_handle *dead[LINK_MAX_CONNS];
+  unsigned ndead = 0;
   pthread_mutex_lock (&l->lock);
-  if (good)
+  if (good) {
+    l->idle_since[l->nidle] = peer_now_ms ();
     l->idle[l->nidle++] = nbd;
-  else
+  }
+  else {
     l->nopen--;
-  pthread_cond_signal (&l->freed);
+    while (l->nidle) {
+      dead[ndead++] = l->idle[--l->nidle];
+      l->nopen--;
+    }
+  }
+  pthread_cond_broadcast (&l->freed);
   pthread_mutex_unlock (&l->lock);
   if (!good)
     nbd_close (nbd);
+  for (unsigned i = 0; i < ndead; ++i)
+    nbd_close (dead[i]);
+}
+
+unsigned
+peer_link_reap (struct peer_link *l, int64_t now)
+{
+  struct nbd_handle *old[LINK_MAX_CONNS];
+  unsigned nold = 0, keep = 0;
+  pthread_mutex_lock (&l->lock);
+  for (unsigned i = 0; i < l->nidle; ++i) {
+    if (now - l->idle_since[i] >= LINK_IDLE_MS)
+      old[nold++] = l->idle[i];
+    else {
+      l->idle[keep] = l->idle[i];
+      l->idle_since[keep++] = l->idle_since[i];
+    }
+  }
+  l->nidle = keep;
+  l->nopen -= nold;
+  unsigned open = l->nopen;
+  if (nold)
+    pthread_cond_broadcast (&l->freed);
+  pthread_mutex_unlock (&l->lock);
+  for (unsigned i = 0; i < nold; ++i)
+    nbd_close (old[i]);
+  return open;
 }
 
 /* Say a peer failure: at once the first time, then at most once a
@@ -290,9 +353,9 @@ peer_link_pread (struct peer_link *l, const char *export_name,
 {
   int err = 0;
   for (int attempt = 0; attempt < 2; ++attempt) {
-    struct nbd_handle *nbd = link_take (l, export_name, dial_uri);
+    int64_t deadline = peer_now_ms () + cfg.timeout_ms;
+    struct nbd_handle *nbd = link_take (l, export_name, dial_uri, deadline);
     if (nbd) {
-      int64_t deadline = peer_now_ms () + cfg.timeout_ms;
       int64_t cookie = nbd_aio_pread (nbd, buf, count, offset,
                                       NBD_NULL_COMPLETION, 0);
       if (cookie != -1 && wait_for (nbd, deadline, read_done, cookie) == 0) {

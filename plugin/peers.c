@@ -7,10 +7,14 @@
  * Membership.  fscache-peers=FILE lists one NBD URI per line (blank
  * lines and lines starting with '#' ignored), the same file on every
  * node; fscache-peer-self=URI is this node's line.  The file is read
- * again when its inode, size or mtime changes, checked at most once a
- * second by the reads that need it (nbdkit ends on SIGHUP, so a signal
- * cannot be the trigger).  The list in use is a reference-counted
- * snapshot, replaced whole.
+ * again when its inode, size or mtime changes, checked at most every
+ * CHECK_MS by the reads that need it (nbdkit ends on SIGHUP, so a
+ * signal cannot be the trigger), and only once it is whole (issue
+ * 41): a new inode (a file renamed over the old one, as a writer that
+ * means it to be read whole does) is taken at once; a file changed in
+ * place only once two stats at least CHECK_MS apart saw it the same,
+ * so that a half-written file is not taken.  The list in use is a
+ * reference-counted snapshot, replaced whole.
  *
  * Ownership.  Every RANGE_SIZE range of an object has one owner:
  * rendezvous hashing (highest random weight) of the object key's hash,
@@ -27,10 +31,19 @@
  * from the origin once and caches it (the core's claims make
  * concurrent askers of one range wait for that one fetch).
  *
- * No loops (invariant P1).  A connection with a peer export name never
- * asks peers: its handle has no fleet (fscache.c), so a request travels
- * one hop at most, whatever the nodes' files say.  Broken by
- * tests/test-fscache-peers.sh, part "disagreeing files".
+ * A tree per range (issue 41).  The members, ranked by their scores
+ * for a range, form a complete fscache-peer-fanout-ary tree
+ * (core/peertree.c): the first reads the origin, the member at
+ * position p asks the one at (p - 1) / K, so that a member serves each
+ * range to at most K others, in log_K N hops.  A peer's connection
+ * asks upward as a client's does.  K = 0, or N <= K + 1: the flat
+ * fleet, where every node asks the owner.
+ *
+ * No loops (invariant T1 of core/peertree.c).  A node asks only a
+ * member whose score for the range is strictly above its own, so a
+ * chain of asks never loops, whatever the nodes' files say.  Broken by
+ * tests/unit-peertree.c, "chains"; tests/test-fscache-peers.sh, part
+ * "disagreeing files", runs the fleet so.
  *
  * Only the same image (invariant P2).  The identity hashes the object
  * key, the size, fscache-generation and the sampled fingerprint of the
@@ -84,6 +97,7 @@
 
 #include "fscache.h"
 #include "keyenc.h"
+#include "peertree.h"
 #include "xxh.h"
 #include "utils.h"
 
@@ -102,6 +116,7 @@
 #define MAX_MEMBERS 65536
 #define MAX_LINE 4096
 #define MAX_PEER_TRIES 2        /* peers tried for one range */
+#define CHECK_MS 200            /* the peers file's stat, at most */
 #define DEFAULT_TIMEOUT_MS 10000
 
 struct member {
@@ -122,8 +137,11 @@ static struct {
   pthread_mutex_t lock;
   struct members *snap;         /* NULL: no fleet */
   struct stat st;               /* the file as last read */
-  int64_t checked;              /* monotonic second of the last stat */
+  struct stat seen;             /* a change seen, not yet taken */
+  bool pending;                 /* SEEN holds one */
+  int64_t checked;              /* monotonic ms of the last stat */
   char *psk_user;               /* the PSK file's first user name */
+  uint64_t self_seed;           /* fscache-peer-self's hash: our score */
 } fleet = { .lock = PTHREAD_MUTEX_INITIALIZER };
 
 struct peer_export {
@@ -142,6 +160,71 @@ struct peer_export {
 
 static pthread_mutex_t exports_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct peer_export *exports;
+
+/* The reaper: closes links' idle connections (peerlink.c says why),
+ * once a second, from the first export on (a thread must start after
+ * nbdkit forks) to peers_stop.
+ */
+static struct {
+  pthread_mutex_t lock;
+  pthread_cond_t cond;
+  bool running, stopping;
+  pthread_t thread;
+} reaper = { .lock = PTHREAD_MUTEX_INITIALIZER,
+              .cond = PTHREAD_COND_INITIALIZER };
+
+static void *
+reap_loop (void *arg)
+{
+  pthread_mutex_lock (&reaper.lock);
+  while (!reaper.stopping) {
+    struct timespec ts;
+    clock_gettime (CLOCK_REALTIME, &ts);
+    ts.tv_sec += 1;
+    pthread_cond_timedwait (&reaper.cond, &reaper.lock, &ts);
+    if (reaper.stopping)
+      break;
+    pthread_mutex_unlock (&reaper.lock);
+    /* The closes are of idle sockets, no request: fast enough to make
+     * under the list's locks, which only an export's first and last
+     * connections and a member reload take.
+     */
+    int64_t now = peer_now_ms ();
+    pthread_mutex_lock (&exports_lock);
+    for (struct peer_export *pe = exports; pe; pe = pe->next) {
+      pthread_mutex_lock (&pe->lock);
+      for (struct peer_link *l = pe->links; l; l = peer_link_next (l))
+        peer_link_reap (l, now);
+      pthread_mutex_unlock (&pe->lock);
+    }
+    pthread_mutex_unlock (&exports_lock);
+    pthread_mutex_lock (&reaper.lock);
+  }
+  pthread_mutex_unlock (&reaper.lock);
+  return NULL;
+}
+
+static void
+reaper_start (void)
+{
+  pthread_mutex_lock (&reaper.lock);
+  if (!reaper.running && !reaper.stopping &&
+      pthread_create (&reaper.thread, NULL, reap_loop, NULL) == 0)
+    reaper.running = true;
+  pthread_mutex_unlock (&reaper.lock);
+}
+
+static void
+reaper_stop (void)
+{
+  pthread_mutex_lock (&reaper.lock);
+  bool join = reaper.running;
+  reaper.stopping = true;
+  pthread_cond_signal (&reaper.cond);
+  pthread_mutex_unlock (&reaper.lock);
+  if (join)
+    pthread_join (reaper.thread, NULL);
+}
 
 /*----------------------------------------------------------------------
  * Membership.
@@ -247,8 +330,17 @@ members_read (FILE *fp)
   return NULL;
 }
 
-/* Read the file again if it changed (or FORCE).  Under fleet.lock.
- * Returns 0, or -1 with errno (the old snapshot stays).
+static bool
+same_stat (const struct stat *a, const struct stat *b)
+{
+  return a->st_ino == b->st_ino && a->st_dev == b->st_dev &&
+    a->st_size == b->st_size &&
+    a->st_mtim.tv_sec == b->st_mtim.tv_sec &&
+    a->st_mtim.tv_nsec == b->st_mtim.tv_nsec;
+}
+
+/* Read the file again if it changed and is whole (or FORCE).  Under
+ * fleet.lock.  Returns 0, or -1 with errno (the old snapshot stays).
  */
 static int
 reload_locked (bool force)
@@ -256,11 +348,20 @@ reload_locked (bool force)
   struct stat st;
   if (stat (params.peers_file, &st) == -1)
     return -1;
-  if (!force && st.st_ino == fleet.st.st_ino &&
-      st.st_size == fleet.st.st_size &&
-      st.st_mtim.tv_sec == fleet.st.st_mtim.tv_sec &&
-      st.st_mtim.tv_nsec == fleet.st.st_mtim.tv_nsec)
-    return 0;
+  if (!force) {
+    if (same_stat (&st, &fleet.st)) {
+      fleet.pending = false;
+      return 0;
+    }
+    /* Changed in place: taken once a second stat saw it the same. */
+    if (st.st_ino == fleet.st.st_ino &&
+        (!fleet.pending || !same_stat (&st, &fleet.seen))) {
+      fleet.seen = st;
+      fleet.pending = true;
+      return 0;
+    }
+  }
+  fleet.pending = false;
   FILE *fp = fopen (params.peers_file, "re");
   if (fp == NULL)
     return -1;
@@ -289,16 +390,16 @@ reload_locked (bool force)
 }
 
 /* The snapshot in use, with a reference (NULL: none), after a reload
- * if the file changed and it was not checked within the second.
+ * if the file changed and it was not checked within CHECK_MS.
  */
 static struct members *
 members_get (void)
 {
-  int64_t sec = peer_now_ms () / 1000;
+  int64_t now = peer_now_ms ();
   struct members *ms;
   pthread_mutex_lock (&fleet.lock);
-  if (sec != fleet.checked) {
-    fleet.checked = sec;
+  if (now - fleet.checked >= CHECK_MS) {
+    fleet.checked = now;
     if (reload_locked (false) == -1)
       nbdkit_debug ("fscache-peers=%s: not read again: %m; keeping the "
                     "last list", params.peers_file);
@@ -354,6 +455,7 @@ peers_start (void)
     return -1;
   }
   peer_link_configure (timeout_ms, params.peer_psk, fleet.psk_user);
+  fleet.self_seed = XXH3_64bits (params.peer_self, strlen (params.peer_self));
   pthread_mutex_lock (&fleet.lock);
   int r = reload_locked (true);
   pthread_mutex_unlock (&fleet.lock);
@@ -378,6 +480,7 @@ peers_bind (struct fsc_cache *cache)
 void
 peers_stop (void)
 {
+  reaper_stop ();
   pthread_mutex_lock (&fleet.lock);
   members_put_locked (fleet.snap);
   fleet.snap = NULL;
@@ -471,6 +574,7 @@ peers_export_get (const char *exportname, const void *key, size_t klen,
     nbdkit_error ("fscache: peers: %m");
     return NULL;
   }
+  reaper_start ();
   pe->refs = 1;
   pe->key_lo = lo;
   pe->key_hi = hi;
@@ -558,27 +662,33 @@ follow (struct peer_export *pe, struct members *ms)
   return 0;
 }
 
-/* The owner of range R among MS's members, skipping links set aside
- * and SKIP: an index, or -1 for ourselves (or no member).
+/* Whom to ask for range R among MS's members (core/peertree.c: the
+ * tree of askers), leaving out ourselves, links set aside and the
+ * NSKIP links of SKIP (tried already): an index, or -1 for the origin.
+ * SC and IX are scratch of MS->n entries.
  */
 static long
-owner_of (struct peer_export *pe, struct members *ms, struct peer_link **bm,
-          uint64_t r, int64_t now, const struct peer_link *skip)
+parent_of (struct peer_export *pe, struct members *ms, struct peer_link **bm,
+           uint64_t r, int64_t now, struct peer_link *const *skip,
+           int nskip, uint64_t *sc, size_t *ix)
 {
-  uint64_t v[3] = { pe->key_lo, pe->key_hi, r };
-  uint64_t best_score = 0;
-  long best = -1;
+  size_t m = 0;
   for (size_t i = 0; i < ms->n; ++i) {
-    if ((long) i != ms->self &&
-        (bm[i] == skip || !peer_link_usable (bm[i], now)))
+    if ((long) i == ms->self || !peer_link_usable (bm[i], now))
       continue;
-    uint64_t s = XXH3_64bits_withSeed (v, sizeof v, ms->m[i].seed);
-    if (best == -1 || s > best_score) {
-      best = i;
-      best_score = s;
-    }
+    bool skipped = false;
+    for (int k = 0; k < nskip; ++k)
+      skipped |= bm[i] == skip[k];
+    if (skipped)
+      continue;
+    sc[m] = fsc_peer_score (pe->key_lo, pe->key_hi, r, ms->m[i].seed);
+    ix[m++] = i;
   }
-  return best == ms->self ? -1 : best;
+  long p = fsc_peer_parent (sc, m,
+                            fsc_peer_score (pe->key_lo, pe->key_hi, r,
+                                            fleet.self_seed),
+                            params.peer_fanout);
+  return p < 0 ? -1 : (long) ix[p];
 }
 
 /*----------------------------------------------------------------------
@@ -598,15 +708,21 @@ peers_pread (struct peer_export *pe, struct fsc_object *obj, void *buf,
   }
   /* The members' links for this snapshot, copied: a reload may
    * replace pe->by_member meanwhile, but a link lives as long as PE.
+   * And the scratch of parent_of.
    */
-  struct peer_link **links = malloc ((ms->n ? ms->n : 1) * sizeof *links);
+  size_t n = ms->n;
+  struct peer_link **links = malloc (n * sizeof *links);
+  uint64_t *sc = malloc (n * sizeof *sc);
+  size_t *ix = malloc (n * sizeof *ix);
   pthread_mutex_lock (&pe->lock);
-  int f = links ? follow (pe, ms) : -1;
+  int f = links && sc && ix ? follow (pe, ms) : -1;
   if (f == 0)
-    memcpy (links, pe->by_member, ms->n * sizeof *links);
+    memcpy (links, pe->by_member, n * sizeof *links);
   pthread_mutex_unlock (&pe->lock);
   if (f == -1) {
     free (links);
+    free (sc);
+    free (ix);
     members_put (ms);
     return origin (opaque, buf, count, offset, err);
   }
@@ -618,10 +734,11 @@ peers_pread (struct peer_export *pe, struct fsc_object *obj, void *buf,
   for (uint64_t pos = offset; pos < end; ) {
     uint64_t rix = pos / RANGE_SIZE;
     uint64_t seg_end = MIN (end, (rix + 1) * RANGE_SIZE);
-    struct peer_link *skip = NULL;
+    struct peer_link *skip[MAX_PEER_TRIES];
     bool got = false;
     for (int t = 0; t < MAX_PEER_TRIES && !got; ++t) {
-      long i = owner_of (pe, ms, links, rix, peer_now_ms (), skip);
+      long i = parent_of (pe, ms, links, rix, peer_now_ms (), skip, t, sc,
+                          ix);
       if (i < 0)
         break;
       /* Ours before it: the origin run ends here. */
@@ -634,7 +751,7 @@ peers_pread (struct peer_export *pe, struct fsc_object *obj, void *buf,
       }
       got = peer_link_pread (links[i], pe->peer_name, ms->m[i].dial, obj,
                              p + (pos - offset), seg_end - pos, pos) == 0;
-      skip = links[i];
+      skip[t] = links[i];
     }
     if (got)
       run = seg_end;
@@ -645,6 +762,8 @@ peers_pread (struct peer_export *pe, struct fsc_object *obj, void *buf,
     r = -1;
  out:
   free (links);
+  free (sc);
+  free (ix);
   members_put (ms);
   return r;
 }

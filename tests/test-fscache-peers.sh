@@ -288,6 +288,26 @@ node 1 o7 "$TMP/p7a"; node 2 o7 "$TMP/p7b"
 copy 2
 cmp "$img" "$TMP/out2" || fail "part 7: node 2's copy differs"
 { self 1; self 2; } > "$TMP/p7a"
+# Node 1 takes the file up at a read, once two stats 200 ms apart saw
+# it whole: wait for that as a state (its stats file, rewritten at each
+# connection's end, counts the peers it knows), each try reading one
+# block it does not hold (a miss: what looks at the file).
+took_up ()
+{
+  "$PYTHON" - "$(self 1)" "$1" <<'EOF'
+import sys, nbd
+h = nbd.NBD()
+h.connect_uri(sys.argv[1])
+h.pread(4096, (31 << 20) - int(sys.argv[2]) * 65536)
+h.shutdown()
+EOF
+  [ "$(stat_value "$TMP/s1" peers_known)" = 1 ]
+}
+t=0
+until took_up $t; do
+  t=$((t + 1))
+  [ $t -lt 100 ] || fail "part 7: node 1 never took up its new peers file"
+done
 copy 1
 cmp "$img" "$TMP/out1" || fail "part 7: node 1's copy differs"
 stop_nodes 1 2
