@@ -161,10 +161,13 @@ fscache_open (nbdkit_next_open *next, nbdkit_context *nxdata,
    */
   const char *real;
   uint64_t want = 0;
-  int pr = peers_parse_export (exportname, &real, &want);
+  bool self = false;
+  int pr = peers_parse_export (exportname, &real, &want, &self);
   const char *why = pr == -1 ? "malformed peer export name"
     : pr == 0 ? NULL
     : !peers_enabled () ? "this proxy has no fscache-peers"
+    : self ? "it comes from this very node, through a line of fscache-peers "
+    "that names it under another spelling (said by the asker)"
     : params.mode == MODE_WRITEBACK ? "writeback objects are not shared"
     : params.peer_psk && !is_tls ? "fscache-peer-tls-psk is set and the "
     "connection has no TLS" : NULL;

@@ -19,7 +19,10 @@
  * and each read run asynchronously under one deadline, polled with
  * nbd_poll.  A failure is retried once on a fresh connection; a second
  * sets the link aside for BACKOFF_MIN seconds, doubling to BACKOFF_MAX
- * while it keeps failing, and a success resets it.  Failures are said
+ * while it keeps failing, and a success resets it.  An error the peer
+ * answers is no failure of the peer (its origin failed it): no retry,
+ * no back-off (issue 41: an owner whose origin hiccuped was set aside
+ * by every asker).  Failures are said
  * at most once a minute for the process, with the count since.
  *
  * Locks: each link's lock guards its idle list and counts; the
@@ -29,12 +32,15 @@
 #include <config.h>
 
 #include <errno.h>
+#include <inttypes.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <libnbd.h>
 
@@ -45,6 +51,7 @@
 #include "utils.h"
 
 #include "peerlink.h"
+#include "say.h"
 
 #define LINK_MAX_CONNS 8        /* connections to one peer, per export */
 #define LINK_IDLE_MS 3000       /* an idle connection closes after */
@@ -62,7 +69,26 @@ struct peer_link {
   unsigned nidle, nopen;        /* under lock */
   int64_t backoff_until;        /* monotonic ms; atomic */
   unsigned backoff_s;           /* under lock */
+  uint32_t token;               /* in its export names: tells it apart */
+  bool self;                    /* it reached this very node (atomic) */
 };
+
+/* Self aliases.  Each node has a random id, which an asker puts in
+ * the export name with its link's token; a node that receives its own
+ * id is being asked by itself, through a member line that is this node
+ * under another spelling than fscache-peer-self (another path to the
+ * socket, a host name for an address).  It refuses at once and notes
+ * the token, so that the asking link, in the same process, learns why
+ * its dial was refused, stops asking and says so once: it used to wait
+ * for its own claim on the range for the whole peer timeout, twice,
+ * and with the tree a serving connection would ask itself again.
+ */
+static uint64_t node_id;
+static uint32_t next_token;                     /* atomic */
+static uint32_t self_seen[8];                   /* atomic, a ring */
+static unsigned self_seen_at;                   /* atomic */
+
+static const char *cfg_self_uri = "";    /* fscache-peer-self, for messages */
 
 static struct {
   int timeout_ms;
@@ -74,11 +100,37 @@ static struct {
 
 void
 peer_link_configure (int timeout_ms, const char *psk_file,
-                     const char *psk_user)
+                     const char *psk_user, const char *self_uri)
 {
+  cfg_self_uri = self_uri;
   cfg.timeout_ms = timeout_ms;
   cfg.psk_file = psk_file;
   cfg.psk_user = psk_user;
+  while (node_id == 0)
+    if (getrandom (&node_id, sizeof node_id, 0) != sizeof node_id)
+      node_id = ((uint64_t) getpid () << 32) ^ (uint64_t) time (NULL);
+}
+
+uint64_t
+peer_node_id (void)
+{
+  return node_id;
+}
+
+void
+peer_link_self_seen (uint32_t token)
+{
+  unsigned i = __atomic_fetch_add (&self_seen_at, 1, __ATOMIC_RELAXED);
+  __atomic_store_n (&self_seen[i % 8], token, __ATOMIC_RELEASE);
+}
+
+static bool
+was_self (uint32_t token)
+{
+  for (unsigned i = 0; i < 8; ++i)
+    if (__atomic_load_n (&self_seen[i], __ATOMIC_ACQUIRE) == token)
+      return true;
+  return false;
 }
 
 int64_t
@@ -98,6 +150,10 @@ peer_link_new (const char *uri, struct peer_link *next)
   pthread_mutex_init (&l->lock, NULL);
   pthread_cond_init (&l->freed, NULL);
   l->next = next;
+  /* Never 0: the ring's empty slots. */
+  do
+    l->token = __atomic_add_fetch (&next_token, 1, __ATOMIC_RELAXED);
+  while (l->token == 0);
   return l;
 }
 
@@ -127,7 +183,8 @@ peer_link_uri (const struct peer_link *l)
 bool
 peer_link_usable (struct peer_link *l, int64_t now)
 {
-  return __atomic_load_n (&l->backoff_until, __ATOMIC_RELAXED) <= now;
+  return !__atomic_load_n (&l->self, __ATOMIC_RELAXED) &&
+    __atomic_load_n (&l->backoff_until, __ATOMIC_RELAXED) <= now;
 }
 
 /* Wait on NBD until DONE says 1 (0) or -1 (-1), or the deadline
@@ -228,8 +285,8 @@ dial (const char *export_name, const char *uri)
  * DEADLINE (NULL, ETIMEDOUT).
  */
 static struct nbd_handle *
-link_take (struct peer_link *l, const char *export_name, const char *dial_uri,
-           int64_t deadline)
+link_take (struct peer_link *l, const char *ident, const char *exportname,
+           const char *dial_uri, int64_t deadline)
 {
   pthread_mutex_lock (&l->lock);
   while (l->nidle == 0 && l->nopen >= LINK_MAX_CONNS) {
@@ -256,9 +313,16 @@ link_take (struct peer_link *l, const char *export_name, const char *dial_uri,
   }
   l->nopen++;
   pthread_mutex_unlock (&l->lock);
-  struct nbd_handle *nbd = dial (export_name, dial_uri);
+  char *name = NULL;
+  struct nbd_handle *nbd = NULL;
+  if (asprintf (&name, "%s:%016" PRIx64 "%08" PRIx32 ":%s", ident, node_id,
+                l->token, exportname) == -1)
+    errno = ENOMEM;
+  else
+    nbd = dial (name, dial_uri);
+  int e = errno;
+  free (name);
   if (nbd == NULL) {
-    int e = errno;
     pthread_mutex_lock (&l->lock);
     l->nopen--;
     pthread_cond_signal (&l->freed);
@@ -347,14 +411,25 @@ say_error (const char *uri, int err, unsigned backoff_s)
 }
 
 int
-peer_link_pread (struct peer_link *l, const char *export_name,
-                 const char *dial_uri, struct fsc_object *obj, void *buf,
-                 uint32_t count, uint64_t offset)
+peer_link_pread (struct peer_link *l, const char *ident,
+                 const char *exportname, const char *dial_uri,
+                 struct fsc_object *obj, void *buf, uint32_t count,
+                 uint64_t offset)
 {
   int err = 0;
   for (int attempt = 0; attempt < 2; ++attempt) {
     int64_t deadline = peer_now_ms () + cfg.timeout_ms;
-    struct nbd_handle *nbd = link_take (l, export_name, dial_uri, deadline);
+    struct nbd_handle *nbd = link_take (l, ident, exportname, dial_uri,
+                                        deadline);
+    if (nbd == NULL && was_self (l->token)) {
+      if (!__atomic_test_and_set (&l->self, __ATOMIC_RELAXED))
+        say_warning ("fscache-peers: %s is this node itself (its own node "
+                     "id came back): fscache-peers lists it under another "
+                     "spelling than fscache-peer-self=%s; not asking it",
+                     l->uri, cfg_self_uri);
+      errno = EACCES;
+      return -1;
+    }
     if (nbd) {
       int64_t cookie = nbd_aio_pread (nbd, buf, count, offset,
                                       NBD_NULL_COMPLETION, 0);
@@ -370,6 +445,20 @@ peer_link_pread (struct peer_link *l, const char *export_name,
       if (cookie == -1)
         errno = nbd_get_errno () ? nbd_get_errno () : EIO;
       err = errno;
+      if (cookie != -1 && err != ETIMEDOUT && !nbd_aio_is_dead (nbd) &&
+          !nbd_aio_is_closed (nbd)) {
+        /* The peer answered, with an error: its own origin failed it
+         * (or its cache).  The peer is alive and the connection good:
+         * no retry, no back-off; the range goes on up the tree or to
+         * our origin (peers.c).
+         */
+        link_give (l, nbd, true);
+        fsc_object_count_peer (obj, FSC_PEER_ERRORS, 1);
+        nbdkit_debug ("fscache: peer %s answered a read at %" PRIu64
+                      " with an error: %s", l->uri, offset, strerror (err));
+        errno = err;
+        return -1;
+      }
       link_give (l, nbd, false);
     }
     else

@@ -12,10 +12,19 @@ struct peer_link;
 
 /* Once, before any link: each connect and read may take TIMEOUT_MS;
  * with PSK_FILE (or NULL), connections use TLS with its key, presenting
- * PSK_USER.  The strings must outlive the links.
+ * PSK_USER; SELF_URI is fscache-peer-self, for messages.  Draws this
+ * node's random id.  The strings must outlive the links.
  */
 extern void peer_link_configure (int timeout_ms, const char *psk_file,
-                                 const char *psk_user);
+                                 const char *psk_user, const char *self_uri);
+
+/* This node's random id, which askers put in peer export names. */
+extern uint64_t peer_node_id (void);
+
+/* A peer connection came from this very node, by the link whose token
+ * is TOKEN: that link is told at its refused dial (a self alias).
+ */
+extern void peer_link_self_seen (uint32_t token);
 
 /* A monotonic clock in milliseconds. */
 extern int64_t peer_now_ms (void);
@@ -38,13 +47,17 @@ extern unsigned peer_link_reap (struct peer_link *l, int64_t now);
 /* Not set aside at NOW (peer_now_ms)? */
 extern bool peer_link_usable (struct peer_link *l, int64_t now);
 
-/* Read [OFFSET, OFFSET + COUNT) of the export EXPORT_NAME (a peer
- * export name) from L's peer, dialling DIAL_URI: one try, one more on a
- * fresh connection, then L is set aside (BACKOFF_MIN s, doubling) and
- * the failure said at most once a minute.  Counted on OBJ.  0 or -1.
+/* Read [OFFSET, OFFSET + COUNT) of EXPORTNAME from L's peer, dialling
+ * DIAL_URI, asking for the peer export name IDENT (prefix and
+ * identity), our node id and L's token, EXPORTNAME: one try, one more
+ * on a fresh connection, then L is set aside (BACKOFF_MIN s, doubling)
+ * and the failure said at most once a minute; an error the peer
+ * answers is not retried nor set aside; a link found to be this node
+ * itself is never used again.  Counted on OBJ.  0 or -1.
  */
-extern int peer_link_pread (struct peer_link *l, const char *export_name,
-                            const char *dial_uri, struct fsc_object *obj,
-                            void *buf, uint32_t count, uint64_t offset);
+extern int peer_link_pread (struct peer_link *l, const char *ident,
+                            const char *exportname, const char *dial_uri,
+                            struct fsc_object *obj, void *buf,
+                            uint32_t count, uint64_t offset);
 
 #endif /* FSC_PLUGIN_PEERLINK_H */

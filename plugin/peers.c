@@ -89,6 +89,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <time.h>
 
@@ -148,7 +149,9 @@ struct peer_export {
   struct peer_export *next;     /* exports; under exports_lock */
   unsigned refs;                /* under exports_lock */
   char *exportname;
-  char *peer_name;              /* the export name peers are asked */
+  char *peer_name;              /* the prefix and identity of the export
+                                 * name peers are asked (peerlink.c adds
+                                 * the node, the link and the export) */
   uint64_t key_lo, key_hi;
   uint64_t identity;
   bool written;                 /* atomic */
@@ -437,6 +440,32 @@ psk_user (const char *file)
   return user;
 }
 
+/* A fleet node holds links to its peers and serves theirs: raise the
+ * soft limit on descriptors to the hard one (the default soft 1024 ran
+ * out at 24 nodes on one machine, and every peer read then failed at
+ * once), and say what there is.
+ */
+static void
+raise_fd_limit (void)
+{
+  struct rlimit rl;
+  if (getrlimit (RLIMIT_NOFILE, &rl) == -1)
+    return;
+  rlim_t was = rl.rlim_cur;
+  if (rl.rlim_cur < rl.rlim_max) {
+    rl.rlim_cur = rl.rlim_max;
+    if (setrlimit (RLIMIT_NOFILE, &rl) == -1)
+      rl.rlim_cur = was;
+  }
+  if (rl.rlim_cur != was)
+    say_note ("fscache-peers: descriptors: soft limit raised from %llu to "
+              "the hard limit, %llu", (unsigned long long) was,
+              (unsigned long long) rl.rlim_cur);
+  else
+    nbdkit_debug ("fscache-peers: descriptors: limit %llu",
+                  (unsigned long long) rl.rlim_cur);
+}
+
 int
 peers_start (void)
 {
@@ -454,7 +483,9 @@ peers_start (void)
                   params.peer_psk);
     return -1;
   }
-  peer_link_configure (timeout_ms, params.peer_psk, fleet.psk_user);
+  peer_link_configure (timeout_ms, params.peer_psk, fleet.psk_user,
+                       params.peer_self);
+  raise_fd_limit ();
   fleet.self_seed = XXH3_64bits (params.peer_self, strlen (params.peer_self));
   pthread_mutex_lock (&fleet.lock);
   int r = reload_locked (true);
@@ -496,27 +527,40 @@ peers_enabled (void)
   return params.peers_file != NULL;
 }
 
+/* N lowercase hex digits at S into *V; false if not. */
+static bool
+hex_field (const char *s, int n, uint64_t *v)
+{
+  *v = 0;
+  for (int i = 0; i < n; ++i) {
+    char c = s[i];
+    int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ?
+      c - 'a' + 10 : -1;
+    if (d < 0)
+      return false;
+    *v = *v << 4 | (unsigned) d;
+  }
+  return true;
+}
+
 int
 peers_parse_export (const char *exportname, const char **real,
-                    uint64_t *identity)
+                    uint64_t *identity, bool *self)
 {
   size_t pl = strlen (PEER_EXPORT_PREFIX);
   if (strncmp (exportname, PEER_EXPORT_PREFIX, pl) != 0)
     return 0;
   const char *s = exportname + pl;
-  uint64_t id = 0;
-  for (int i = 0; i < 16; ++i) {
-    char c = s[i];
-    int v = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ?
-      c - 'a' + 10 : -1;
-    if (v < 0)
-      return -1;
-    id = id << 4 | (unsigned) v;
-  }
-  if (s[16] != ':' || id == 0)
+  uint64_t id, node, token;
+  if (!hex_field (s, 16, &id) || s[16] != ':' || id == 0 ||
+      !hex_field (s + 17, 16, &node) || !hex_field (s + 33, 8, &token) ||
+      s[41] != ':')
     return -1;
-  *real = s + 17;
+  *real = s + 42;
   *identity = id;
+  *self = node == peer_node_id ();
+  if (*self)
+    peer_link_self_seen ((uint32_t) token);
   return 1;
 }
 
@@ -565,8 +609,8 @@ peers_export_get (const char *exportname, const void *key, size_t klen,
   pe = calloc (1, sizeof *pe);
   if (pe == NULL ||
       (pe->exportname = strdup (exportname)) == NULL ||
-      asprintf (&pe->peer_name, PEER_EXPORT_PREFIX "%016" PRIx64 ":%s",
-                identity, exportname) == -1) {
+      asprintf (&pe->peer_name, PEER_EXPORT_PREFIX "%016" PRIx64,
+                identity) == -1) {
     if (pe)
       free (pe->exportname);
     free (pe);
@@ -749,8 +793,9 @@ peers_pread (struct peer_export *pe, struct fsc_object *obj, void *buf,
         }
         run = pos;
       }
-      got = peer_link_pread (links[i], pe->peer_name, ms->m[i].dial, obj,
-                             p + (pos - offset), seg_end - pos, pos) == 0;
+      got = peer_link_pread (links[i], pe->peer_name, pe->exportname,
+                             ms->m[i].dial, obj, p + (pos - offset),
+                             seg_end - pos, pos) == 0;
       skip[t] = links[i];
     }
     if (got)

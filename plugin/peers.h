@@ -13,9 +13,10 @@ struct fsc_object;
 struct peer_export;
 
 /* The export names of peer connections: PEER_EXPORT_PREFIX, the
- * asker's identity of the object in 16 hex digits, ':', the export.
+ * asker's identity of the object in 16 hex digits, ':', the asker's
+ * node id (16 hex digits) and its link's token (8), ':', the export.
  */
-#define PEER_EXPORT_PREFIX "fscache-peer:1:"
+#define PEER_EXPORT_PREFIX "fscache-peer:2:"
 
 /* .config_complete, before the cache is created: read fscache-peers
  * (refusing to start if it cannot be read) and the PSK file's user
@@ -32,11 +33,13 @@ extern void peers_stop (void);
 extern bool peers_enabled (void);
 
 /* Is EXPORTNAME a peer connection's?  1: yes, with *REAL pointing into
- * it at the export and *IDENTITY the asker's; 0: an ordinary export
- * name; -1: the prefix with a malformed rest.
+ * it at the export, *IDENTITY the asker's, *SELF true if the asker is
+ * this very node (listed in fscache-peers under another spelling than
+ * fscache-peer-self: the asker's link is then told, peerlink.c); 0: an
+ * ordinary export name; -1: the prefix with a malformed rest.
  */
 extern int peers_parse_export (const char *exportname, const char **real,
-                               uint64_t *identity);
+                               uint64_t *identity, bool *self);
 
 /* The identity peers compare: the object key, the export's size, the
  * fscache-generation (or NULL) and the sampled fingerprint.  Never 0.

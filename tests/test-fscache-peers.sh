@@ -261,7 +261,7 @@ fresh
   done
   # A bare client asking for a peer export name without TLS.
   id=$(printf '%016x' 1)
-  if nbdcopy "nbd+unix:///fscache-peer:1:$id:?socket=$TMP/n1.sock" \
+  if nbdcopy "nbd+unix:///fscache-peer:2:$id:$id$(printf %08x 1):?socket=$TMP/n1.sock" \
        "$TMP/bare" 2>/dev/null; then
     fail "part 5: a client without TLS read a peer export"
   fi
