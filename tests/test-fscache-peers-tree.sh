@@ -1,0 +1,263 @@
+#!/usr/bin/env bash
+# nbd-fscache: the fleet at more nodes (issue 41): a tree of askers per
+# range, and failures found once.  Proxies in their own processes with
+# their own caches, as on several hosts, over Unix sockets; the origin
+# the file plugin behind nbdkit's log filter.
+#
+#  1. 20 nodes, fscache-peer-fanout=3, copy the image at once: every
+#     copy is the image; the origin sent it about once (at most 1.1
+#     times); and no node served any 1 MiB range to more than 3 askers
+#     (a log filter in front of each node: the asker's node id is in
+#     each peer connection's export name).  A flat fleet serves each
+#     range to the 19 others.  Each node's descriptors and threads at
+#     the end of the copy are printed (not bounded here: see the note
+#     of issue 41).
+#  2. An interior node killed: 12 nodes, fanout 3, the origin
+#     rate-limited, node 5 killed (-9) once a quarter of the image has
+#     left the origin: the others finish, identical, the origin under
+#     1.5 times the image.
+#  3. A self alias: node 1's file lists it under its fscache-peer-self
+#     and under another spelling (a symlink to its socket).  Its copy
+#     is the image, it says the alias is itself, and it counted no peer
+#     error: it used to wait on its own claim for the peer timeout.
+#  4. An origin error behind an owner: node 2's origin fails every
+#     read (nbdkit's error filter) once node 2 has its object open
+#     (held by a client): node 1's copy is the image (its own origin),
+#     and node 1 set node 2 aside never (peer_backoffs 0): an error
+#     node 2 answers is not node 2's failure.
+#  5. A restarted peer: node 1 reads half the image (through several
+#     connections to node 2), node 2 is killed and started again on its
+#     cache, node 1 reads the rest at once: right data, and no
+#     set-aside (its idle connections to the old node 2 are dropped at
+#     the first transport error, and the retry dials).
+#
+# Truth: the image (cmp and the readers' checks), the origin's request
+# log, the nodes' request logs and counters.
+
+source "${top_srcdir:-$(dirname "$0")/..}/tests/functions.sh"
+
+requires nbdkit --version
+requires nbdcopy --version
+requires nbdkit nbd --dump-plugin
+requires nbdkit --filter=log null --dump-plugin
+requires nbdkit --filter=rate null --dump-plugin
+requires nbdkit --filter=error null --dump-plugin
+requires test -r "$FILTER"
+requires "$PYTHON" -c 'import nbd'
+
+MiB=$((1024 * 1024))
+size=$((16 * MiB))   # the 20 coherency samples (32 KiB each) stay under 5%
+img="$TMP/img"
+make_random "$img" "$size"
+export NBD_FSCACHE_TEST_BUDGET=0
+
+# origin NAME [FILTER PARAMS...]: the image at $TMP/NAME.sock, logged,
+# through one more filter if given.
+origin ()
+{
+  local name=$1 filter=()
+  [ $# -ge 2 ] && filter=(--filter="$2")
+  rm -f "$TMP/$name.log"
+  NBDKIT_STDERR="$TMP/$name.err" start_nbdkit -P "$TMP/$name.pid" \
+    -U "$TMP/$name.sock" --filter=log "${filter[@]}" file "$img" \
+    logfile="$TMP/$name.log" "${@:3}"
+}
+self () { echo "nbd+unix:///?socket=$TMP/n$1.sock"; }
+# node I ORIGIN PEERFILE [ARGS...]: a log filter in front of the cache.
+node ()
+{
+  local i=$1 o=$2 pf=$3; shift 3
+  mkdir -p -m 700 "$TMP/c$i"
+  rm -f "$TMP/n$i.log"
+  NBDKIT_STDERR="$TMP/n$i.err" start_nbdkit -P "$TMP/n$i.pid" \
+    -U "$TMP/n$i.sock" --filter=log --filter="$FILTER" \
+    nbd socket="$TMP/$o.sock" logfile="$TMP/n$i.log" \
+    fscache-dir="$TMP/c$i" fscache-stats="$TMP/s$i" \
+    fscache-peers="$pf" fscache-peer-self="$(self "$i")" "$@"
+}
+copy ()                         # I...: at once, each under 120 s
+{
+  local i pids=()
+  for i in "$@"; do
+    timeout 120 nbdcopy "$(self "$i")" "$TMP/out$i" 2>"$TMP/copy$i.err" &
+    pids+=($!)
+  done
+  for i in "${!pids[@]}"; do
+    wait "${pids[$i]}" || fail "a copy failed: $(cat "$TMP"/copy*.err)"
+  done
+}
+stop_nodes () { for i in "$@"; do stop_nbdkit "$TMP/n$i.pid"; done; }
+fresh () { rm -rf "$TMP"/c[0-9]* "$TMP"/s[0-9]* "$TMP"/out[0-9]*; }
+
+# fan_in LOG...: the most distinct askers of one 1 MiB range at one
+# node, from the nodes' logs (a peer connection's export name holds the
+# asker's node id: fscache-peer:2:IDENTITY:NODE+TOKEN:EXPORT).
+fan_in ()
+{
+  "$PYTHON" - "$@" <<'EOF'
+import re, sys, collections
+most = 0
+for path in sys.argv[1:]:
+    asker = {}
+    ranges = collections.defaultdict(set)
+    for line in open(path):
+        m = re.search(r'connection=(\d+) Connect export=fscache-peer:2:[0-9a-f]{16}:([0-9a-f]{16})', line)
+        if m:
+            asker[m.group(1)] = m.group(2)
+            continue
+        m = re.search(r'connection=(\d+) Read id=\d+ offset=(0x[0-9a-f]+) count=(0x[0-9a-f]+)', line)
+        if m and m.group(1) in asker:
+            off, n = int(m.group(2), 16), int(m.group(3), 16)
+            for r in range(off >> 20, (off + n - 1 >> 20) + 1):
+                ranges[r].add(asker[m.group(1)])
+    for r, s in ranges.items():
+        most = max(most, len(s))
+print(most)
+EOF
+}
+
+# ---- 1. 20 nodes, fanout 3 ----
+N=20
+origin o1
+for i in $(seq 1 $N); do self "$i"; done > "$TMP/peers"
+for i in $(seq 1 $N); do node "$i" o1 "$TMP/peers" fscache-peer-fanout=3; done
+copy $(seq 1 $N)
+for i in $(seq 1 $N); do
+  cmp "$img" "$TMP/out$i" || fail "part 1: node $i's copy differs"
+done
+maxfd=0 maxth=0
+for i in $(seq 1 $N); do
+  pid=$(cat "$TMP/n$i.pid")
+  fd=$(ls "/proc/$pid/fd" | wc -l)
+  th=$(awk '/^Threads:/ { print $2 }' "/proc/$pid/status")
+  [ "$fd" -gt "$maxfd" ] && maxfd=$fd
+  [ "$th" -gt "$maxth" ] && maxth=$th
+done
+stop_nodes $(seq 1 $N)
+got=$(log_read_bytes "$TMP/o1.log")
+most=$(fan_in $(for i in $(seq 1 $N); do echo "$TMP/n$i.log"; done))
+echo "part 1: $N nodes, fanout 3: origin sent $got bytes for $size; the" \
+     "most askers of one range at one node: $most; at the end of the copy" \
+     "the most descriptors of a node $maxfd, threads $maxth"
+[ "$got" -le $((size * 11 / 10)) ] ||
+  fail "part 1: the origin sent $got bytes, over 1.1 times the image"
+[ "$most" -ge 1 ] || fail "part 1: no peer read was logged (test bug?)"
+[ "$most" -le 3 ] || fail "part 1: a node served one range to $most askers"
+stop_nbdkit "$TMP/o1.pid"
+
+# ---- 2. an interior node killed ----
+fresh
+N=12
+origin o2 rate rate=64M
+for i in $(seq 1 $N); do self "$i"; done > "$TMP/peers12"
+for i in $(seq 1 $N); do node "$i" o2 "$TMP/peers12" fscache-peer-fanout=3; done
+pids=()
+for i in $(seq 1 $N); do
+  timeout 120 nbdcopy "$(self "$i")" "$TMP/out$i" 2>"$TMP/copy$i.err" &
+  pids+=($!)
+done
+quarter () { [ "$(log_read_bytes "$TMP/o2.log")" -ge $((size / 4)) ]; }
+wait_until quarter || fail "part 2: the origin never sent a quarter"
+kill9_nbdkit "$TMP/n5.pid"
+for i in $(seq 1 $N); do
+  [ "$i" = 5 ] && { wait "${pids[$((i - 1))]}" || true; continue; }
+  wait "${pids[$((i - 1))]}" || fail "part 2: node $i's copy failed"
+  cmp "$img" "$TMP/out$i" || fail "part 2: node $i's copy differs"
+done
+stop_nodes 1 2 3 4 6 7 8 9 10 11 12
+got=$(log_read_bytes "$TMP/o2.log")
+echo "part 2: node 5 killed at a quarter: origin sent $got bytes for $size"
+[ "$got" -le $((size * 15 / 10)) ] ||
+  fail "part 2: the origin sent $got bytes, over 1.5 times the image"
+stop_nbdkit "$TMP/o2.pid"
+
+# ---- 3. a self alias ----
+fresh
+origin o3
+ln -sf "$TMP/n1.sock" "$TMP/alias.sock"
+{ self 1; echo "nbd+unix:///?socket=$TMP/alias.sock"; self 2; self 3; } > "$TMP/p3a"
+{ self 1; self 2; self 3; } > "$TMP/p3b"
+NBD_FSCACHE_TEST_PEER_TIMEOUT_MS=3000 node 1 o3 "$TMP/p3a"
+node 2 o3 "$TMP/p3b"; node 3 o3 "$TMP/p3b"
+copy 1
+cmp "$img" "$TMP/out1" || fail "part 3: node 1's copy differs"
+stop_nodes 1 2 3
+errs=$(stat_value "$TMP/s1" peer_errors)
+echo "part 3: a self alias: node 1 counted $errs peer errors"
+grep "alias.sock is this node itself" "$TMP/n1.err" ||
+  fail "part 3: node 1 did not say that the alias is itself"
+[ "$errs" = 0 ] || fail "part 3: node 1 counted $errs peer errors"
+stop_nbdkit "$TMP/o3.pid"
+
+# ---- 4. an origin error behind an owner ----
+fresh
+origin o4a
+origin o4b error error-pread=EIO error-pread-rate=100% \
+  error-pread-file="$TMP/o4b-fails"
+{ self 1; self 2; } > "$TMP/p4"
+node 1 o4a "$TMP/p4" fscache-key=img; node 2 o4b "$TMP/p4" fscache-key=img
+# Node 2's object open (validated) before its origin fails: a client
+# holds it, and the peers' connections join it.
+hold_export "$(self 2)" "$TMP/p4-done" "$TMP/p4-held"
+touch "$TMP/o4b-fails"
+copy 1
+touch "$TMP/p4-done"
+cmp "$img" "$TMP/out1" || fail "part 4: node 1's copy differs"
+stop_nodes 1 2
+bo=$(stat_value "$TMP/s1" peer_backoffs)
+pe=$(stat_value "$TMP/s1" peer_errors)
+echo "part 4: node 2's origin failing: node 1 counted $pe errors answered," \
+     "$bo set-asides"
+[ "$pe" -gt 0 ] || fail "part 4: node 1 never asked node 2 (test bug?)"
+[ "$bo" = 0 ] || fail "part 4: node 1 set node 2 aside for its origin's error"
+stop_nbdkit "$TMP/o4a.pid"; stop_nbdkit "$TMP/o4b.pid"
+
+# ---- 5. a restarted peer ----
+fresh
+origin o5
+{ self 1; self 2; } > "$TMP/p5"
+node 1 o5 "$TMP/p5"; node 2 o5 "$TMP/p5"
+copy 2                          # node 2 holds its ranges (and asked 1)
+# One client connection throughout (the export's links live while it
+# does): the first half, then, once node 2 is back, the second.
+cat > "$TMP/halves.py" <<'EOF'
+import os, sys, time, nbd
+uri, img, tmp = sys.argv[1:4]
+data = open(img, "rb").read()
+h = nbd.NBD()
+h.connect_uri(uri)
+def read(lo, hi):
+    todo = list(range(lo, hi, 1 << 20))
+    flight = []
+    while todo or flight:
+        while todo and len(flight) < 8:
+            o = todo.pop(0)
+            b = nbd.Buffer(1 << 20)
+            flight.append((h.aio_pread(b, o), b, o))
+        h.poll(-1)
+        for t in flight[:]:
+            if h.aio_command_completed(t[0]):
+                if t[1].to_bytearray() != data[t[2]:t[2] + (1 << 20)]:
+                    sys.exit("wrong data at %d" % t[2])
+                flight.remove(t)
+read(0, len(data) // 2)
+open(os.path.join(tmp, "half"), "w").close()
+while not os.path.exists(os.path.join(tmp, "half.go")):
+    time.sleep(0.05)
+read(len(data) // 2, len(data))
+h.shutdown()
+EOF
+$PYTHON "$TMP/halves.py" "$(self 1)" "$img" "$TMP" & reader=$!
+wait_until test -e "$TMP/half" || fail "part 5: the first half"
+kill9_nbdkit "$TMP/n2.pid"
+node 2 o5 "$TMP/p5"
+touch "$TMP/half.go"
+wait "$reader" || fail "part 5: the second half, after node 2 restarted"
+stop_nodes 1 2
+bo=$(stat_value "$TMP/s1" peer_backoffs)
+pr=$(stat_value "$TMP/s1" peer_read_bytes)
+echo "part 5: node 2 restarted: node 1 read $pr bytes from peers, $bo set-asides"
+[ "$pr" -gt 0 ] || fail "part 5: node 1 read nothing from node 2 (test bug?)"
+[ "$bo" = 0 ] || fail "part 5: node 1 set the restarted node 2 aside"
+
+echo "$0: OK"
