@@ -25,9 +25,9 @@
  * by every asker).  Failures are said
  * at most once a minute for the process, with the count since.
  *
- * Locks: each link's lock guards its idle list and counts; the
- * back-off deadline is read without it (atomic).  Never held across a
- * connect or a read.
+ * Locks: each link's lock guards its idle list and counts;
+ * health_lock the peers' health records (the back-off deadline is read
+ * without it, atomic).  Never held across a connect or a read.
  */
 #include <config.h>
 
@@ -67,11 +67,62 @@ struct peer_link {
   struct nbd_handle *idle[LINK_MAX_CONNS];
   int64_t idle_since[LINK_MAX_CONNS]; /* when each was given back */
   unsigned nidle, nopen;        /* under lock */
-  int64_t backoff_until;        /* monotonic ms; atomic */
-  unsigned backoff_s;           /* under lock */
+  struct health *health;        /* its peer's, shared by all exports */
   uint32_t token;               /* in its export names: tells it apart */
+};
+
+/* One health record per peer for the whole process (issue 41), shared
+ * by the links of every export to it: a peer found down by one
+ * export's read is set aside for all of them at once, counted and said
+ * once, instead of once per export after each export's own timeouts;
+ * and a peer found to be this node (a self alias) is so for all.
+ * Found by URI in a list, with a count of the links using it.
+ */
+struct health {
+  struct health *next;
+  char *uri;
+  unsigned refs;                /* under health_lock */
+  int64_t backoff_until;        /* monotonic ms; atomic */
+  unsigned backoff_s;           /* under health_lock */
   bool self;                    /* it reached this very node (atomic) */
 };
+static pthread_mutex_t health_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct health *healths;
+
+static struct health *
+health_get (const char *uri)
+{
+  SCOPED_LOCK (&health_lock);
+  for (struct health *h = healths; h; h = h->next)
+    if (strcmp (h->uri, uri) == 0) {
+      h->refs++;
+      return h;
+    }
+  struct health *h = calloc (1, sizeof *h);
+  if (h == NULL || (h->uri = strdup (uri)) == NULL) {
+    free (h);
+    return NULL;
+  }
+  h->refs = 1;
+  h->next = healths;
+  healths = h;
+  return h;
+}
+
+static void
+health_put (struct health *h)
+{
+  SCOPED_LOCK (&health_lock);
+  if (--h->refs > 0)
+    return;
+  for (struct health **hp = &healths; *hp; hp = &(*hp)->next)
+    if (*hp == h) {
+      *hp = h->next;
+      break;
+    }
+  free (h->uri);
+  free (h);
+}
 
 /* Self aliases.  Each node has a random id, which an asker puts in
  * the export name with its link's token; a node that receives its own
@@ -143,7 +194,10 @@ struct peer_link *
 peer_link_new (const char *uri, struct peer_link *next)
 {
   struct peer_link *l = calloc (1, sizeof *l);
-  if (l == NULL || (l->uri = strdup (uri)) == NULL) {
+  if (l == NULL || (l->uri = strdup (uri)) == NULL ||
+      (l->health = health_get (uri)) == NULL) {
+    if (l)
+      free (l->uri);
     free (l);
     return NULL;
   }
@@ -164,6 +218,7 @@ peer_link_free (struct peer_link *l)
     nbd_close (l->idle[i]);
   pthread_mutex_destroy (&l->lock);
   pthread_cond_destroy (&l->freed);
+  health_put (l->health);
   free (l->uri);
   free (l);
 }
@@ -183,8 +238,8 @@ peer_link_uri (const struct peer_link *l)
 bool
 peer_link_usable (struct peer_link *l, int64_t now)
 {
-  return !__atomic_load_n (&l->self, __ATOMIC_RELAXED) &&
-    __atomic_load_n (&l->backoff_until, __ATOMIC_RELAXED) <= now;
+  return !__atomic_load_n (&l->health->self, __ATOMIC_RELAXED) &&
+    __atomic_load_n (&l->health->backoff_until, __ATOMIC_RELAXED) <= now;
 }
 
 /* Wait on NBD until DONE says 1 (0) or -1 (-1), or the deadline
@@ -422,7 +477,7 @@ peer_link_pread (struct peer_link *l, const char *ident,
     struct nbd_handle *nbd = link_take (l, ident, exportname, dial_uri,
                                         deadline);
     if (nbd == NULL && was_self (l->token)) {
-      if (!__atomic_test_and_set (&l->self, __ATOMIC_RELAXED))
+      if (!__atomic_test_and_set (&l->health->self, __ATOMIC_RELAXED))
         say_warning ("fscache-peers: %s is this node itself (its own node "
                      "id came back): fscache-peers lists it under another "
                      "spelling than fscache-peer-self=%s; not asking it",
@@ -437,9 +492,9 @@ peer_link_pread (struct peer_link *l, const char *ident,
         link_give (l, nbd, true);
         fsc_object_count_peer (obj, FSC_PEER_READS, 1);
         fsc_object_count_peer (obj, FSC_PEER_READ_BYTES, count);
-        pthread_mutex_lock (&l->lock);
-        l->backoff_s = 0;
-        pthread_mutex_unlock (&l->lock);
+        pthread_mutex_lock (&health_lock);
+        l->health->backoff_s = 0;
+        pthread_mutex_unlock (&health_lock);
         return 0;
       }
       if (cookie == -1)
@@ -465,15 +520,26 @@ peer_link_pread (struct peer_link *l, const char *ident,
       err = errno;
     fsc_object_count_peer (obj, FSC_PEER_ERRORS, 1);
   }
-  pthread_mutex_lock (&l->lock);
-  l->backoff_s = l->backoff_s ? MIN (2 * l->backoff_s, BACKOFF_MAX)
-    : BACKOFF_MIN;
-  unsigned s = l->backoff_s;
-  __atomic_store_n (&l->backoff_until, peer_now_ms () + 1000 * (int64_t) s,
-                    __ATOMIC_RELAXED);
-  pthread_mutex_unlock (&l->lock);
-  fsc_object_count_peer (obj, FSC_PEER_BACKOFFS, 1);
-  say_error (l->uri, err ? err : EIO, s);
+  /* Set aside, for every export: once, by the first of the reads that
+   * found it down (the others, in flight meanwhile, find it set aside
+   * already and count nothing more).
+   */
+  struct health *h = l->health;
+  int64_t now = peer_now_ms ();
+  pthread_mutex_lock (&health_lock);
+  bool already = __atomic_load_n (&h->backoff_until, __ATOMIC_RELAXED) > now;
+  unsigned s = h->backoff_s;
+  if (!already) {
+    s = h->backoff_s = h->backoff_s ? MIN (2 * h->backoff_s, BACKOFF_MAX)
+      : BACKOFF_MIN;
+    __atomic_store_n (&h->backoff_until, now + 1000 * (int64_t) s,
+                      __ATOMIC_RELAXED);
+  }
+  pthread_mutex_unlock (&health_lock);
+  if (!already) {
+    fsc_object_count_peer (obj, FSC_PEER_BACKOFFS, 1);
+    say_error (l->uri, err ? err : EIO, s);
+  }
   return -1;
 }
 

@@ -30,6 +30,12 @@
 #     cache, node 1 reads the rest at once: right data, and no
 #     set-aside (its idle connections to the old node 2 are dropped at
 #     the first transport error, and the retry dials).
+#  6. A stopped peer (SIGSTOP; a 2 s peer deadline), two exports, 30
+#     readers at once on node 1: every read right, the slowest within
+#     the bound the deadlines set (a connect and its retry, 2 s each,
+#     and 4 s of slack), and the peer set aside once or twice in all
+#     (one health record per peer for the process; it used to be set
+#     aside by each read that found it down, in each export).
 #
 # Truth: the image (cmp and the readers' checks), the origin's request
 # log, the nodes' request logs and counters.
@@ -259,5 +265,60 @@ pr=$(stat_value "$TMP/s1" peer_read_bytes)
 echo "part 5: node 2 restarted: node 1 read $pr bytes from peers, $bo set-asides"
 [ "$pr" -gt 0 ] || fail "part 5: node 1 read nothing from node 2 (test bug?)"
 [ "$bo" = 0 ] || fail "part 5: node 1 set the restarted node 2 aside"
+
+# ---- 6. a stopped peer, two exports, 30 readers ----
+fresh
+mkdir -p "$TMP/exports"
+make_random "$TMP/exports/a" $((8 * MiB))
+make_random "$TMP/exports/b" $((8 * MiB))
+NBDKIT_STDERR="$TMP/o6.err" start_nbdkit -P "$TMP/o6.pid" -U "$TMP/o6.sock" \
+  file dir="$TMP/exports"
+{ self 1; self 2; } > "$TMP/p6"
+for i in 1 2; do
+  mkdir -p -m 700 "$TMP/c$i"
+  NBD_FSCACHE_TEST_PEER_TIMEOUT_MS=2000 NBDKIT_STDERR="$TMP/n$i.err" \
+    start_nbdkit -P "$TMP/n$i.pid" -U "$TMP/n$i.sock" --filter="$FILTER" \
+    nbd socket="$TMP/o6.sock" dynamic-export=true fscache-dir="$TMP/c$i" \
+    fscache-stats="$TMP/s$i" fscache-peers="$TMP/p6" \
+    fscache-peer-self="$(self "$i")"
+done
+kill -STOP "$(cat "$TMP/n2.pid")"
+cleanup_fn "kill -CONT $(cat "$TMP/n2.pid") 2>/dev/null"
+cat > "$TMP/reader6.py" <<'EOF'
+import sys, time, nbd
+sock, exp, img, k = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+data = open(img, "rb").read()
+h = nbd.NBD()
+h.set_export_name(exp)
+h.connect_unix(sock)
+worst = 0
+for j in range(4):
+    o = ((k * 4 + j) % 8 << 20) + (k * 65536) % (1 << 20)
+    t = time.monotonic()
+    if h.pread(65536, o) != data[o:o + 65536]:
+        sys.exit("reader %d: wrong data at %d" % (k, o))
+    worst = max(worst, time.monotonic() - t)
+print("%.3f" % worst)
+h.shutdown()
+EOF
+pids=()
+for k in $(seq 0 29); do
+  e=a; [ $((k % 2)) = 1 ] && e=b
+  $PYTHON "$TMP/reader6.py" "$TMP/n1.sock" $e "$TMP/exports/$e" $k \
+    > "$TMP/r6.$k" & pids+=($!)
+done
+for p in "${pids[@]}"; do wait "$p" || fail "part 6: a reader failed"; done
+kill -CONT "$(cat "$TMP/n2.pid")"
+stop_nodes 1 2
+slowest=$(sort -n "$TMP"/r6.* | tail -n 1)
+bo=$(stat_value "$TMP/s1" peer_backoffs)
+echo "part 6: a stopped peer, 30 readers of two exports: the slowest read" \
+     "took $slowest s (bound: two 2 s deadlines and 4 s), node 1 set it" \
+     "aside $bo time(s)"
+[ "$bo" -ge 1 ] || fail "part 6: the stopped peer was never set aside (test bug?)"
+[ "$bo" -le 2 ] || fail "part 6: the stopped peer was set aside $bo times"
+awk -v s="$slowest" 'BEGIN { exit !(s <= 8) }' ||
+  fail "part 6: a read took $slowest s, over the deadlines' bound"
+stop_nbdkit "$TMP/o6.pid"
 
 echo "$0: OK"
