@@ -89,6 +89,7 @@ const char params_help[] =
   "                           to this long (default 30).\n"
   "fscache-peers=FILE         The fleet: one NBD URI per line, each a proxy\n"
   "                           of this filter; misses go to a range's owner.\n"
+  "fscache-peers=dns:NAME:PORT  The fleet: NAME's addresses (re-resolved).\n"
   "fscache-peer-self=URI      This node's line in fscache-peers.\n"
   "fscache-peer-fanout=K      Each node serves a range to at most K others\n"
   "                           (a tree per range; default 8, 0: flat).\n"
@@ -365,7 +366,21 @@ set_peers (const char *k, const char *value)
   char **p = strcmp (k, "fscache-peers") == 0 ? &params.peers_file
     : &params.peer_psk;
   free (*p);
-  *p = nbdkit_absolute_path (value);
+  /* dns:NAME:PORT is a name to resolve, not a path (peers.c). */
+  if (p == &params.peers_file && strncmp (value, "dns:", 4) == 0) {
+    const char *port = strrchr (value + 4, ':');
+    if (port == NULL || port == value + 4 || port[1] == 0 ||
+        strspn (port + 1, "0123456789") != strlen (port + 1)) {
+      nbdkit_error ("fscache-peers=%s: dns: takes NAME:PORT (the fleet's "
+                    "name, whose addresses are its members, and the port "
+                    "they serve on)", value);
+      *p = NULL;
+      return -1;
+    }
+    *p = strdup (value);
+  }
+  else
+    *p = nbdkit_absolute_path (value);
   return *p ? 0 : -1;
 }
 

@@ -89,7 +89,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <time.h>
 
@@ -143,6 +147,8 @@ static struct {
   int64_t checked;              /* monotonic ms of the last stat */
   char *psk_user;               /* the PSK file's first user name */
   uint64_t self_seed;           /* fscache-peer-self's hash: our score */
+  char *dns_text;               /* dns: the members last taken, as text */
+  int64_t dns_ms;               /* dns: how often to resolve; 0: a file */
 } fleet = { .lock = PTHREAD_MUTEX_INITIALIZER };
 
 struct peer_export {
@@ -342,12 +348,126 @@ same_stat (const struct stat *a, const struct stat *b)
     a->st_mtim.tv_nsec == b->st_mtim.tv_nsec;
 }
 
+static int install_locked (struct members *ms);
+
+/* fscache-peers=dns:NAME:PORT.  The members are NAME's addresses
+ * (A and AAAA records, through the system's resolver: /etc/hosts, DNS,
+ * whatever NSS says), each as nbd://ADDRESS:PORT, sorted, so that a
+ * Kubernetes headless Service or a Consul name lists the fleet and
+ * drops the members that fail its health checks.  Resolved again every
+ * DNS_MS (NBD_FSCACHE_TEST_PEER_DNS_MS for tests), from the reads that
+ * need it; a new snapshot only if the list changed.  A failed lookup
+ * keeps the last list.
+ */
+#define DNS_MS 5000
+
+static int
+cmp_str (const void *a, const void *b)
+{
+  return strcmp (*(char *const *) a, *(char *const *) b);
+}
+
+/* NAME's members as the text of a peers file, or NULL with errno. */
+static char *
+resolve_members (const char *spec)
+{
+  const char *name = spec + 4, *colon = strrchr (name, ':');
+  char host[1024];
+  size_t hl = colon - name;
+  if (hl >= sizeof host) {
+    errno = ENAMETOOLONG;
+    return NULL;
+  }
+  memcpy (host, name, hl);
+  host[hl] = 0;
+  struct addrinfo hints = { .ai_socktype = SOCK_STREAM,
+                            .ai_family = AF_UNSPEC }, *res;
+  int r = getaddrinfo (host, colon + 1, &hints, &res);
+  if (r != 0) {
+    nbdkit_debug ("fscache-peers=%s: %s", spec, gai_strerror (r));
+    errno = r == EAI_SYSTEM ? errno : ENOENT;
+    return NULL;
+  }
+  size_t n = 0, cap = 0;
+  char **uris = NULL;
+  for (struct addrinfo *a = res; a; a = a->ai_next) {
+    char addr[INET6_ADDRSTRLEN], *u;
+    const void *in = a->ai_family == AF_INET6
+      ? (const void *) &((struct sockaddr_in6 *) a->ai_addr)->sin6_addr
+      : (const void *) &((struct sockaddr_in *) a->ai_addr)->sin_addr;
+    if ((a->ai_family != AF_INET && a->ai_family != AF_INET6) ||
+        inet_ntop (a->ai_family, in, addr, sizeof addr) == NULL)
+      continue;
+    if (asprintf (&u, a->ai_family == AF_INET6 ? "nbd://[%s]:%s"
+                  : "nbd://%s:%s", addr, colon + 1) == -1)
+      continue;
+    if (n == cap) {
+      cap = cap ? 2 * cap : 16;
+      char **b = realloc (uris, cap * sizeof *uris);
+      if (b == NULL) {
+        free (u);
+        break;
+      }
+      uris = b;
+    }
+    uris[n++] = u;
+  }
+  freeaddrinfo (res);
+  qsort (uris, n, sizeof *uris, cmp_str);
+  char *text = NULL;
+  size_t len = 0;
+  FILE *fp = open_memstream (&text, &len);
+  for (size_t i = 0; i < n; ++i) {
+    if (fp && (i == 0 || strcmp (uris[i], uris[i - 1]) != 0))
+      fprintf (fp, "%s\n", uris[i]);
+    free (uris[i]);
+  }
+  free (uris);
+  if (fp == NULL || fclose (fp) == EOF) {
+    free (text);
+    errno = ENOMEM;
+    return NULL;
+  }
+  return text;
+}
+
+/* Take the members of TEXT (a peers file's) as the snapshot, if they
+ * differ from the last text taken (or FORCE).  Under fleet.lock.
+ */
+static int
+take_text_locked (char *text, bool force)
+{
+  if (!force && fleet.dns_text && strcmp (fleet.dns_text, text) == 0) {
+    free (text);
+    return 0;
+  }
+  FILE *fp = fmemopen (text, strlen (text), "r");
+  struct members *ms = fp ? members_read (fp) : NULL;
+  int e = errno;
+  if (fp)
+    fclose (fp);
+  if (ms == NULL) {
+    free (text);
+    errno = e;
+    return -1;
+  }
+  free (fleet.dns_text);
+  fleet.dns_text = text;
+  return install_locked (ms);
+}
+
 /* Read the file again if it changed and is whole (or FORCE).  Under
  * fleet.lock.  Returns 0, or -1 with errno (the old snapshot stays).
  */
 static int
 reload_locked (bool force)
 {
+  if (strncmp (params.peers_file, "dns:", 4) == 0) {
+    char *text = resolve_members (params.peers_file);
+    if (text == NULL)
+      return -1;
+    return take_text_locked (text, force);
+  }
   struct stat st;
   if (stat (params.peers_file, &st) == -1)
     return -1;
@@ -376,6 +496,13 @@ reload_locked (bool force)
     return -1;
   }
   fleet.st = st;
+  return install_locked (ms);
+}
+
+/* MS becomes the snapshot in use.  Under fleet.lock. */
+static int
+install_locked (struct members *ms)
+{
   members_put_locked (fleet.snap);
   fleet.snap = ms;
   size_t others = ms->n - (ms->self >= 0);
@@ -386,8 +513,8 @@ reload_locked (bool force)
                   others);
   else
     say_warning ("fscache-peers=%s: fscache-peer-self=%s "
-                 "is not one of its %zu lines: this node owns no range "
-                 "and asks the others for everything", params.peers_file,
+                 "is not one of its %zu members: no node asks this one, "
+                 "and it asks the others", params.peers_file,
                  params.peer_self, ms->n);
   return 0;
 }
@@ -401,7 +528,7 @@ members_get (void)
   int64_t now = peer_now_ms ();
   struct members *ms;
   pthread_mutex_lock (&fleet.lock);
-  if (now - fleet.checked >= CHECK_MS) {
+  if (now - fleet.checked >= (fleet.dns_ms ? fleet.dns_ms : CHECK_MS)) {
     fleet.checked = now;
     if (reload_locked (false) == -1)
       nbdkit_debug ("fscache-peers=%s: not read again: %m; keeping the "
@@ -485,6 +612,10 @@ peers_start (void)
   }
   peer_link_configure (timeout_ms, params.peer_psk, fleet.psk_user,
                        params.peer_self);
+  if (strncmp (params.peers_file, "dns:", 4) == 0) {
+    const char *d = getenv ("NBD_FSCACHE_TEST_PEER_DNS_MS");
+    fleet.dns_ms = d && atoi (d) > 0 ? atoi (d) : DNS_MS;
+  }
   raise_fd_limit ();
   fleet.self_seed = XXH3_64bits (params.peer_self, strlen (params.peer_self));
   pthread_mutex_lock (&fleet.lock);
@@ -519,6 +650,8 @@ peers_stop (void)
   pthread_mutex_unlock (&fleet.lock);
   free (fleet.psk_user);
   fleet.psk_user = NULL;
+  free (fleet.dns_text);
+  fleet.dns_text = NULL;
 }
 
 bool
