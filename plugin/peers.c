@@ -4,17 +4,8 @@
  * of our own: peers are proxies of this filter, and speak NBD to each
  * other through libnbd.
  *
- * Membership.  fscache-peers=FILE lists one NBD URI per line (blank
- * lines and lines starting with '#' ignored), the same file on every
- * node; fscache-peer-self=URI is this node's line.  The file is read
- * again when its inode, size or mtime changes, checked at most every
- * CHECK_MS by the reads that need it (nbdkit ends on SIGHUP, so a
- * signal cannot be the trigger), and only once it is whole (issue
- * 41): a new inode (a file renamed over the old one, as a writer that
- * means it to be read whole does) is taken at once; a file changed in
- * place only once two stats at least CHECK_MS apart saw it the same,
- * so that a half-written file is not taken.  The list in use is a
- * reference-counted snapshot, replaced whole.
+ * Membership: fscache-peers=FILE or dns:NAME:PORT, read and followed
+ * by members.c.
  *
  * Ownership.  Every RANGE_SIZE range of an object has one owner:
  * rendezvous hashing (highest random weight) of the object key's hash,
@@ -76,7 +67,7 @@
  * Connections to a peer, their deadlines, retry and back-off are
  * peerlink.c's.
  *
- * Locks: fleet.lock guards the snapshot pointer and the reload; each
+ * Locks: members.c's guards the snapshot and the reload; each
  * export's lock its links (peerlink.c: each link's lock its idle
  * connections).  No lock is held across a connect or a read.
  */
@@ -108,6 +99,7 @@
 
 #include "params.h"
 #include "peers.h"
+#include "members.h"
 #include "peerlink.h"
 #include "say.h"
 
@@ -118,38 +110,13 @@
  */
 #define RANGE_SIZE (1024 * 1024)
 
-#define MAX_MEMBERS 65536
-#define MAX_LINE 4096
 #define MAX_PEER_TRIES 2        /* peers tried for one range */
-#define CHECK_MS 200            /* the peers file's stat, at most */
 #define DEFAULT_TIMEOUT_MS 10000
 
-struct member {
-  char *uri;                    /* as in the file */
-  char *dial;                   /* what libnbd is given (nbds with PSK) */
-  uint64_t seed;                /* the URI's hash */
-};
-
-struct members {
-  unsigned refs;                /* under fleet_lock */
-  size_t n;
-  long self;                    /* our index, or -1 */
-  struct member m[];
-};
-
 static struct {
-  struct fsc_cache *cache;
-  pthread_mutex_t lock;
-  struct members *snap;         /* NULL: no fleet */
-  struct stat st;               /* the file as last read */
-  struct stat seen;             /* a change seen, not yet taken */
-  bool pending;                 /* SEEN holds one */
-  int64_t checked;              /* monotonic ms of the last stat */
   char *psk_user;               /* the PSK file's first user name */
   uint64_t self_seed;           /* fscache-peer-self's hash: our score */
-  char *dns_text;               /* dns: the members last taken, as text */
-  int64_t dns_ms;               /* dns: how often to resolve; 0: a file */
-} fleet = { .lock = PTHREAD_MUTEX_INITIALIZER };
+} fleet;
 
 struct peer_export {
   struct peer_export *next;     /* exports; under exports_lock */
@@ -235,312 +202,6 @@ reaper_stop (void)
     pthread_join (reaper.thread, NULL);
 }
 
-/*----------------------------------------------------------------------
- * Membership.
- */
-
-static void
-members_put_locked (struct members *ms)
-{
-  if (ms == NULL || --ms->refs > 0)
-    return;
-  for (size_t i = 0; i < ms->n; ++i) {
-    free (ms->m[i].uri);
-    free (ms->m[i].dial);
-  }
-  free (ms);
-}
-
-static void
-members_put (struct members *ms)
-{
-  pthread_mutex_lock (&fleet.lock);
-  members_put_locked (ms);
-  pthread_mutex_unlock (&fleet.lock);
-}
-
-/* What libnbd dials for URI: with a PSK, the TLS scheme of it. */
-static char *
-dial_uri (const char *uri)
-{
-  static const char *const plain[] = { "nbd://", "nbd+unix://",
-                                       "nbd+vsock://" };
-  if (params.peer_psk)
-    for (size_t i = 0; i < sizeof plain / sizeof plain[0]; ++i) {
-      size_t l = strlen (plain[i]);
-      char *d;
-      if (strncmp (uri, plain[i], l) == 0) {
-        if (asprintf (&d, "nbds%s", uri + 3) == -1)
-          return NULL;
-        return d;
-      }
-    }
-  return strdup (uri);
-}
-
-/* Parse FP into a new snapshot.  NULL with errno on failure. */
-static struct members *
-members_read (FILE *fp)
-{
-  size_t cap = 16;
-  struct members *ms = calloc (1, sizeof *ms + cap * sizeof ms->m[0]);
-  if (ms == NULL)
-    return NULL;
-  ms->refs = 1;
-  ms->self = -1;
-  char line[MAX_LINE + 2];
-  while (fgets (line, sizeof line, fp)) {
-    size_t len = strlen (line);
-    if (len > MAX_LINE && line[len - 1] != '\n') {
-      errno = ENAMETOOLONG;
-      goto fail;
-    }
-    char *s = line, *e = line + len;
-    while (*s == ' ' || *s == '\t')
-      s++;
-    while (e > s && (e[-1] == '\n' || e[-1] == '\r' || e[-1] == ' ' ||
-                     e[-1] == '\t'))
-      e--;
-    *e = 0;
-    if (*s == 0 || *s == '#')
-      continue;
-    if (ms->n == MAX_MEMBERS) {
-      errno = E2BIG;
-      goto fail;
-    }
-    if (ms->n == cap) {
-      cap *= 2;
-      struct members *b = realloc (ms, sizeof *ms + cap * sizeof ms->m[0]);
-      if (b == NULL)
-        goto fail;
-      ms = b;
-    }
-    struct member *m = &ms->m[ms->n];
-    m->uri = strdup (s);
-    m->dial = m->uri ? dial_uri (s) : NULL;
-    if (m->dial == NULL) {
-      free (m->uri);
-      goto fail;
-    }
-    m->seed = XXH3_64bits (s, strlen (s));
-    if (ms->self == -1 && strcmp (s, params.peer_self) == 0)
-      ms->self = ms->n;
-    ms->n++;
-  }
-  if (ferror (fp)) {
-    errno = EIO;
-    goto fail;
-  }
-  return ms;
- fail:;
-  int e = errno;
-  members_put_locked (ms);
-  errno = e;
-  return NULL;
-}
-
-static bool
-same_stat (const struct stat *a, const struct stat *b)
-{
-  return a->st_ino == b->st_ino && a->st_dev == b->st_dev &&
-    a->st_size == b->st_size &&
-    a->st_mtim.tv_sec == b->st_mtim.tv_sec &&
-    a->st_mtim.tv_nsec == b->st_mtim.tv_nsec;
-}
-
-static int install_locked (struct members *ms);
-
-/* fscache-peers=dns:NAME:PORT.  The members are NAME's addresses
- * (A and AAAA records, through the system's resolver: /etc/hosts, DNS,
- * whatever NSS says), each as nbd://ADDRESS:PORT, sorted, so that a
- * Kubernetes headless Service or a Consul name lists the fleet and
- * drops the members that fail its health checks.  Resolved again every
- * DNS_MS (NBD_FSCACHE_TEST_PEER_DNS_MS for tests), from the reads that
- * need it; a new snapshot only if the list changed.  A failed lookup
- * keeps the last list.
- */
-#define DNS_MS 5000
-
-static int
-cmp_str (const void *a, const void *b)
-{
-  return strcmp (*(char *const *) a, *(char *const *) b);
-}
-
-/* NAME's members as the text of a peers file, or NULL with errno. */
-static char *
-resolve_members (const char *spec)
-{
-  const char *name = spec + 4, *colon = strrchr (name, ':');
-  char host[1024];
-  size_t hl = colon - name;
-  if (hl >= sizeof host) {
-    errno = ENAMETOOLONG;
-    return NULL;
-  }
-  memcpy (host, name, hl);
-  host[hl] = 0;
-  struct addrinfo hints = { .ai_socktype = SOCK_STREAM,
-                            .ai_family = AF_UNSPEC }, *res;
-  int r = getaddrinfo (host, colon + 1, &hints, &res);
-  if (r != 0) {
-    nbdkit_debug ("fscache-peers=%s: %s", spec, gai_strerror (r));
-    errno = r == EAI_SYSTEM ? errno : ENOENT;
-    return NULL;
-  }
-  size_t n = 0, cap = 0;
-  char **uris = NULL;
-  for (struct addrinfo *a = res; a; a = a->ai_next) {
-    char addr[INET6_ADDRSTRLEN], *u;
-    const void *in = a->ai_family == AF_INET6
-      ? (const void *) &((struct sockaddr_in6 *) a->ai_addr)->sin6_addr
-      : (const void *) &((struct sockaddr_in *) a->ai_addr)->sin_addr;
-    if ((a->ai_family != AF_INET && a->ai_family != AF_INET6) ||
-        inet_ntop (a->ai_family, in, addr, sizeof addr) == NULL)
-      continue;
-    if (asprintf (&u, a->ai_family == AF_INET6 ? "nbd://[%s]:%s"
-                  : "nbd://%s:%s", addr, colon + 1) == -1)
-      continue;
-    if (n == cap) {
-      cap = cap ? 2 * cap : 16;
-      char **b = realloc (uris, cap * sizeof *uris);
-      if (b == NULL) {
-        free (u);
-        break;
-      }
-      uris = b;
-    }
-    uris[n++] = u;
-  }
-  freeaddrinfo (res);
-  qsort (uris, n, sizeof *uris, cmp_str);
-  char *text = NULL;
-  size_t len = 0;
-  FILE *fp = open_memstream (&text, &len);
-  for (size_t i = 0; i < n; ++i) {
-    if (fp && (i == 0 || strcmp (uris[i], uris[i - 1]) != 0))
-      fprintf (fp, "%s\n", uris[i]);
-    free (uris[i]);
-  }
-  free (uris);
-  if (fp == NULL || fclose (fp) == EOF) {
-    free (text);
-    errno = ENOMEM;
-    return NULL;
-  }
-  return text;
-}
-
-/* Take the members of TEXT (a peers file's) as the snapshot, if they
- * differ from the last text taken (or FORCE).  Under fleet.lock.
- */
-static int
-take_text_locked (char *text, bool force)
-{
-  if (!force && fleet.dns_text && strcmp (fleet.dns_text, text) == 0) {
-    free (text);
-    return 0;
-  }
-  FILE *fp = fmemopen (text, strlen (text), "r");
-  struct members *ms = fp ? members_read (fp) : NULL;
-  int e = errno;
-  if (fp)
-    fclose (fp);
-  if (ms == NULL) {
-    free (text);
-    errno = e;
-    return -1;
-  }
-  free (fleet.dns_text);
-  fleet.dns_text = text;
-  return install_locked (ms);
-}
-
-/* Read the file again if it changed and is whole (or FORCE).  Under
- * fleet.lock.  Returns 0, or -1 with errno (the old snapshot stays).
- */
-static int
-reload_locked (bool force)
-{
-  if (strncmp (params.peers_file, "dns:", 4) == 0) {
-    char *text = resolve_members (params.peers_file);
-    if (text == NULL)
-      return -1;
-    return take_text_locked (text, force);
-  }
-  struct stat st;
-  if (stat (params.peers_file, &st) == -1)
-    return -1;
-  if (!force) {
-    if (same_stat (&st, &fleet.st)) {
-      fleet.pending = false;
-      return 0;
-    }
-    /* Changed in place: taken once a second stat saw it the same. */
-    if (st.st_ino == fleet.st.st_ino &&
-        (!fleet.pending || !same_stat (&st, &fleet.seen))) {
-      fleet.seen = st;
-      fleet.pending = true;
-      return 0;
-    }
-  }
-  fleet.pending = false;
-  FILE *fp = fopen (params.peers_file, "re");
-  if (fp == NULL)
-    return -1;
-  struct members *ms = members_read (fp);
-  int e = errno;
-  fclose (fp);
-  if (ms == NULL) {
-    errno = e;
-    return -1;
-  }
-  fleet.st = st;
-  return install_locked (ms);
-}
-
-/* MS becomes the snapshot in use.  Under fleet.lock. */
-static int
-install_locked (struct members *ms)
-{
-  members_put_locked (fleet.snap);
-  fleet.snap = ms;
-  size_t others = ms->n - (ms->self >= 0);
-  if (fleet.cache)
-    fsc_cache_set_peers_known (fleet.cache, others);
-  if (ms->self >= 0)
-    nbdkit_debug ("fscache-peers=%s: %zu other peers", params.peers_file,
-                  others);
-  else
-    say_warning ("fscache-peers=%s: fscache-peer-self=%s "
-                 "is not one of its %zu members: no node asks this one, "
-                 "and it asks the others", params.peers_file,
-                 params.peer_self, ms->n);
-  return 0;
-}
-
-/* The snapshot in use, with a reference (NULL: none), after a reload
- * if the file changed and it was not checked within CHECK_MS.
- */
-static struct members *
-members_get (void)
-{
-  int64_t now = peer_now_ms ();
-  struct members *ms;
-  pthread_mutex_lock (&fleet.lock);
-  if (now - fleet.checked >= (fleet.dns_ms ? fleet.dns_ms : CHECK_MS)) {
-    fleet.checked = now;
-    if (reload_locked (false) == -1)
-      nbdkit_debug ("fscache-peers=%s: not read again: %m; keeping the "
-                    "last list", params.peers_file);
-  }
-  ms = fleet.snap;
-  if (ms)
-    ms->refs++;
-  pthread_mutex_unlock (&fleet.lock);
-  return ms;
-}
-
 /* The first user name of the PSK file ("name:hexkey" lines), which
  * libnbd must present (it would otherwise use the login name).
  */
@@ -612,46 +273,24 @@ peers_start (void)
   }
   peer_link_configure (timeout_ms, params.peer_psk, fleet.psk_user,
                        params.peer_self);
-  if (strncmp (params.peers_file, "dns:", 4) == 0) {
-    const char *d = getenv ("NBD_FSCACHE_TEST_PEER_DNS_MS");
-    fleet.dns_ms = d && atoi (d) > 0 ? atoi (d) : DNS_MS;
-  }
   raise_fd_limit ();
   fleet.self_seed = XXH3_64bits (params.peer_self, strlen (params.peer_self));
-  pthread_mutex_lock (&fleet.lock);
-  int r = reload_locked (true);
-  pthread_mutex_unlock (&fleet.lock);
-  if (r == -1) {
-    nbdkit_error ("fscache-peers=%s: %m", params.peers_file);
-    return -1;
-  }
-  return 0;
+  return members_start ();
 }
 
 void
 peers_bind (struct fsc_cache *cache)
 {
-  pthread_mutex_lock (&fleet.lock);
-  fleet.cache = cache;
-  if (fleet.snap)
-    fsc_cache_set_peers_known (cache, fleet.snap->n -
-                               (fleet.snap->self >= 0));
-  pthread_mutex_unlock (&fleet.lock);
+  members_bind (cache);
 }
 
 void
 peers_stop (void)
 {
   reaper_stop ();
-  pthread_mutex_lock (&fleet.lock);
-  members_put_locked (fleet.snap);
-  fleet.snap = NULL;
-  fleet.cache = NULL;
-  pthread_mutex_unlock (&fleet.lock);
+  members_stop ();
   free (fleet.psk_user);
   fleet.psk_user = NULL;
-  free (fleet.dns_text);
-  fleet.dns_text = NULL;
 }
 
 bool
@@ -831,10 +470,8 @@ follow (struct peer_export *pe, struct members *ms)
     }
   free (pe->by_member);
   pe->by_member = bm;
-  pthread_mutex_lock (&fleet.lock);
-  ms->refs++;
-  members_put_locked (pe->members);
-  pthread_mutex_unlock (&fleet.lock);
+  members_ref (ms);
+  members_put (pe->members);
   pe->members = ms;
   return 0;
 }
