@@ -59,6 +59,7 @@
 #include "writeback.h"
 #include "handle.h"
 #include "ownctx.h"
+#include "say.h"
 
 struct filter_state state;
 
@@ -159,6 +160,23 @@ fscache_get_ready (int thread_model)
   }
   nbdkit_debug ("fscache: upstream calls follow thread model %s",
                 upstream_thread_model_name ());
+  /* Said once, at start, what a serial plugin costs in one process and
+   * how to avoid it (issue 42), without the plugin's parameters (they
+   * may hold passwords).
+   */
+  if (upstream_serial_requests ()) {
+    const char *p = *ownctx_plugin_name () ? ownctx_plugin_name () : "PLUGIN";
+    say_note ("the %s plugin takes one request at a time per connection "
+              "(thread model serialize_requests), and nbdkit hands this "
+              "filter one request at a time per client connection: a "
+              "client's misses wait one round trip each, whatever its "
+              "queue depth.  To read at queue depth, run the plugin in a "
+              "process of its own: 'nbdkit -U BACK.sock %s ...' and "
+              "'nbdkit --filter=fscache nbd socket=BACK.sock "
+              "fscache-upstream-connections=16 fscache-key=...', or "
+              "nbd-fscache-proxy, which does so (nbd-fscache-proxy(8))",
+              p, p);
+  }
   return 0;
 }
 
@@ -459,7 +477,34 @@ WB_QUERY (can_zero, NBDKIT_ZERO_NATIVE)
 WB_QUERY (can_fast_zero, 1)
 WB_QUERY (can_extents, 0)
 WB_QUERY (can_fua, NBDKIT_FUA_NATIVE)
-WB_QUERY (can_multi_conn, 1)
+
+/* Multi-conn: may a client spread its requests over several
+ * connections, a flush on one covering the writes of all?  In
+ * writeback mode, yes: every connection writes the one log.  On a
+ * read-only connection, yes, whatever the upstream says: every
+ * connection reads the one cache object, and nothing is written
+ * (issue 42: through the filter a read-only curl export said no, so
+ * nbdcopy used one connection and the kernel's nbd-client refused -C).
+ * Writable, without writeback: once written, an upstream without
+ * multi-conn is reached through one shared view (view.c), so yes
+ * then; without a view (no contexts of the filter's own, ownctx.c),
+ * the upstream's answer.  The upstream is asked first, so that its
+ * error refuses the connection as the plugin alone would.
+ */
+static int
+fscache_can_multi_conn (nbdkit_next *next, void *handle)
+{
+  struct handle *h = handle;
+  int r = upstream_can_multi_conn (&h->upstream);
+  if (r == -1)
+    return -1;
+  if (h->wb || h->need_view)
+    return 1;
+  int w = fscache_can_write (next, handle);
+  if (w == -1)
+    return -1;
+  return w == 0 ? 1 : r;
+}
 
 static int
 fscache_preconnect (nbdkit_next_preconnect *next, nbdkit_backend *nxdata,

@@ -195,14 +195,16 @@ ownctx_init (void)
 void
 ownctx_opening (void)
 {
-  static bool nbd_said;
-  if (strcmp (plugin, "nbd") == 0 && !nbd_shared &&
-      !__atomic_test_and_set (&nbd_said, __ATOMIC_RELAXED))
-    say_note ("the nbd plugin logs \"no connection in this thread\" when "
-              "the filter opens a connection of its own to the server "
-              "(its pool, catch-up or writeback: nbdkit 1.32 gives it no "
-              "client's export name there, and it does not need one): "
-              "that line is expected: nothing failed");
+  static bool opening_said;
+  if (((strcmp (plugin, "nbd") == 0 && !nbd_shared) ||
+       own == OWN_DEFAULT) &&
+      !__atomic_test_and_set (&opening_said, __ATOMIC_RELAXED))
+    say_note ("the %s plugin logs \"no connection in this thread\" when "
+              "the filter opens a connection of its own to the upstream "
+              "(its pool, catch-up, shared view or writeback: nbdkit 1.32 "
+              "gives the plugin no client's export name there, and it "
+              "does not need one here): that line is expected: nothing "
+              "failed", plugin);
 }
 
 const char *
