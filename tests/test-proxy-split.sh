@@ -1,0 +1,157 @@
+#!/usr/bin/env bash
+# nbd-fscache-proxy runs a serial plugin as two processes (issue 42).
+#
+#  1. --dry-run: plugin=curl (serialize_requests) prints a back (curl,
+#     with the conf's filter= lines and upstream= parameters) and a
+#     front (the fscache filter over the nbd plugin, with a pool of 16,
+#     and not the URL); split=no prints one nbdkit with curl;
+#     plugin=nbd (parallel) is never split; split=maybe is refused
+#     with the file and line.
+#  2. By hand (no systemd), nginx through curl, 10 ms per read (the
+#     delay filter, a filter= line, in the back): one client connection
+#     with 16 random 4 KiB reads in flight, each checked against the
+#     image: the back's reads overlap (a log filter in the back: at
+#     least 2 at once), and the back's socket directory is private
+#     (mode 0700).
+#  3. The back killed (-9) while the client reads on: it is started
+#     again, and the client's reads go on without an error (the
+#     front's connections to it reconnect).
+#  4. Stopping the proxy (SIGTERM to it) stops the back too.
+#
+# Truth: the image, the back's request log, /proc.
+
+source "${top_srcdir:-$(dirname "$0")/..}/tests/functions.sh"
+
+requires nbdkit --version
+requires nbdcopy --version
+requires nbdkit curl --dump-plugin
+requires nbdkit --filter=delay null --dump-plugin
+requires nbdkit --filter=log null --dump-plugin
+requires nginx -v
+requires setpriv --version
+requires "$PYTHON" -c 'import nbd'
+requires test -r "$FILTER"
+
+proxy="$top_builddir/tools/nbd-fscache-proxy/nbd-fscache-proxy"
+requires test -x "$proxy"
+
+mkdir -p "$TMP/conf" "$TMP/www"
+size=$((32 * 1024 * 1024))
+make_random "$TMP/www/img" "$size"
+start_nginx "$TMP/www" '$status $request_method $uri $body_bytes_sent'
+url="http://127.0.0.1:$PORT/img"
+
+# ---- 1. --dry-run ----
+conf ()                         # NAME LINES...
+{
+  local n=$1; shift
+  printf '%s\n' "$@" > "$TMP/conf/$n.conf"
+  chmod 0644 "$TMP/conf/$n.conf"
+}
+conf img plugin=curl "upstream=url=$url" filter=log \
+  "upstream=logfile=$TMP/back.log" filter=delay upstream=rdelay=10ms \
+  fscache-key=img "fscache-dir=$TMP/cache" "socket=$TMP/px.sock" \
+  fscache-readahead=0
+dry="$("$proxy" --filter="$FILTER" --confdir "$TMP/conf" --dry-run img)" ||
+  fail "--dry-run img failed"
+echo "$dry"
+back=$(sed -n 's/^back: //p' <<<"$dry")
+front=$(sed -n 's/^front: //p' <<<"$dry")
+[ -n "$back" ] && [ -n "$front" ] || fail "plugin=curl: not split: $dry"
+case "$back" in
+  *"--filter=log --filter=delay curl url=$url logfile="*"rdelay=10ms"*) ;;
+  *) fail "the back is not curl with its filters: $back" ;;
+esac
+case "$front" in
+  *" nbd socket=$TMP/px.sock.back/sock "*fscache-upstream-connections=16*) ;;
+  *) fail "the front is not the filter over the back: $front" ;;
+esac
+case "$front" in *"$url"*) fail "the front names the URL: $front" ;; esac
+conf one plugin=curl "upstream=url=$url" fscache-key=one split=no
+one="$("$proxy" --confdir "$TMP/conf" --dry-run one)"
+[ "$(wc -l <<<"$one")" = 1 ] && [[ "$one" == *" curl url=$url "* ]] ||
+  fail "split=no: $one"
+conf par plugin=nbd upstream=socket=/nowhere fscache-key=par
+par="$("$proxy" --confdir "$TMP/conf" --dry-run par)"
+[ "$(wc -l <<<"$par")" = 1 ] || fail "plugin=nbd was split: $par"
+conf bad plugin=curl "upstream=url=$url" fscache-key=bad split=maybe
+rc=0
+"$proxy" --confdir "$TMP/conf" --dry-run bad 2>"$TMP/bad.err" || rc=$?
+[ "$rc" = 1 ] && grep -q "bad.conf:4: split=maybe" "$TMP/bad.err" ||
+  fail "split=maybe: status $rc, $(cat "$TMP/bad.err")"
+
+# ---- 2. by hand: reads at queue depth reach the back in parallel ----
+"$proxy" --filter="$FILTER" --confdir "$TMP/conf" img 2>"$TMP/px.err" &
+px=$!
+cleanup_fn "kill $px 2>/dev/null"
+wait_until test -S "$TMP/px.sock" || fail "the proxy did not start"
+[ "$(stat -c %a "$TMP/px.sock.back")" = 700 ] ||
+  fail "the back's socket directory is not private"
+cat > "$TMP/rand.py" <<'EOF'
+import os, random, sys, time, nbd
+uri, img, tmp = sys.argv[1:4]
+data = open(img, "rb").read()
+h = nbd.NBD()
+h.connect_uri(uri)
+rnd = random.Random(7)
+def burst(n):
+    offs = [rnd.randrange(len(data) // 4096) * 4096 for _ in range(n)]
+    flight = []
+    while offs or flight:
+        while offs and len(flight) < 16:
+            o = offs.pop()
+            b = nbd.Buffer(4096)
+            flight.append((h.aio_pread(b, o), b, o))
+        h.poll(-1)
+        for t in flight[:]:
+            if h.aio_command_completed(t[0]):
+                if t[1].to_bytearray() != data[t[2]:t[2] + 4096]:
+                    sys.exit("wrong data at %d" % t[2])
+                flight.remove(t)
+burst(200)
+open(os.path.join(tmp, "burst1"), "w").close()
+while not os.path.exists(os.path.join(tmp, "burst2.go")):
+    time.sleep(0.05)
+burst(200)
+h.shutdown()
+EOF
+$PYTHON "$TMP/rand.py" "nbd+unix:///?socket=$TMP/px.sock" "$TMP/www/img" \
+  "$TMP" & reader=$!
+wait_until test -e "$TMP/burst1" || { wait $reader; fail "part 2: the reads failed"; }
+most=$($PYTHON - "$TMP/back.log" <<'EOF'
+import re, sys
+cur = most = 0
+for line in open(sys.argv[1]):
+    if re.search(r" Read id=\d+ ", line) and "return=" not in line:
+        cur += 1
+        most = max(most, cur)
+    elif re.search(r"\.\.\.Read id=\d+ return=", line):
+        cur -= 1
+print(most)
+EOF
+)
+echo "part 2: at most $most reads at once in the back"
+[ "$most" -ge 2 ] || fail "part 2: the back's reads never overlapped"
+
+# ---- 3. the back killed ----
+backpid=$(pgrep -f -- "^nbdkit -f --exit-with-parent -U $TMP/px.sock.back/sock" | head -n 1)
+[ -n "$backpid" ] || fail "part 3: no back process"
+kill -9 "$backpid"
+back_again () {
+  local p
+  p=$(pgrep -f -- "^nbdkit -f --exit-with-parent -U $TMP/px.sock.back/sock" | head -n 1)
+  [ -n "$p" ] && [ "$p" != "$backpid" ]
+}
+wait_until back_again || fail "part 3: the back was not started again"
+touch "$TMP/burst2.go"
+wait $reader || fail "part 3: the client's reads failed after the back was killed"
+grep -q "the back process exited" "$TMP/px.err" ||
+  fail "part 3: the proxy did not say the back exited"
+echo "part 3: the back was killed and started again; the reads went on"
+
+# ---- 4. stopping the proxy stops the back ----
+kill -TERM $px
+wait $px || true
+no_back () { ! pgrep -f -- "^nbdkit -f --exit-with-parent -U $TMP/px.sock.back/sock" >/dev/null; }
+wait_until no_back || fail "part 4: the back outlived the proxy"
+echo "$0: OK"
