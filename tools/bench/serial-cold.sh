@@ -22,6 +22,11 @@
 #                 the front is parallel, so the client's queue depth
 #                 reaches the filter, and each context of the pool is
 #                 one connection of the back server (pool.c)
+#   proxy       nbd-fscache-proxy with its defaults (issue 42): a
+#                 NAME.conf with only plugin=, the URL (or the ssh
+#                 parameters), fscache-key, fscache-dir and
+#                 filter=delay; the proxy splits the serial plugin by
+#                 itself (split=auto)
 #   ceiling     nbdkit --filter=delay file: the same delay on a plugin
 #                 that takes requests in parallel (what the link allows)
 #
@@ -40,8 +45,9 @@
 # Options (or environment): --size=SIZE (SIZE, default 1G),
 # --delay-ms=N (DELAY_MS, default 10), --runtime=S (RUNTIME, default
 # 8), --rounds=N (ROUNDS, default 3), --pools="0 1 4 8 16" (POOLS),
-# --splits="16" (SPLITS, default none), --upstream=curl|ssh (UPSTREAM,
-# default curl; ssh needs root), --out=DIR (OUT, default a new
+# --splits="16" (SPLITS, default none), --proxy (PROXY=1: the proxy
+# configuration too), --upstream=curl|ssh (UPSTREAM, default curl; ssh
+# needs root), --out=DIR (OUT, default a new
 # /tmp/fscache-serial-cold.XXXXXX).
 
 set -euo pipefail
@@ -54,7 +60,7 @@ source "$top_srcdir/tests/functions.sh"
 FILTER="${FSCACHE_FILTER:-$top_builddir/plugin/.libs/nbdkit-fscache-filter.so}"
 SIZE="${SIZE:-1G}" DELAY_MS="${DELAY_MS:-10}" RUNTIME="${RUNTIME:-8}"
 ROUNDS="${ROUNDS:-3}" POOLS="${POOLS:-0 1 4 8 16}" OUT="${OUT:-}"
-SPLITS="${SPLITS:-}" UPSTREAM="${UPSTREAM:-curl}"
+SPLITS="${SPLITS:-}" UPSTREAM="${UPSTREAM:-curl}" PROXY="${PROXY:-}"
 for a in "$@"; do
   case "$a" in
     --size=*) SIZE="${a#*=}" ;;
@@ -63,6 +69,7 @@ for a in "$@"; do
     --rounds=*) ROUNDS="${a#*=}" ;;
     --pools=*) POOLS="${a#*=}" ;;
     --splits=*) SPLITS="${a#*=}" ;;
+    --proxy) PROXY=1 ;;
     --upstream=*) UPSTREAM="${a#*=}" ;;
     --out=*) OUT="${a#*=}" ;;
     -h|--help) sed -n '2,40p' "$0"; exit 0 ;;
@@ -128,6 +135,20 @@ serve () {
     ceiling) args=(--filter=delay file "$OUT/www/img") ;;
   esac
   rm -f "$OUT/b.sock" "$OUT/b.pid"
+  if [ "$c" = proxy ]; then
+    mkdir -p "$OUT/conf"
+    { echo "plugin=${up[0]}"
+      for a in "${up[@]:1}"; do echo "upstream=$a"; done
+      echo "filter=delay"; echo "upstream=delay-read=${DELAY_MS}ms"
+      echo "fscache-key=serial-cold"; echo "fscache-dir=$OUT/cache"
+      echo "socket=$OUT/s.sock"; } > "$OUT/conf/img.conf"
+    chmod 0600 "$OUT/conf/img.conf"
+    "$top_builddir/tools/nbd-fscache-proxy/nbd-fscache-proxy" \
+      --filter="$FILTER" --confdir "$OUT/conf" img 2>>"$OUT/raw/$c.log" &
+    echo $! > "$OUT/s.pid"
+    for i in $(seq 100); do [ -S "$OUT/s.sock" ] && break; sleep 0.1; done
+    return
+  fi
   if [ "${c#split}" != "$c" ]; then
     nbdkit -U "$OUT/b.sock" -P "$OUT/b.pid" --filter=delay "${up[@]}" \
       delay-read="${DELAY_MS}ms" 2>>"$OUT/raw/$c-back.log"
@@ -174,6 +195,7 @@ run () {
 configs="nocache cachefilter"
 for n in $POOLS; do configs="$configs pool$n"; done
 for n in $SPLITS; do configs="$configs split$n"; done
+[ -n "$PROXY" ] && configs="$configs proxy"
 configs="$configs ceiling"
 for r in $(seq "$ROUNDS"); do
   for c in $configs; do
