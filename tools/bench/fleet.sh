@@ -10,7 +10,10 @@
 #
 # Configurations:
 #   alone   no fscache-peers: every node reads the whole image upstream
-#   peers   fscache-peers: each 1 MiB range read once by its owner
+#   peers   fscache-peers: each 1 MiB range read once by its owner, in
+#           the range's tree (fscache-peer-fanout, FANOUT, default 8)
+#   flat    the same with fscache-peer-fanout=0: every node asks the
+#           range's owner (the design before issue 41)
 #   kill    peers, and node 2 is killed (-9) halfway through its copy;
 #           the others must finish, identical (cmp), the origin's
 #           bytes bounded
@@ -36,7 +39,7 @@ BENCH_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 FILTER="${FSCACHE_FILTER:-$top_builddir/plugin/.libs/nbdkit-fscache-filter.so}"
 NODES="${NODES:-1 4 8}" SIZE="${SIZE:-128M}" RATE="${RATE:-200M}"
 ROUNDS="${ROUNDS:-3}" CONFIGS="${CONFIGS:-alone peers kill}" OUT="${OUT:-}"
-RUNDIR="${RUNDIR:-}"
+RUNDIR="${RUNDIR:-}" FANOUT="${FANOUT:-8}"
 for a in "$@"; do
   case "$a" in
     --nodes=*) NODES="${a#*=}" ;;
@@ -93,7 +96,9 @@ run () {
   for i in $(seq "$n"); do
     local extra=()
     [ "$cfg" != alone ] && extra=(fscache-peers="$d/peers"
-                                  fscache-peer-self="nbd+unix:///?socket=$d/n$i.sock")
+                                  fscache-peer-self="nbd+unix:///?socket=$d/n$i.sock"
+                                  fscache-peer-fanout="$FANOUT")
+    [ "$cfg" = flat ] && extra+=(fscache-peer-fanout=0)
     mkdir -m 700 "$d/c$i"
     nbdkit -f -U "$d/n$i.sock" -P "$d/n$i.pid" --filter="$FILTER" \
       nbd socket="$d/origin.sock" fscache-dir="$d/c$i" \
@@ -118,8 +123,22 @@ run () {
     fi
     kill -9 "$(cat "$d/n2.pid")"
   fi
+  # The most descriptors and threads of any node, sampled while the
+  # copies run (every 0.2 s).
+  : > "$d/res"
+  ( while [ ! -e "$d/done" ]; do
+      for i in $(seq "$n"); do
+        p=$(cat "$d/n$i.pid" 2>/dev/null) || continue
+        f=$(ls "/proc/$p/fd" 2>/dev/null | wc -l)
+        t=$(awk '/^Threads:/ { print $2 }' "/proc/$p/status" 2>/dev/null)
+        echo "$f ${t:-0}" >> "$d/res"
+      done
+      sleep 0.2
+    done ) &
+  local sampler=$!
   local bad=0
   for p in "${cp[@]}"; do wait "$p" || true; done
+  touch "$d/done"; wait $sampler || true
   for i in $(seq "$n"); do
     [ "$cfg" = kill ] && [ "$i" = 2 ] && continue
     cmp -s "$OUT/img" "$d/out$i" || { echo "fleet.sh: node $i's copy differs" >&2; bad=1; }
@@ -132,28 +151,30 @@ run () {
     slow=$($PY -c "print(max($slow, $t))")
   done
   stop_all
-  echo "$slow $(origin_bytes "$d/origin.log")"
+  echo "$slow $(origin_bytes "$d/origin.log") $(grep -c ' Connect ' "$d/origin.log") $(awk '$1 > f { f = $1 } $2 > t { t = $2 } END { print f + 0, t + 0 }' "$d/res")"
   rm -rf "$d"
 }
 
 median () { $PY -c 'import sys, statistics; print(statistics.median(float(x) for x in sys.argv[1:]))' "$@"; }
 
 one=""
-printf "%-6s %-6s %12s %12s %10s\n" nodes config "origin(x)" "slowest(s)" "x one"
+printf "%-6s %-6s %12s %12s %10s %10s %8s %8s\n" nodes config "origin(x)" \
+  "slowest(s)" "x one" "origin-con" "max-fds" "max-thr"
 for n in $NODES; do
   for cfg in $CONFIGS; do
     [ "$n" = 1 ] && [ "$cfg" != alone ] && continue
     [ "$cfg" = alone ] && [ "$n" -gt "${ALONE_MAX:-1000000}" ] && continue
     [ "$cfg" = kill ] && [ "$n" -lt 3 ] && continue
-    ts=() os=()
+    ts=() os=() cs=() fs=() hs=()
     for r in $(seq "$ROUNDS"); do
-      read -r t o < <(run "$n" "$cfg" "$r")
-      ts+=("$t"); os+=("$o")
+      read -r t o c f h < <(run "$n" "$cfg" "$r")
+      ts+=("$t"); os+=("$o"); cs+=("$c"); fs+=("$f"); hs+=("$h")
     done
     t=$(median "${ts[@]}"); o=$(median "${os[@]}")
     [ "$n" = 1 ] && one=$t
-    printf "%-6s %-6s %12.2f %12.2f %10s\n" "$n" "$cfg" \
+    printf "%-6s %-6s %12.2f %12.2f %10s %10s %8s %8s\n" "$n" "$cfg" \
       "$($PY -c "print($o / $bytes)")" "$t" \
-      "$([ -n "$one" ] && $PY -c "print('%.2f' % ($t / $one))" || echo -)"
+      "$([ -n "$one" ] && $PY -c "print('%.2f' % ($t / $one))" || echo -)" \
+      "$(median "${cs[@]}")" "$(median "${fs[@]}")" "$(median "${hs[@]}")"
   done
 done
