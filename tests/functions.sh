@@ -14,6 +14,7 @@
 #                              bytes read, summed over a log filter's file
 #                              (only reads starting below BELOW, if given)
 #   log_count LOGFILE WORD     requests of type WORD (Read, Write, Flush...)
+#   log_reads_at_once LOGFILE  the most reads in flight at once
 #   stat_value STATSFILE NAME  a counter from an fscache-stats file
 #   make_random FILE BYTES     FILE filled with BYTES of random data
 #   fail MESSAGE               print "$0: FAIL: MESSAGE" and exit 1
@@ -199,6 +200,24 @@ log_read_bytes ()
 log_count ()
 {
   grep -c " $2 id=" "$1" || true
+}
+
+# log_reads_at_once LOGFILE: the most reads in flight at once in a log
+# filter's file ("... connection=N Read id=I ..." at a read's start,
+# "... connection=N ...Read id=I return=..." at its end).
+log_reads_at_once ()
+{
+  "$PYTHON" - "$1" <<'EOF'
+import re, sys
+cur = most = 0
+for line in open(sys.argv[1]):
+    if re.search(r" Read id=\d+ ", line) and "return=" not in line:
+        cur += 1
+        most = max(most, cur)
+    elif re.search(r"\.\.\.Read id=\d+ return=", line):
+        cur -= 1
+print(most)
+EOF
 }
 
 stat_value ()

@@ -164,23 +164,6 @@ if [ -s "$SERIAL_DIR/overlaps" ]; then
   fail "refusals: calls overlapped on one upstream connection"
 fi
 
-# most_in_log LOG: the most reads in flight at once, from a log filter's
-# request log ("Read id=" starts, "...Read id= return=" ends).
-most_in_log ()
-{
-  $PYTHON - "$1" <<'EOF'
-import re, sys
-cur = most = 0
-for line in open(sys.argv[1]):
-    if re.search(r" Read id=\d+ ", line) and "return=" not in line:
-        cur += 1
-        most = max(most, cur)
-    elif re.search(r"\.\.\.Read id=\d+ return=", line):
-        cur -= 1
-print(most)
-EOF
-}
-
 # ---- 2. read-only, over ssh -----------------------------------------------
 if [ -x /usr/sbin/sshd ] && nbdkit ssh --dump-plugin >/dev/null 2>&1 &&
    mount_tmpfs "$TMP/ro" 64m 2>/dev/null; then
@@ -197,7 +180,7 @@ if [ -x /usr/sbin/sshd ] && nbdkit ssh --dump-plugin >/dev/null 2>&1 &&
     fail "read-only: the copy failed"
   cmp "$TMP/ro/img" "$TMP/copy-ssh" || fail "read-only: the copy differs"
   stop_nbdkit "$TMP/sp.pid"
-  most=$(most_in_log "$TMP/ssh.log")
+  most=$(log_reads_at_once "$TMP/ssh.log")
   echo "read-only ssh: at most $most upstream reads at once"
   ! grep -q "refused another connection" "$TMP/ssh-px.err" ||
     fail "read-only: the pool's contexts were refused"

@@ -222,20 +222,7 @@ nbdcopy --connections=1 --requests=8 --request-size=4194304 \
   "nbd+unix:///?socket=$TMP/hp.sock" "$TMP/copy-http"
 cmp "$img" "$TMP/copy-http" || fail "curl: the copy differs"
 stop_nbdkit "$TMP/hp.pid"
-most=$($PYTHON - "$TMP/curl.log" <<'EOF'
-import re, sys
-# "... connection=N Read id=I ..." then "... connection=N ...Read id=I
-# return=..."; both with the time first.
-cur = most = 0
-for line in open(sys.argv[1]):
-    if re.search(r" Read id=\d+ ", line) and "return=" not in line:
-        cur += 1
-        most = max(most, cur)
-    elif re.search(r"\.\.\.Read id=\d+ return=", line):
-        cur -= 1
-print(most)
-EOF
-)
+most=$(log_reads_at_once "$TMP/curl.log")
 gets=$(grep -c '^206 GET /img.raw' "$TMP/access.log" || true)
 echo "curl: $gets range GETs at nginx; at most $most upstream reads in" \
      "flight at once (log filter)"

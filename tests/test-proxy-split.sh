@@ -118,18 +118,7 @@ EOF
 $PYTHON "$TMP/rand.py" "nbd+unix:///?socket=$TMP/px.sock" "$TMP/www/img" \
   "$TMP" & reader=$!
 wait_until test -e "$TMP/burst1" || { wait $reader; fail "part 2: the reads failed"; }
-most=$($PYTHON - "$TMP/back.log" <<'EOF'
-import re, sys
-cur = most = 0
-for line in open(sys.argv[1]):
-    if re.search(r" Read id=\d+ ", line) and "return=" not in line:
-        cur += 1
-        most = max(most, cur)
-    elif re.search(r"\.\.\.Read id=\d+ return=", line):
-        cur -= 1
-print(most)
-EOF
-)
+most=$(log_reads_at_once "$TMP/back.log")
 echo "part 2: at most $most reads at once in the back"
 [ "$most" -ge 2 ] || fail "part 2: the back's reads never overlapped"
 
