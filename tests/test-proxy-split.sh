@@ -17,6 +17,10 @@
 #     again, and the client's reads go on without an error (the
 #     front's connections to it reconnect).
 #  4. Stopping the proxy (SIGTERM to it) stops the back too.
+#  5. Socket activated (systemd-socket-activate, as the service unit
+#     runs it): the activated process is the front nbdkit, the back
+#     does not hold the listening socket, and a copy under which the
+#     back is killed (-9) completes, identical; SIGTERM stops both.
 #
 # Truth: the image, the back's request log, /proc.
 
@@ -143,4 +147,40 @@ kill -TERM $px
 wait $px || true
 no_back () { ! pgrep -f -- "^nbdkit -f --exit-with-parent -U $TMP/px.sock.back/sock" >/dev/null; }
 wait_until no_back || fail "part 4: the back outlived the proxy"
+# ---- 5. socket activated, as the service runs it ----
+if ! command -v systemd-socket-activate >/dev/null; then
+  echo "$0: SKIP: part 5 needs systemd-socket-activate (parts 1-4 passed)"
+  exit 77
+fi
+rm -rf "$TMP/cache"
+conf sa plugin=curl "upstream=url=$url" filter=delay upstream=rdelay=2ms \
+  fscache-key=sa "fscache-dir=$TMP/cache-sa" "socket=$TMP/sa.sock" \
+  fscache-readahead=0
+systemd-socket-activate -l "$TMP/sa.sock" \
+  "$proxy" --confdir "$TMP/conf" --filter "$FILTER" sa 2>"$TMP/sa.err" &
+sa=$!
+cleanup_fn "pkill -9 -P $sa; kill -9 $sa 2>/dev/null"
+wait_until test -S "$TMP/sa.sock" || fail "part 5: no socket"
+nbdcopy --requests=4 "nbd+unix:///?socket=$TMP/sa.sock" "$TMP/sa-copy" &
+copy=$!
+sa_back () { pgrep -f -- "^nbdkit -f --exit-with-parent -U $TMP/sa.sock.back/sock" | head -n 1; }
+has_back () { [ -n "$(sa_back)" ]; }
+wait_until has_back || fail "part 5: no back process"
+first=$(sa_back)
+# The back must not hold the listening socket (fd 3) systemd passed.
+for fd in /proc/"$first"/fd/*; do
+  [ "$(readlink "$fd")" != "$(readlink "/proc/$sa/fd/3")" ] ||
+    fail "part 5: the back inherited the listening socket"
+done
+kill -9 "$first"
+wait $copy || { cat "$TMP/sa.err" >&2; fail "part 5: the copy failed after the back was killed"; }
+cmp "$TMP/www/img" "$TMP/sa-copy" || fail "part 5: the copy differs"
+[ "$(cat "/proc/$sa/comm")" = nbdkit ] ||
+  fail "part 5: the activated process is not the front nbdkit"
+kill -TERM $sa
+wait $sa || true
+no_sa_back () { [ -z "$(sa_back)" ]; }
+wait_until no_sa_back || fail "part 5: the back outlived the proxy"
+echo "part 5: socket activated: the back killed under a copy, the copy right"
+
 echo "$0: OK"
