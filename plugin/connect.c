@@ -39,6 +39,7 @@
 #include "identity.h"
 #include "ownctx.h"
 #include "params.h"
+#include "peerhost.h"
 #include "peers.h"
 #include "pool.h"
 #include "upstream.h"
@@ -96,7 +97,7 @@ data_upstream (struct handle *h, bool writing, int *err)
     *err = EIO;
     return NULL;
   }
-  return &h->upstream;
+  return h->u;
 }
 
 static int
@@ -106,7 +107,7 @@ origin_pread (void *opaque, void *buf, uint32_t count, uint64_t offset,
   struct handle *h = opaque;
   struct view *v = view_of (h, false);
   int r = v ? bs_pread (view_upstream (v), buf, count, offset, 0, err)
-    : pool_pread (h->pool, &h->upstream, buf, count, offset, err);
+    : pool_pread (h->pool, h->u, buf, count, offset, err);
   if (r == -1 && *err == ESTALE) {
     /* Not the image cached any more (said by the pool). */
     if (h->obj)
@@ -186,6 +187,18 @@ fscache_open (nbdkit_next_open *next, nbdkit_context *nxdata,
   h->up.pread = fill_pread;
   h->up.opaque = h;
   h->peer_want = want;
+  /* A peer's connection shares the export's context for peers
+   * (peerhost.c), where the filter may open one; else its own.
+   */
+  h->u = &h->upstream;
+  if (pr == 1 && upstream_model_allows_shared () &&
+      ownctx_allowed (exportname)) {
+    struct upstream *shared = peerhost_get (exportname);
+    if (shared) {
+      h->u = shared;
+      return h;
+    }
+  }
   if (upstream_open (&h->upstream, nxdata, readonly, exportname) == -1 &&
       !params.offline) {
     nbdkit_error ("fscache: export \"%s\": cannot open the upstream "
@@ -210,7 +223,10 @@ fscache_close (void *handle)
   pool_put (h->pool);
   peers_export_put (h->fleet);
   view_put (h->view);
-  upstream_close (&h->upstream);
+  if (h->u == &h->upstream)
+    upstream_close (&h->upstream);
+  else
+    peerhost_put (h->u);
   free (h->exportname);
   free (h);
 }
@@ -262,7 +278,7 @@ start_readahead (struct handle *h)
    */
   if (params.readahead == 0 || h->peer_serving ||
       fsc_object_state (h->obj) != FSC_OBJ_AVAILABLE ||
-      !upstream_available (&h->upstream))
+      !upstream_available (h->u))
     return 0;
   /* With a pool, one prefetch per context runs at a time, and the
    * window is at least two chunks per context, so that a stream keeps
@@ -295,7 +311,7 @@ static int
 connection_ready (struct handle *h, const char *k, size_t klen,
                   uint64_t size, const uint64_t *fp)
 {
-  if (!peers_enabled () || h->wbmode || !upstream_available (&h->upstream)) {
+  if (!peers_enabled () || h->wbmode || !upstream_available (h->u)) {
     if (h->peer_want) {
       refuse_peer (h->exportname, h->wbmode
                    ? "writeback objects are not shared"
@@ -309,7 +325,7 @@ connection_ready (struct handle *h, const char *k, size_t klen,
     uint64_t f;
     if (fp)
       f = *fp;
-    else if (fingerprint (&h->upstream, k, klen, size, &f) == -1) {
+    else if (fingerprint (h->u, k, klen, size, &f) == -1) {
       nbdkit_error ("fscache: export \"%s\": reading the sample that "
                     "identifies it to peers: %m; not using peers",
                     h->exportname);
@@ -468,7 +484,7 @@ wb_wanted (struct handle *h)
    */
   if (!ownctx_allowed (h->exportname))
     return 0;
-  int w = upstream_can_write (&h->upstream);
+  int w = upstream_can_write (h->u);
   if (w == -1)
     return -1;
   h->wbmode = w == 1;
@@ -602,13 +618,13 @@ fscache_prepare (nbdkit_next *next, void *handle, int readonly)
     nbdkit_error ("malloc: %m");
     return -1;
   }
-  if (upstream_prepare (&h->upstream) == -1)
+  if (h->u == &h->upstream && upstream_prepare (h->u) == -1)
     return -1;
   h->need_view = params.mode != MODE_WRITEBACK &&
-    upstream_available (&h->upstream) && view_wanted (&h->upstream) &&
+    upstream_available (h->u) && view_wanted (h->u) &&
     ownctx_allowed (h->exportname);
-  bool want_pool = h->pool == NULL && upstream_available (&h->upstream) &&
-    pool_wanted (&h->upstream) && ownctx_allowed (h->exportname);
+  bool want_pool = h->pool == NULL && upstream_available (h->u) &&
+    pool_wanted (h->u) && ownctx_allowed (h->exportname);
 
   struct fsc_object_params p = {
     .key = k, .key_len = klen, .block_size = params.block_size,
@@ -616,18 +632,18 @@ fscache_prepare (nbdkit_next *next, void *handle, int readonly)
     .generation = params.generation, .max_size = params.max_size,
     .resident_groups = params.resident_groups,
   };
-  if (!upstream_available (&h->upstream))
+  if (!upstream_available (h->u))
     return prepare_offline (h, &p);
   if (wb_wanted (h) == -1)
     return -1;
   /* The write log is one process's: never shared (core/share-*.c). */
   p.exclusive = h->wbmode;
 
-  int64_t size = upstream_get_size (&h->upstream);
+  int64_t size = upstream_get_size (h->u);
   if (size == -1)
     return -1;
   h->size = p.size = size;
-  bs_check_block_size (&h->upstream, params.block_size);
+  bs_check_block_size (h->u, params.block_size);
   if (want_pool)
     h->pool = pool_get (h->exportname, size);
 
@@ -637,7 +653,7 @@ fscache_prepare (nbdkit_next *next, void *handle, int readonly)
 
   struct fscache_sample_set set = { 0 };
   if (params.validate == FSC_VALIDATE_SAMPLE &&
-      fingerprint_regions (&h->upstream, k, klen, size, &set,
+      fingerprint_regions (h->u, k, klen, size, &set,
                            &p.fingerprint) == -1) {
     nbdkit_error ("fscache: reading the coherency sample upstream: %m");
     return -1;
@@ -673,12 +689,12 @@ fscache_finalize (nbdkit_next *next, void *handle)
     size_t klen;
     uint64_t fp;
     CLEANUP_FREE char *k = object_key (h->exportname, &klen);
-    int64_t size = upstream_get_size (&h->upstream);
+    int64_t size = upstream_get_size (h->u);
     /* If we cannot fingerprint, the index stays marked stale and the
      * next open starts cold: safe.
      */
     if (k && size >= 0 &&
-        fingerprint (&h->upstream, k, klen, size, &fp) == 0)
+        fingerprint (h->u, k, klen, size, &fp) == 0)
       fsc_object_set_fingerprint (h->obj, fp);
   }
   log_notices (h);

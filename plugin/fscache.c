@@ -59,6 +59,7 @@
 #include "writeback.h"
 #include "handle.h"
 #include "ownctx.h"
+#include "peerhost.h"
 #include "say.h"
 
 struct filter_state state;
@@ -191,6 +192,7 @@ fscache_after_fork (nbdkit_backend *nxdata)
   pool_set_backend (nxdata);
   view_set_backend (nxdata);
   catchup_set_backend (nxdata);
+  peerhost_set_backend (nxdata);
   return 0;
 }
 
@@ -421,7 +423,7 @@ static const char *
 fscache_export_description (nbdkit_next *next, void *handle)
 {
   struct handle *h = handle;
-  return upstream_export_description (&h->upstream);
+  return upstream_export_description (h->u);
 }
 
 static int
@@ -429,7 +431,7 @@ fscache_block_size (nbdkit_next *next, void *handle, uint32_t *minimum,
                     uint32_t *preferred, uint32_t *maximum)
 {
   struct handle *h = handle;
-  return upstream_block_size (&h->upstream, minimum, preferred, maximum);
+  return upstream_block_size (h->u, minimum, preferred, maximum);
 }
 
 #define QUERY(name)                                                     \
@@ -437,7 +439,7 @@ fscache_block_size (nbdkit_next *next, void *handle, uint32_t *minimum,
   fscache_##name (nbdkit_next *next, void *handle)                      \
   {                                                                     \
     struct handle *h = handle;                                          \
-    return upstream_##name (&h->upstream);                              \
+    return upstream_##name (h->u);                              \
   }
 QUERY (is_rotational)
 
@@ -448,7 +450,7 @@ fscache_can_write (nbdkit_next *next, void *handle)
   struct handle *h = handle;
   if (h->peer_want)
     return 0;
-  return upstream_can_write (&h->upstream);
+  return upstream_can_write (h->u);
 }
 
 /* In writeback mode the answers are the log's: flushes, FUA, zeroes
@@ -466,7 +468,7 @@ fscache_can_write (nbdkit_next *next, void *handle)
   fscache_##name (nbdkit_next *next, void *handle)                      \
   {                                                                     \
     struct handle *h = handle;                                          \
-    int r = upstream_##name (&h->upstream);                             \
+    int r = upstream_##name (h->u);                             \
     if (h->wb && r != -1)                                               \
       return (wbval);                                                   \
     return r;                                                           \
@@ -495,7 +497,7 @@ static int
 fscache_can_multi_conn (nbdkit_next *next, void *handle)
 {
   struct handle *h = handle;
-  int r = upstream_can_multi_conn (&h->upstream);
+  int r = upstream_can_multi_conn (h->u);
   if (r == -1)
     return -1;
   if (h->wb || h->need_view)

@@ -43,7 +43,12 @@ struct handle {
   struct fsc_pattern pattern;   /* its reads' access pattern */
   unsigned err_unsaid;          /* failures since, not logged (atomic) */
   struct fsc_readahead *ra;     /* NULL if fscache-readahead=0 */
-  struct upstream upstream;     /* this connection's upstream, gated */
+  struct upstream upstream;     /* this connection's own upstream
+                                 * context, gated (unopened for a
+                                 * peer's connection given U) */
+  struct upstream *u;           /* the context its calls use: &upstream,
+                                 * or for a peer's connection the
+                                 * export's shared one (peerhost.c) */
   struct fsc_upstream up;       /* the same, for core/ */
   char *exportname;
   bool traced;                  /* its reads go into the trace */
