@@ -21,6 +21,9 @@
 #     runs it): the activated process is the front nbdkit, the back
 #     does not hold the listening socket, and a copy under which the
 #     back is killed (-9) completes, identical; SIGTERM stops both.
+#  6. ssh (sshd started by the test), read-only, a 0444 image:
+#     split by default, the copy identical, multi-conn advertised, and
+#     sshd accepted several sessions (the front's pool at the back).
 #
 # Truth: the image, the back's request log, /proc.
 
@@ -182,5 +185,34 @@ wait $sa || true
 no_sa_back () { [ -z "$(sa_back)" ]; }
 wait_until no_sa_back || fail "part 5: the back outlived the proxy"
 echo "part 5: socket activated: the back killed under a copy, the copy right"
+
+# ---- 6. ssh, read-only ----
+if [ ! -x /usr/sbin/sshd ] || ! nbdkit ssh --dump-plugin >/dev/null 2>&1; then
+  echo "$0: SKIP: part 6 needs sshd and the ssh plugin (parts 1-5 passed)"
+  exit 77
+fi
+start_sshd internal-sftp "MaxStartups 100" || fail "part 6: sshd did not start"
+chmod 0444 "$TMP/www/img"
+{ echo plugin=ssh
+  for a in "${ssh_args[@]}"; do echo "upstream=$a"; done
+  echo "upstream=$TMP/www/img"
+  echo "fscache-key=ssh"; echo "fscache-dir=$TMP/cache-ssh"
+  echo "socket=$TMP/ssh.sock"; echo readonly=true; } > "$TMP/conf/ssh.conf"
+chmod 0644 "$TMP/conf/ssh.conf"
+sshdry="$("$proxy" --filter="$FILTER" --confdir "$TMP/conf" --dry-run ssh)"
+[ "$(wc -l <<<"$sshdry")" = 2 ] || fail "part 6: plugin=ssh was not split: $sshdry"
+"$proxy" --filter="$FILTER" --confdir "$TMP/conf" ssh 2>"$TMP/ssh-px.err" &
+sp=$!
+cleanup_fn "kill $sp 2>/dev/null"
+wait_until test -S "$TMP/ssh.sock" || fail "part 6: the proxy did not start"
+nbdcopy "nbd+unix:///?socket=$TMP/ssh.sock" "$TMP/ssh-copy" ||
+  { cat "$TMP/ssh-px.err" >&2; fail "part 6: the copy over ssh failed"; }
+cmp "$TMP/www/img" "$TMP/ssh-copy" || fail "part 6: the copy over ssh differs"
+nbdinfo --can multi-conn "nbd+unix:///?socket=$TMP/ssh.sock" ||
+  fail "part 6: no multi-conn on the read-only export"
+sessions=$(grep -c "Accepted publickey" "$TMP/sshd.err" || true)
+kill -TERM $sp; wait $sp || true
+echo "part 6: ssh, read-only, split: the copy right, $sessions ssh sessions"
+[ "$sessions" -ge 2 ] || fail "part 6: one ssh session: the front's pool never reached the back"
 
 echo "$0: OK"
