@@ -48,6 +48,7 @@ fsc_cache_count_peer (struct fsc_cache *cache, enum fsc_peer_stat which,
     FSC_STAT_ADD (st, peer_served_bytes, delta);
     break;
   case FSC_PEER_REFUSED: FSC_STAT_ADD (st, peer_refused, delta); break;
+  case FSC_PEER_FALLBACKS: FSC_STAT_ADD (st, peer_fallbacks, delta); break;
   }
 }
 

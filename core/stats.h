@@ -75,7 +75,11 @@
   X (peer_served_bytes)   /* their bytes */                              \
   X (peer_refused)        /* peer connections refused: another image,
                            * no TLS, writeback, not in a fleet */          \
-  X (peers_known)         /* other nodes in fscache-peers (a gauge) */
+  X (peers_known)         /* other nodes in fscache-peers (a gauge) */  \
+  X (peer_fallbacks)      /* ranges read from the origin after every peer
+                           * asked for them failed */                   \
+  X (peer_tree_depth)     /* hops from the deepest node of a range's tree
+                           * to the origin's reader (a gauge) */
 
 struct fsc_stats {
 #define FSC_STATS_DECL(name) uint64_t name;

@@ -36,6 +36,7 @@
 #include <nbdkit-filter.h>
 
 #include "fscache.h"
+#include "peertree.h"
 #include "xxh.h"
 
 #include "members.h"
@@ -169,6 +170,16 @@ same_stat (const struct stat *a, const struct stat *b)
 }
 
 static int install_locked (struct members *ms);
+
+/* The depth of MS's trees: the hops from the last place of a range's
+ * ranking (us too, if not a member) to its first.
+ */
+static uint64_t
+tree_depth (const struct members *ms)
+{
+  size_t n = ms->n + (ms->self < 0);
+  return n ? fsc_peer_depth (n - 1, params.peer_fanout) : 0;
+}
 
 /* fscache-peers=dns:NAME:PORT.  The members are NAME's addresses
  * (A and AAAA records, through the system's resolver: /etc/hosts, DNS,
@@ -326,8 +337,10 @@ install_locked (struct members *ms)
   members_put_locked (fleet.snap);
   fleet.snap = ms;
   size_t others = ms->n - (ms->self >= 0);
-  if (fleet.cache)
+  if (fleet.cache) {
     fsc_cache_set_peers_known (fleet.cache, others);
+    fsc_cache_set_peer_tree_depth (fleet.cache, tree_depth (ms));
+  }
   if (ms->self >= 0)
     nbdkit_debug ("fscache-peers=%s: %zu other peers", params.peers_file,
                   others);
@@ -391,9 +404,11 @@ members_bind (struct fsc_cache *cache)
 {
   pthread_mutex_lock (&fleet.lock);
   fleet.cache = cache;
-  if (fleet.snap)
+  if (fleet.snap) {
     fsc_cache_set_peers_known (cache, fleet.snap->n -
                                (fleet.snap->self >= 0));
+    fsc_cache_set_peer_tree_depth (cache, tree_depth (fleet.snap));
+  }
   pthread_mutex_unlock (&fleet.lock);
 }
 

@@ -550,6 +550,7 @@ peers_pread (struct peer_export *pe, struct fsc_object *obj, void *buf,
     uint64_t seg_end = MIN (end, (rix + 1) * RANGE_SIZE);
     struct peer_link *skip[MAX_PEER_TRIES];
     bool got = false;
+    int skip_n = 0;             /* peers tried for this range */
     for (int t = 0; t < MAX_PEER_TRIES && !got; ++t) {
       long i = parent_of (pe, ms, links, rix, peer_now_ms (), skip, t, sc,
                           ix);
@@ -567,9 +568,12 @@ peers_pread (struct peer_export *pe, struct fsc_object *obj, void *buf,
                              ms->m[i].dial, obj, p + (pos - offset),
                              seg_end - pos, pos) == 0;
       skip[t] = links[i];
+      skip_n = t + 1;
     }
     if (got)
       run = seg_end;
+    else if (skip_n > 0)
+      fsc_object_count_peer (obj, FSC_PEER_FALLBACKS, 1);
     pos = seg_end;
   }
   if (run < end && origin (opaque, p + (run - offset), end - run, run,

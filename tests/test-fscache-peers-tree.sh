@@ -153,6 +153,8 @@ echo "part 1: $N nodes, fanout 3: origin sent $got bytes for $size; the" \
   fail "part 1: the origin sent $got bytes, over 1.1 times the image"
 [ "$most" -ge 1 ] || fail "part 1: no peer read was logged (test bug?)"
 [ "$most" -le 3 ] || fail "part 1: a node served one range to $most askers"
+depth=$(stat_value "$TMP/s1" peer_tree_depth)
+[ "$depth" = 3 ] || fail "part 1: peer_tree_depth $depth, not 3 (20 nodes, K=3)"
 # Per node: its client's, one shared by the peers' connections
 # (plugin/peerhost.c), and the catch-up's or the sample's at most.
 [ "$conns" -le $((4 * N)) ] ||
@@ -224,6 +226,8 @@ echo "part 4: node 2's origin failing: node 1 counted $pe errors answered," \
      "$bo set-asides"
 [ "$pe" -gt 0 ] || fail "part 4: node 1 never asked node 2 (test bug?)"
 [ "$bo" = 0 ] || fail "part 4: node 1 set node 2 aside for its origin's error"
+fb=$(stat_value "$TMP/s1" peer_fallbacks)
+[ "$fb" -gt 0 ] || fail "part 4: no peer_fallbacks counted"
 stop_nbdkit "$TMP/o4a.pid"; stop_nbdkit "$TMP/o4b.pid"
 
 # ---- 5. a restarted peer ----
