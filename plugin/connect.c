@@ -288,7 +288,7 @@ start_readahead (struct handle *h)
   unsigned threads = upstream_max_background ();
   uint64_t window = params.readahead;
   if (h->pool) {
-    threads = MIN (params.upstream_connections, FSC_RA_THREADS_MAX);
+    threads = MIN (pool_size (), FSC_RA_THREADS_MAX);
     window = MAX (window, (uint64_t) threads * 2 * FSC_RA_CHUNK);
   }
   h->ra = fsc_readahead_new (h->obj, window, threads, &h->up);

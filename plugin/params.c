@@ -72,7 +72,7 @@ const char params_help[] =
   "fscache-validate=sample|size|none       Coherency check at open.\n"
   "fscache-verify=BOOL        Verify checksums of hits (default true).\n"
   "fscache-readahead=SIZE     Sequential readahead window (default 4M, 0 off).\n"
-  "fscache-upstream-connections=N  Contexts for a serial upstream (default 8;\n"
+  "fscache-upstream-connections=N  Contexts for a serial upstream (default 8, 16 over curl;\n"
   "                           given, over a parallel plugin too).\n"
   "fscache-catchup=BOOL       Fill skipped reads later, when idle (default true).\n"
   "fscache-max-size=SIZE      Cap on each export's cached bytes (default none).\n"

@@ -18,6 +18,11 @@ struct upstream;
 /* .after_fork: the backend the pool's contexts are opened from. */
 extern void pool_set_backend (nbdkit_backend *backend);
 
+/* The pool's size: fscache-upstream-connections, or its default for
+ * this plugin (16 over curl, else 8).
+ */
+extern unsigned pool_size (void);
+
 /* Should a connection whose own context is U read through a pool?
  * (fscache-upstream-connections > 0, and serialize_requests, or
  * parallel with fscache-upstream-connections given: pool.c.)

@@ -39,6 +39,9 @@
 #     reads 0.000 for a 1 MiB response on loopback, rate-limited or
 #     not, so its log cannot show overlap).  (Skipped, after parts 1 to 3 passed,
 #     without nginx or the curl plugin.)
+#  5. The default pool over curl is 16 (issue 42: what the measurements
+#     say): with 10 ms per read, more than 8 reads and at most 16 are
+#     in flight at once.
 #
 # Truth: the image (cmp, qemu-img compare), the serial plugin's own
 # overlap log and call times, nginx's access log ($msec, $request_time).
@@ -228,5 +231,40 @@ echo "curl: $gets range GETs at nginx; at most $most upstream reads in" \
      "flight at once (log filter)"
 [ "$gets" -gt 0 ] || fail "curl: nginx served no range request"
 [ "$most" -ge 2 ] || fail "curl: the upstream reads never overlapped"
+
+# ---- 5. the default pool over curl is 16 ---------------------------------
+start_nbdkit -P "$TMP/hd.pid" -U "$TMP/hd.sock" --filter="$FILTER" \
+  --filter=log --filter=delay curl "http://127.0.0.1:$PORT/img.raw" \
+  logfile="$TMP/curl16.log" rdelay=10ms fscache-dir="$TMP/cache-http16"
+# Four client connections, each reading 4 MiB in one request at the
+# same moment (a read is cut in 1 MiB chunks over the pool, at most 4
+# MiB at a time per request): 16 chunks at once with a pool of 16.
+qpids=()
+for q in 0 1 2 3; do
+  $PYTHON - "nbd+unix:///?socket=$TMP/hd.sock" "$img" $q "$TMP" <<'EOF' &
+import os, sys, time, nbd
+uri, img, q, tmp = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+h = nbd.NBD()
+h.connect_uri(uri)
+open(os.path.join(tmp, "q%d" % q), "w").close()
+while not os.path.exists(os.path.join(tmp, "qgo")):
+    time.sleep(0.01)
+o = q << 22
+if h.pread(1 << 22, o) != open(img, "rb").read()[o:o + (1 << 22)]:
+    sys.exit("curl, default pool: wrong data at %d" % o)
+EOF
+  qpids+=($!)
+done
+wait_until test -e "$TMP/q3" -a -e "$TMP/q2" -a -e "$TMP/q1" -a -e "$TMP/q0" ||
+  fail "curl, default pool: the readers did not connect"
+touch "$TMP/qgo"
+for p in "${qpids[@]}"; do
+  wait "$p" || fail "curl, default pool: a reader failed"
+done
+stop_nbdkit "$TMP/hd.pid"
+most=$(log_reads_at_once "$TMP/curl16.log")
+echo "curl, default pool: at most $most upstream reads in flight at once"
+[ "$most" -gt 8 ] && [ "$most" -le 16 ] ||
+  fail "curl, default pool: $most reads at once, not a pool of 16"
 
 echo "$0: OK"
