@@ -383,7 +383,7 @@ extern uint64_t fsc_object_tag (struct fsc_object *obj);
 enum fsc_peer_stat {
   FSC_PEER_READS, FSC_PEER_READ_BYTES, FSC_PEER_ERRORS, FSC_PEER_BACKOFFS,
   FSC_PEER_SERVED, FSC_PEER_SERVED_BYTES, FSC_PEER_REFUSED,
-  FSC_PEER_FALLBACKS,
+  FSC_PEER_FALLBACKS, FSC_PEER_BUSY,
 };
 extern void fsc_cache_count_peer (struct fsc_cache *cache,
                                   enum fsc_peer_stat which, uint64_t delta);

@@ -49,6 +49,7 @@ fsc_cache_count_peer (struct fsc_cache *cache, enum fsc_peer_stat which,
     break;
   case FSC_PEER_REFUSED: FSC_STAT_ADD (st, peer_refused, delta); break;
   case FSC_PEER_FALLBACKS: FSC_STAT_ADD (st, peer_fallbacks, delta); break;
+  case FSC_PEER_BUSY: FSC_STAT_ADD (st, peer_busy, delta); break;
   }
 }
 

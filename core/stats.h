@@ -76,6 +76,8 @@
   X (peer_refused)        /* peer connections refused: another image,
                            * no TLS, writeback, not in a fleet */          \
   X (peers_known)         /* other nodes in fscache-peers (a gauge) */  \
+  X (peer_busy)           /* peers' reads answered busy (served: past
+                           * fscache-peer-max-inbound; asked: skipped) */\
   X (peer_fallbacks)      /* ranges read from the origin after every peer
                            * asked for them failed */                   \
   X (peer_tree_depth)     /* hops from the deepest node of a range's tree

@@ -54,6 +54,9 @@
  */
 static pthread_mutex_t open_lock = PTHREAD_MUTEX_INITIALIZER;
 
+/* Peers' connections open now (atomic): fscache-peer-max-inbound. */
+static unsigned peers_inbound;
+
 /* The core's upstream reads (misses, pieces, prefetches) of connection
  * OPAQUE: through its pool if it has one, else its own context; in
  * shapes the upstream accepts (blocksize.c).
@@ -187,6 +190,15 @@ fscache_open (nbdkit_next_open *next, nbdkit_context *nxdata,
   h->up.pread = fill_pread;
   h->up.opaque = h;
   h->peer_want = want;
+  /* Peers' connections served at once are bounded (issue 41): past
+   * the bound one is accepted and answers every read "busy", so that
+   * its asker skips this node for the range, neither waiting nor
+   * setting it aside.  The slot is released at .close.
+   */
+  if (pr == 1 &&
+      __atomic_add_fetch (&peers_inbound, 1, __ATOMIC_RELAXED) >
+      params.peer_max_inbound)
+    h->peer_busy = true;
   /* A peer's connection shares the export's context for peers
    * (peerhost.c), where the filter may open one; else its own.
    */
@@ -216,6 +228,8 @@ void
 fscache_close (void *handle)
 {
   struct handle *h = handle;
+  if (h->peer_want)
+    __atomic_sub_fetch (&peers_inbound, 1, __ATOMIC_RELAXED);
   /* Only if .finalize did not run (a failed .prepare). */
   fsc_readahead_free (h->ra);
   if (h->obj)

@@ -265,6 +265,11 @@ fscache_pread (nbdkit_next *next, void *handle, void *buf, uint32_t count,
                uint64_t offset, uint32_t flags, int *err)
 {
   struct handle *h = handle;
+  if (h->peer_busy) {
+    fsc_object_count_peer (h->obj, FSC_PEER_BUSY, 1);
+    *err = ESHUTDOWN;           /* "busy": connect.c, peerlink.c */
+    return -1;
+  }
   CATCHUP_REQUEST ();
   /* Stream or random (core/readahead.c, the one place that tells). */
   unsigned rflags = fsc_pattern_classify (&h->pattern, offset, count);

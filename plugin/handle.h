@@ -66,6 +66,10 @@ struct handle {
                                  * among the peers (peers.c), or NULL */
   uint64_t peer_want;           /* a peer's connection: the identity it
                                  * asked for; 0 for a client's */
+  bool peer_busy;               /* a peer's connection past
+                                 * fscache-peer-max-inbound: every read
+                                 * answers ESHUTDOWN ("busy": the asker
+                                 * skips this node for the range) */
   bool peer_serving;            /* a peer's connection, accepted: its
                                  * misses go up the range's tree (T1) */
 };

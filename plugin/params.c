@@ -60,6 +60,7 @@ struct fscache_params params = {
    */
   .upstream_connections = 8,
   .peer_fanout = 8,
+  .peer_max_inbound = 256,
   .catchup = true,
 };
 
@@ -91,6 +92,8 @@ const char params_help[] =
   "                           of this filter; misses go to a range's owner.\n"
   "fscache-peers=dns:NAME:PORT  The fleet: NAME's addresses (re-resolved).\n"
   "fscache-peer-self=URI      This node's line in fscache-peers.\n"
+  "fscache-peer-max-inbound=N  Peers' connections served at once (default\n"
+  "                           256); more are answered busy.\n"
   "fscache-peer-fanout=K      Each node serves a range to at most K others\n"
   "                           (a tree per range; default 8, 0: flat).\n"
   "fscache-peer-tls-psk=FILE  Peers speak TLS with this pre-shared key.";
@@ -303,6 +306,19 @@ set_peer_fanout (const char *k, const char *value)
 }
 
 static int
+set_peer_max_inbound (const char *k, const char *value)
+{
+  unsigned long n;
+  if (parse_count (value, 1000000, &n) == -1 || n == 0) {
+    nbdkit_error ("fscache-peer-max-inbound=%s: must be a number of "
+                  "connections from 1 to 1000000", value);
+    return -1;
+  }
+  params.peer_max_inbound = n;
+  return 0;
+}
+
+static int
 set_max_size (const char *k, const char *value)
 {
   int64_t r = nbdkit_parse_size (value);
@@ -480,6 +496,7 @@ static const struct {
   { "fscache-peer-tls-psk", set_peers },
   { "fscache-peer-self", set_peer_self },
   { "fscache-peer-fanout", set_peer_fanout },
+  { "fscache-peer-max-inbound", set_peer_max_inbound },
   { "fscache-trace", set_trace },
   { "fscache-trace-max", set_trace_max },
   { "fscache-dirty-max", set_dirty_max },

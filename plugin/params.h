@@ -66,6 +66,8 @@ struct fscache_params {
                                  * NULL: peers speak plain NBD */
   unsigned peer_fanout;         /* fscache-peer-fanout: askers per
                                  * range and member, 0: flat */
+  unsigned peer_max_inbound;    /* fscache-peer-max-inbound: peers'
+                                 * connections served at once */
 };
 
 /* The parameters, with their defaults until .config changes them. */

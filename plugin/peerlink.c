@@ -415,6 +415,19 @@ link_give (struct peer_link *l, struct nbd_handle *nbd, bool good)
     nbd_close (dead[i]);
 }
 
+/* Close NBD, one of L's, leaving L's idle ones alone (a busy answer:
+ * the connection is good, the peer wants it gone).
+ */
+static void
+link_give_closed (struct peer_link *l, struct nbd_handle *nbd)
+{
+  pthread_mutex_lock (&l->lock);
+  l->nopen--;
+  pthread_cond_broadcast (&l->freed);
+  pthread_mutex_unlock (&l->lock);
+  nbd_close (nbd);
+}
+
 unsigned
 peer_link_reap (struct peer_link *l, int64_t now)
 {
@@ -500,6 +513,17 @@ peer_link_pread (struct peer_link *l, const char *ident,
       if (cookie == -1)
         errno = nbd_get_errno () ? nbd_get_errno () : EIO;
       err = errno;
+      if (cookie != -1 && err == ESHUTDOWN && !nbd_aio_is_dead (nbd) &&
+          !nbd_aio_is_closed (nbd)) {
+        /* Busy (fscache-peer-max-inbound at the peer): this range goes
+         * to a member above or the origin; the connection is closed so
+         * that it frees the peer's slot; no back-off.
+         */
+        link_give_closed (l, nbd);
+        fsc_object_count_peer (obj, FSC_PEER_BUSY, 1);
+        errno = ESHUTDOWN;
+        return -1;
+      }
       if (cookie != -1 && err != ETIMEDOUT && !nbd_aio_is_dead (nbd) &&
           !nbd_aio_is_closed (nbd)) {
         /* The peer answered, with an error: its own origin failed it

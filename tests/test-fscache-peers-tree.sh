@@ -38,6 +38,9 @@
 #     and 4 s of slack), and the peer set aside once or twice in all
 #     (one health record per peer for the process; it used to be set
 #     aside by each read that found it down, in each export).
+#  7. fscache-peer-max-inbound=1 on 6 flat nodes copying at once: the
+#     copies are identical, nodes answered "busy" past the cap and
+#     their askers took it as such (peer_busy), none was set aside.
 #
 # Truth: the image (cmp and the readers' checks), the origin's request
 # log, the nodes' request logs and counters.
@@ -332,5 +335,31 @@ echo "part 6: a stopped peer, 30 readers of two exports: the slowest read" \
 awk -v s="$slowest" 'BEGIN { exit !(s <= 8) }' ||
   fail "part 6: a read took $slowest s, over the deadlines' bound"
 stop_nbdkit "$TMP/o6.pid"
+
+# ---- 7. a cap on the peers' connections a node serves ----
+fresh
+N=6
+origin o7
+for i in $(seq 1 $N); do self "$i"; done > "$TMP/p7"
+for i in $(seq 1 $N); do
+  node "$i" o7 "$TMP/p7" fscache-peer-fanout=0 fscache-peer-max-inbound=1
+done
+copy $(seq 1 $N)
+for i in $(seq 1 $N); do
+  cmp "$img" "$TMP/out$i" || fail "part 7: node $i's copy differs"
+done
+stop_nodes $(seq 1 $N)
+busy=0 bo=0 pr=0
+for i in $(seq 1 $N); do
+  busy=$((busy + $(stat_value "$TMP/s$i" peer_busy)))
+  bo=$((bo + $(stat_value "$TMP/s$i" peer_backoffs)))
+  pr=$((pr + $(stat_value "$TMP/s$i" peer_read_bytes)))
+done
+echo "part 7: $N nodes serving one peer connection each: $busy busy" \
+     "answers (served and taken), $bo set-asides, $pr bytes from peers"
+[ "$busy" -gt 0 ] || fail "part 7: no busy answer with a cap of 1"
+[ "$bo" = 0 ] || fail "part 7: a busy node was set aside ($bo)"
+[ "$pr" -gt 0 ] || fail "part 7: nothing was read from peers"
+stop_nbdkit "$TMP/o7.pid"
 
 echo "$0: OK"
