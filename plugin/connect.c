@@ -217,6 +217,8 @@ fscache_open (nbdkit_next_open *next, nbdkit_context *nxdata,
                   "(fscache-offline=true would serve what is cached)",
                   exportname);
     upstream_close (&h->upstream);
+    if (h->peer_want)             /* no .close after a failed .open */
+      __atomic_sub_fetch (&peers_inbound, 1, __ATOMIC_RELAXED);
     free (h->exportname);
     free (h);
     return NULL;
