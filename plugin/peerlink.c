@@ -347,18 +347,12 @@ link_take (struct peer_link *l, const char *ident, const char *exportname,
   while (l->nidle == 0 && l->nopen >= LINK_MAX_CONNS) {
     struct timespec ts;
     int64_t left = deadline - peer_now_ms ();
-    clock_gettime (CLOCK_REALTIME, &ts);
     if (left <= 0) {
       pthread_mutex_unlock (&l->lock);
       errno = ETIMEDOUT;
       return NULL;
     }
-    ts.tv_sec += left / 1000;
-    ts.tv_nsec += (left % 1000) * 1000000;
-    if (ts.tv_nsec >= 1000000000) {
-      ts.tv_sec++;
-      ts.tv_nsec -= 1000000000;
-    }
+    deadline_ms (&ts, left);
     pthread_cond_timedwait (&l->freed, &l->lock, &ts);
   }
   if (l->nidle) {
@@ -428,7 +422,7 @@ link_give_closed (struct peer_link *l, struct nbd_handle *nbd)
   nbd_close (nbd);
 }
 
-unsigned
+void
 peer_link_reap (struct peer_link *l, int64_t now)
 {
   struct nbd_handle *old[LINK_MAX_CONNS];
@@ -444,13 +438,11 @@ peer_link_reap (struct peer_link *l, int64_t now)
   }
   l->nidle = keep;
   l->nopen -= nold;
-  unsigned open = l->nopen;
   if (nold)
     pthread_cond_broadcast (&l->freed);
   pthread_mutex_unlock (&l->lock);
   for (unsigned i = 0; i < nold; ++i)
     nbd_close (old[i]);
-  return open;
 }
 
 /* Say a peer failure: at once the first time, then at most once a

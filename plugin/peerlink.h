@@ -39,10 +39,8 @@ extern void peer_link_free (struct peer_link *l);
 extern struct peer_link *peer_link_next (const struct peer_link *l);
 extern const char *peer_link_uri (const struct peer_link *l);
 
-/* Close L's connections idle for a while at NOW; the number still
- * open (busy or idle).
- */
-extern unsigned peer_link_reap (struct peer_link *l, int64_t now);
+/* Close L's connections idle for a while at NOW. */
+extern void peer_link_reap (struct peer_link *l, int64_t now);
 
 /* Not set aside at NOW (peer_now_ms)? */
 extern bool peer_link_usable (struct peer_link *l, int64_t now);

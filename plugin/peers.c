@@ -80,12 +80,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <arpa/inet.h>
-#include <netdb.h>
-#include <netinet/in.h>
 #include <sys/resource.h>
-#include <sys/socket.h>
-#include <sys/stat.h>
 #include <time.h>
 
 #define NBDKIT_API_VERSION 2
@@ -155,8 +150,7 @@ reap_loop (void *arg)
   pthread_mutex_lock (&reaper.lock);
   while (!reaper.stopping) {
     struct timespec ts;
-    clock_gettime (CLOCK_REALTIME, &ts);
-    ts.tv_sec += 1;
+    deadline_ms (&ts, 1000);
     pthread_cond_timedwait (&reaper.cond, &reaper.lock, &ts);
     if (reaper.stopping)
       break;

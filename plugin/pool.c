@@ -165,18 +165,6 @@ pool_set_backend (nbdkit_backend *b)
   backend = b;
 }
 
-static void
-deadline (struct timespec *ts, unsigned ms)
-{
-  clock_gettime (CLOCK_REALTIME, ts);
-  ts->tv_sec += ms / 1000;
-  ts->tv_nsec += (long) (ms % 1000) * 1000000;
-  if (ts->tv_nsec >= 1000000000) {
-    ts->tv_sec++;
-    ts->tv_nsec -= 1000000000;
-  }
-}
-
 /* Open U for P's export.  Returns 0, or -1 with *CHANGED set if the
  * upstream now has another size (then the context is closed too).
  */
@@ -288,7 +276,7 @@ worker (void *arg)
   for (;;) {
     while (p->head == NULL && !p->stopping) {
       struct timespec ts;
-      deadline (&ts, IDLE_MS);
+      deadline_ms (&ts, IDLE_MS);
       p->idle++;
       int r = pthread_cond_timedwait (&p->work, &p->lock, &ts);
       if (p->wakes > 0)
