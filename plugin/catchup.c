@@ -131,19 +131,17 @@ worker (void *arg)
 
   while (wait_idle () && fsc_catchup_take (w->obj, CHUNK, &off, &len)) {
     if (!w->have_u) {
-      int64_t size = -1;
-      if (upstream_open_shared (&w->u, backend, 1, w->exportname) == -1 ||
-          upstream_prepare (&w->u) == -1 ||
-          (size = upstream_get_size (&w->u)) == -1) {
-        upstream_close (&w->u);
+      int64_t size;
+      int r = upstream_open_own (&w->u, backend, 1, w->exportname,
+                                 fsc_object_size (w->obj), &size);
+      if (r == -1 && size == -1) {
         nbdkit_debug ("fscache: export \"%s\": catch-up: cannot open the "
                       "upstream; what is pending waits", w->exportname);
         fsc_catchup_done (w->obj, len, false);  /* the chunk taken */
         break;
       }
-      if ((uint64_t) size != fsc_object_size (w->obj)) {
+      if (r == -1) {
         /* Not the image cached: fill nothing from it (as pool.c). */
-        upstream_close (&w->u);
         nbdkit_error ("fscache: export \"%s\": catch-up: the upstream now "
                       "reports %" PRId64 " bytes, not the %" PRIu64
                       " cached: it was replaced under the cache; "

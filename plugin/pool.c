@@ -171,35 +171,26 @@ pool_set_backend (nbdkit_backend *b)
 static int
 open_ctx (struct pool *p, struct upstream *u, bool *changed)
 {
+  int64_t size;
   *changed = false;
-  if (upstream_open_shared (u, backend, 1, p->exportname) == -1 ||
-      upstream_prepare (u) == -1) {
-    upstream_close (u);
-    return -1;
-  }
-  int64_t size = upstream_get_size (u);
-  if (size == -1) {
-    upstream_close (u);
-    return -1;
-  }
-  if ((uint64_t) size != p->size) {
-    upstream_close (u);
-    *changed = true;
-    pthread_mutex_lock (&p->lock);
-    bool say = !p->changed_said;
-    p->changed_said = true;
-    pthread_mutex_unlock (&p->lock);
-    if (say)
-      nbdkit_error ("fscache: export \"%s\": a new connection to the "
-                    "upstream reports %" PRId64 " bytes, not the %" PRIu64
-                    " cached: the upstream was replaced under the cache; "
-                    "withdrawing its cache object (nothing of the new "
-                    "image is cached under the old one's identity), and "
-                    "this connection's reads fail: reconnect",
-                    p->exportname, size, p->size);
-    return -1;
-  }
-  return 0;
+  if (upstream_open_own (u, backend, 1, p->exportname, p->size, &size) == 0)
+    return 0;
+  if (size == -1)
+    return -1;                  /* refused, or failed */
+  *changed = true;
+  pthread_mutex_lock (&p->lock);
+  bool say = !p->changed_said;
+  p->changed_said = true;
+  pthread_mutex_unlock (&p->lock);
+  if (say)
+    nbdkit_error ("fscache: export \"%s\": a new connection to the "
+                  "upstream reports %" PRId64 " bytes, not the %" PRIu64
+                  " cached: the upstream was replaced under the cache; "
+                  "withdrawing its cache object (nothing of the new "
+                  "image is cached under the old one's identity), and "
+                  "this connection's reads fail: reconnect",
+                  p->exportname, size, p->size);
+  return -1;
 }
 
 /* A refused open (P locked): the pool is as large as the contexts it

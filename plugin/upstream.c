@@ -114,6 +114,25 @@ upstream_open_shared (struct upstream *u, nbdkit_backend *backend,
   return open_gated (u, backend, readonly, exportname, true);
 }
 
+int
+upstream_open_own (struct upstream *u, nbdkit_backend *backend, int readonly,
+                   const char *exportname, uint64_t size, int64_t *found)
+{
+  int64_t s = -1;
+  *found = -1;
+  if (upstream_open_shared (u, backend, readonly, exportname) == -1 ||
+      upstream_prepare (u) == -1 || (s = upstream_get_size (u)) == -1) {
+    upstream_close (u);
+    return -1;
+  }
+  if ((uint64_t) s != size) {
+    upstream_close (u);
+    *found = s;
+    return -1;
+  }
+  return 0;
+}
+
 bool
 upstream_serial_requests (void)
 {

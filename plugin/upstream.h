@@ -92,6 +92,17 @@ extern int upstream_open (struct upstream *u, nbdkit_context *context,
 extern int upstream_open_shared (struct upstream *u, nbdkit_backend *backend,
                                  int readonly, const char *exportname);
 
+/* upstream_open_shared, then the context prepared and its size asked:
+ * the pool's, catch-up's and view's contexts, which must be the image
+ * of SIZE bytes the cache holds (an upstream replaced under a running
+ * proxy is not).  Returns 0; or -1 with the context closed, *FOUND
+ * the size read if it differs from SIZE, else -1 (the open, prepare or
+ * size failed).
+ */
+extern int upstream_open_own (struct upstream *u, nbdkit_backend *backend,
+                              int readonly, const char *exportname,
+                              uint64_t size, int64_t *found);
+
 /* True under serialize_requests: one call at a time per connection,
  * connections in parallel (where a pool of contexts helps, pool.c).
  */

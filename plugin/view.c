@@ -75,15 +75,10 @@ static int
 open_view (struct view *v, uint64_t size)
 {
   struct upstream *u = &v->u;
-  int64_t now = -1;
-  if (upstream_open_shared (u, backend, 0, v->exportname) == -1 ||
-      upstream_prepare (u) == -1 || (now = upstream_get_size (u)) == -1) {
-    upstream_close (u);
-    return -1;
-  }
-  if ((uint64_t) now != size) {
-    upstream_close (u);
-    errno = ESTALE;
+  int64_t found;
+  if (upstream_open_own (u, backend, 0, v->exportname, size, &found) == -1) {
+    if (found != -1)
+      errno = ESTALE;
     return -1;
   }
   if (upstream_can_write (u) == -1 || upstream_can_flush (u) == -1 ||
