@@ -198,7 +198,7 @@ void
 catchup_maybe_start (struct fsc_object *obj, const char *exportname)
 {
   if (!params.catchup || params.mode == MODE_WRITEBACK || backend == NULL ||
-      !upstream_model_allows_shared () || fsc_catchup_pending (obj) == 0 ||
+      fsc_catchup_pending (obj) == 0 ||
       !ownctx_allowed (exportname))
     return;
   SCOPED_LOCK (&list_lock);

@@ -203,8 +203,7 @@ fscache_open (nbdkit_next_open *next, nbdkit_context *nxdata,
    * (peerhost.c), where the filter may open one; else its own.
    */
   h->u = &h->upstream;
-  if (pr == 1 && upstream_model_allows_shared () &&
-      ownctx_allowed (exportname)) {
+  if (pr == 1 && ownctx_allowed (exportname)) {
     struct upstream *shared = peerhost_get (exportname);
     if (shared) {
       h->u = shared;
@@ -287,7 +286,7 @@ start_readahead (struct handle *h)
 {
   if (params.catchup && !h->wbmode &&
       fsc_object_state (h->obj) == FSC_OBJ_AVAILABLE &&
-      upstream_model_allows_shared () && ownctx_allowed (h->exportname))
+      ownctx_allowed (h->exportname))
     fsc_catchup_enable (h->obj, true);
   /* A peer asks for exactly the ranges it wants: reading ahead of it
    * would fetch ranges other peers own.

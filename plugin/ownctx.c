@@ -56,6 +56,7 @@
 
 #include "ownctx.h"
 #include "say.h"
+#include "upstream.h"
 
 enum own { OWN_ANY, OWN_DEFAULT, OWN_NONE };
 
@@ -216,6 +217,9 @@ ownctx_plugin_name (void)
 bool
 ownctx_allowed (const char *exportname)
 {
+  /* serialize_connections: one connection at a time, the client's. */
+  if (!upstream_model_allows_shared ())
+    return false;
   if (own == OWN_ANY || (own == OWN_DEFAULT && *exportname == 0))
     return true;
   if (!__atomic_test_and_set (&said, __ATOMIC_RELAXED))

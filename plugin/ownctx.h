@@ -26,8 +26,9 @@ extern void ownctx_opening (void);
 
 /* May the pool, the catch-up worker, the shared view and the
  * writeback writer open contexts of their own on EXPORTNAME (the
- * canonical name the client's connection opened)?  The first time the
- * answer is no, says why once (a note).
+ * canonical name the client's connection opened)?  Not under
+ * serialize_connections; else as the plugin allows, and the first time
+ * it does not, says why once (a note).
  */
 extern bool ownctx_allowed (const char *exportname);
 
