@@ -82,7 +82,15 @@ case "${1:-}" in
     build
     status=0
     rm -f test-suite.log
+    touch .check-started
     make -j"$(nproc)" check || status=$?
+    # A failing test's own last lines, so that a run seen only from
+    # its output (CI) says why, not only which.
+    for trs in $(find tests -name '*.trs' -newer .check-started \
+                   -exec grep -l '^:test-result: \(FAIL\|ERROR\|XPASS\)' {} +); do
+      echo "==== the last lines of ${trs%.trs}.log ===="
+      tail -n 40 "${trs%.trs}.log"
+    done
     # The automake totals, as one line (the last one printed).
     if [ -f test-suite.log ]; then
       total () { awk -v k="$1" '$1 == "#" && $2 == k":" { s += $3 } END { print s + 0 }' test-suite.log; }

@@ -34,8 +34,11 @@
 #     the first transport error, and the retry dials).
 #  6. A stopped peer (SIGSTOP; a 2 s peer deadline), two exports, 30
 #     readers at once on node 1: every read right, the slowest within
-#     the bound the deadlines set (a connect and its retry, 2 s each,
-#     and 4 s of slack), and the peer set aside once or twice in all
+#     the bound the deadlines set (a read may wait on a range another
+#     reader claimed while that reader's attempt and its retry run out,
+#     then run its own: two pairs of 2 s deadlines; and 8 s of slack
+#     for the suite's load, under which 6 s was seen), and the peer set
+#     aside once or twice in all
 #     (one health record per peer for the process; it used to be set
 #     aside by each read that found it down, in each export).
 #  7. fscache-peer-max-inbound=1 on 6 flat nodes copying at once: the
@@ -348,11 +351,11 @@ stop_nodes 1 2
 slowest=$(sort -n "$TMP"/r6.* | tail -n 1)
 bo=$(stat_value "$TMP/s1" peer_backoffs)
 echo "part 6: a stopped peer, 30 readers of two exports: the slowest read" \
-     "took $slowest s (bound: two 2 s deadlines and 4 s), node 1 set it" \
+     "took $slowest s (bound: four 2 s deadlines and 8 s), node 1 set it" \
      "aside $bo time(s)"
 [ "$bo" -ge 1 ] || fail "part 6: the stopped peer was never set aside (test bug?)"
 [ "$bo" -le 2 ] || fail "part 6: the stopped peer was set aside $bo times"
-awk -v s="$slowest" 'BEGIN { exit !(s <= 8) }' ||
+awk -v s="$slowest" 'BEGIN { exit !(s <= 16) }' ||
   fail "part 6: a read took $slowest s, over the deadlines' bound"
 stop_nbdkit "$TMP/o6.pid"
 
