@@ -9,8 +9,8 @@
  * signal cannot be the trigger), and only once it is whole (issue 41):
  * a new inode (a file renamed over the old one, as a writer that means
  * it to be read whole does) is taken at once; a file changed in place
- * only once two stats at least CHECK_MS apart saw it the same, so that
- * a half-written file is not taken.  fscache-peers=dns:NAME:PORT takes
+ * only once two stats at least CHECK_MS apart saw it the same and its
+ * last line ends, so that a half-written file is not taken.  fscache-peers=dns:NAME:PORT takes
  * the members from NAME's addresses instead (below).  The list in use
  * is a reference-counted snapshot, replaced whole.
  *
@@ -55,6 +55,7 @@ static struct {
   struct stat st;               /* the file as last read */
   struct stat seen;             /* a change seen, not yet taken */
   bool pending;                 /* SEEN holds one */
+  bool said_midline;            /* the note on a file ending mid-line */
   int64_t checked;              /* monotonic ms of the last stat */
   char *dns_text;               /* dns: the members last taken, as text */
   int64_t dns_ms;               /* dns: how often to resolve; 0: a file */
@@ -99,9 +100,12 @@ dial_uri (const char *uri)
   return strdup (uri);
 }
 
-/* Parse FP into a new snapshot.  NULL with errno on failure. */
+/* Parse FP into a new snapshot.  NULL with errno on failure; with
+ * WHOLE_LINES, EAGAIN if the last line has no newline (a file being
+ * written in place, caught mid-line).
+ */
 static struct members *
-members_read (FILE *fp)
+members_read (FILE *fp, bool whole_lines)
 {
   size_t cap = 16;
   struct members *ms = calloc (1, sizeof *ms + cap * sizeof ms->m[0]);
@@ -114,6 +118,10 @@ members_read (FILE *fp)
     size_t len = strlen (line);
     if (len > MAX_LINE && line[len - 1] != '\n') {
       errno = ENAMETOOLONG;
+      goto fail;
+    }
+    if (whole_lines && line[len - 1] != '\n' && feof (fp)) {
+      errno = EAGAIN;
       goto fail;
     }
     char *s = line, *e = line + len;
@@ -273,7 +281,7 @@ take_text_locked (char *text, bool force)
     return 0;
   }
   FILE *fp = fmemopen (text, strlen (text), "r");
-  struct members *ms = fp ? members_read (fp) : NULL;
+  struct members *ms = fp ? members_read (fp, false) : NULL;
   int e = errno;
   if (fp)
     fclose (fp);
@@ -319,13 +327,28 @@ reload_locked (bool force)
   FILE *fp = fopen (params.peers_file, "re");
   if (fp == NULL)
     return -1;
-  struct members *ms = members_read (fp);
+  /* Changed in place and still ending mid-line: a writer stopped
+   * between two writes (two equal stats do not tell it from a whole
+   * file): not taken until the line ends.
+   */
+  bool in_place = !force && st.st_ino == fleet.st.st_ino;
+  struct members *ms = members_read (fp, in_place);
   int e = errno;
   fclose (fp);
+  if (ms == NULL && e == EAGAIN) {
+    if (!fleet.said_midline) {
+      fleet.said_midline = true;
+      say_note ("fscache-peers=%s ends mid-line: taken once its last line "
+                "ends (a newline), or once it is replaced whole (renamed)",
+                params.peers_file);
+    }
+    return 0;
+  }
   if (ms == NULL) {
     errno = e;
     return -1;
   }
+  fleet.said_midline = false;
   fleet.st = st;
   return install_locked (ms);
 }

@@ -60,6 +60,13 @@
 #     replies queued (fixed in 1.33.10), so there the links keep one
 #     read per connection, and part 2 is the test of that: with many
 #     reads on one, killing node 5 took its parents down.
+#  9. A half-written peers file: node 1's file, changed in place, ends
+#     mid-line (a writer stopped between two writes) throughout reads
+#     of 2 s at least (half the image, the origin at 32 Mbit/s, bursts
+#     of 0.1 s; the file is checked every 200 ms, and two equal stats
+#     used to be enough): the member
+#     is not taken (peers_known 0, no peer error: it would have dialled
+#     the cut name), node 1 says so; once the line ends it is taken.
 #
 # Truth: the image (cmp and the readers' checks), the origin's request
 # log, the nodes' request logs and counters.
@@ -470,5 +477,48 @@ echo "part 8: TLS, node 8 killed: the most peer connections of one asker" \
 [ "$conns" -le 2 ] || fail "part 8: an asker held $conns connections to a node"
 [ "$depth" -ge 2 ] || fail "part 8: no peer connection carried two reads"
 stop_nbdkit "$TMP/o8.pid"
+
+# ---- 9. a half-written peers file ----
+fresh
+origin o9 rate rate=32M burstiness=0.1
+self 1 > "$TMP/p9"
+node 1 o9 "$TMP/p9"
+printf 'nbd+unix:///?socket=%s/n2.so' "$TMP" >> "$TMP/p9"   # in place
+# The first half (2 s at the origin's rate), read and checked; then,
+# once the line ends, 4 KiB of the second half at a time (misses: only
+# a fill looks at the peers file) until node 1 knows the member.
+cat > "$TMP/read9.py" <<'EOF2'
+import nbd, sys
+uri, img, lo, hi = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+data = open(img, "rb").read()
+h = nbd.NBD()
+h.connect_uri(uri)
+for o in range(lo, hi, 1 << 20):
+    n = min(1 << 20, hi - o)
+    if h.pread(n, o) != data[o:o + n]:
+        sys.exit("wrong data at %d" % o)
+h.shutdown()
+EOF2
+$PYTHON "$TMP/read9.py" "$(self 1)" "$img" 0 $((size / 2)) ||
+  fail "part 9: the first half"
+known=$(stat_value "$TMP/s1" peers_known)
+pe=$(stat_value "$TMP/s1" peer_errors)
+echo "part 9: a peers file ending mid-line through 2 s of reads: node 1" \
+     "knew $known peers, counted $pe peer errors"
+[ "$known" = 0 ] || fail "part 9: node 1 took the half-written line"
+[ "$pe" = 0 ] || fail "part 9: node 1 dialled the half-written line"
+grep -q "ends mid-line" "$TMP/n1.err" ||
+  fail "part 9: node 1 did not say that its peers file ends mid-line"
+printf 'ck\n' >> "$TMP/p9"
+at=$((size / 2))
+taken ()
+{
+  $PYTHON "$TMP/read9.py" "$(self 1)" "$img" $at $((at + 4096)) || return 1
+  at=$((at + 65536))
+  [ "$(stat_value "$TMP/s1" peers_known)" = 1 ]
+}
+wait_until taken || fail "part 9: node 1 never took the finished line"
+stop_nodes 1
+stop_nbdkit "$TMP/o9.pid"
 
 echo "$0: OK"
