@@ -18,6 +18,7 @@ cd "$(dirname "$0")"
 build_packages=(
   build-essential autoconf automake libtool pkg-config
   nbdkit nbdkit-plugin-dev libnbd-dev libev-dev uuid-dev libxxhash-dev
+  nettle-dev
 )
 # tools/demo.sh: nbdkit with its file plugin and log, rate and delay
 # filters (all in nbdkit), and nbdcopy.

@@ -284,6 +284,12 @@ fsc_cache_set_peers_known (struct fsc_cache *cache, uint64_t n)
 }
 
 void
+fsc_cache_set_peers_aside (struct fsc_cache *cache, uint64_t n)
+{
+  __atomic_store_n (&cache->stats.peers_aside, n, __ATOMIC_RELAXED);
+}
+
+void
 fsc_cache_set_peer_tree_depth (struct fsc_cache *cache, uint64_t depth)
 {
   __atomic_store_n (&cache->stats.peer_tree_depth, depth, __ATOMIC_RELAXED);

@@ -383,13 +383,15 @@ extern uint64_t fsc_object_tag (struct fsc_object *obj);
 enum fsc_peer_stat {
   FSC_PEER_READS, FSC_PEER_READ_BYTES, FSC_PEER_ERRORS, FSC_PEER_BACKOFFS,
   FSC_PEER_SERVED, FSC_PEER_SERVED_BYTES, FSC_PEER_REFUSED,
-  FSC_PEER_FALLBACKS, FSC_PEER_BUSY,
+  FSC_PEER_FALLBACKS, FSC_PEER_BUSY, FSC_PEER_PROBES,
+  FSC_PEER_PROBES_FAILED, FSC_PEER_BAD_DATA,
 };
 extern void fsc_cache_count_peer (struct fsc_cache *cache,
                                   enum fsc_peer_stat which, uint64_t delta);
 extern void fsc_object_count_peer (struct fsc_object *obj,
                                    enum fsc_peer_stat which, uint64_t delta);
 extern void fsc_cache_set_peers_known (struct fsc_cache *cache, uint64_t n);
+extern void fsc_cache_set_peers_aside (struct fsc_cache *cache, uint64_t n);
 extern void fsc_cache_set_peer_tree_depth (struct fsc_cache *cache,
                                            uint64_t depth);
 

@@ -50,6 +50,11 @@ fsc_cache_count_peer (struct fsc_cache *cache, enum fsc_peer_stat which,
   case FSC_PEER_REFUSED: FSC_STAT_ADD (st, peer_refused, delta); break;
   case FSC_PEER_FALLBACKS: FSC_STAT_ADD (st, peer_fallbacks, delta); break;
   case FSC_PEER_BUSY: FSC_STAT_ADD (st, peer_busy, delta); break;
+  case FSC_PEER_PROBES: FSC_STAT_ADD (st, peer_probes, delta); break;
+  case FSC_PEER_PROBES_FAILED:
+    FSC_STAT_ADD (st, peer_probes_failed, delta);
+    break;
+  case FSC_PEER_BAD_DATA: FSC_STAT_ADD (st, peer_bad_data, delta); break;
   }
 }
 

@@ -81,7 +81,13 @@
   X (peer_fallbacks)      /* ranges read from the origin after every peer
                            * asked for them failed */                   \
   X (peer_tree_depth)     /* hops from the deepest node of a range's tree
-                           * to the origin's reader (a gauge) */
+                           * to the origin's reader (a gauge) */       \
+  X (peers_aside)         /* peers set aside now (a gauge) */           \
+  X (peer_probes)         /* set-aside peers dialled in the background,
+                           * before their time was up */                \
+  X (peer_probes_failed)  /* of which found still down: set aside
+                           * again, no client read paying for it */    \
+  X (peer_bad_data)       /* peers' answers that failed the manifest */
 
 struct fsc_stats {
 #define FSC_STATS_DECL(name) uint64_t name;

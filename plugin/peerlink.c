@@ -40,9 +40,9 @@
  * owner whose origin hiccuped was set aside by every asker).  Failures
  * are said at most once a minute for the process, with the count since.
  *
- * Locks: each link's lock guards its connection, the connections'
- * counts and flags and the reads' completion; health_lock the peers'
- * health records (the back-off deadline is read without it, atomic).
+ * Locks: each link's lock guards its connections, their counts and
+ * flags and the reads' completion (the peers' health records are
+ * peerhealth.c's).
  * Lock order: libnbd's handle lock, then the link's (the completion
  * callback takes it): no nbd_* call is made under the link's lock.
  * Neither is held across a connect, a poll or a read.
@@ -70,14 +70,13 @@
 #include "fscache.h"
 #include "utils.h"
 
+#include "peerhealth.h"
 #include "peerlink.h"
 #include "say.h"
 
 #define LINK_MAX_CONNS 8        /* connections to one peer, per export */
 #define LINK_DEPTH 64           /* reads in flight on one, at most */
 #define LINK_IDLE_MS 3000       /* an idle connection closes after */
-#define BACKOFF_MIN 5           /* seconds */
-#define BACKOFF_MAX 60
 #define ERROR_LOG_SECONDS 60
 
 struct peer_link;
@@ -107,62 +106,9 @@ struct peer_link {
   unsigned nconns, ndialing;
   unsigned dials;               /* dials done, so that a waiter knows */
   int dial_err;                 /* the last dial's errno, or 0 */
-  struct health *health;        /* its peer's, shared by all exports */
+  struct peer_health *health;   /* its peer's, shared by all exports */
   uint32_t token;               /* in its export names: tells it apart */
 };
-
-/* One health record per peer for the whole process (issue 41), shared
- * by the links of every export to it: a peer found down by one
- * export's read is set aside for all of them at once, counted and said
- * once, instead of once per export after each export's own timeouts;
- * and a peer found to be this node (a self alias) is so for all.
- * Found by URI in a list, with a count of the links using it.
- */
-struct health {
-  struct health *next;
-  char *uri;
-  unsigned refs;                /* under health_lock */
-  int64_t backoff_until;        /* monotonic ms; atomic */
-  unsigned backoff_s;           /* under health_lock */
-  bool self;                    /* it reached this very node (atomic) */
-};
-static pthread_mutex_t health_lock = PTHREAD_MUTEX_INITIALIZER;
-static struct health *healths;
-
-static struct health *
-health_get (const char *uri)
-{
-  SCOPED_LOCK (&health_lock);
-  for (struct health *h = healths; h; h = h->next)
-    if (strcmp (h->uri, uri) == 0) {
-      h->refs++;
-      return h;
-    }
-  struct health *h = calloc (1, sizeof *h);
-  if (h == NULL || (h->uri = strdup (uri)) == NULL) {
-    free (h);
-    return NULL;
-  }
-  h->refs = 1;
-  h->next = healths;
-  healths = h;
-  return h;
-}
-
-static void
-health_put (struct health *h)
-{
-  SCOPED_LOCK (&health_lock);
-  if (--h->refs > 0)
-    return;
-  for (struct health **hp = &healths; *hp; hp = &(*hp)->next)
-    if (*hp == h) {
-      *hp = h->next;
-      break;
-    }
-  free (h->uri);
-  free (h);
-}
 
 /* Self aliases.  Each node has a random id, which an asker puts in
  * the export name with its link's token; a node that receives its own
@@ -265,7 +211,7 @@ peer_link_new (const char *uri, struct peer_link *next)
 {
   struct peer_link *l = calloc (1, sizeof *l);
   if (l == NULL || (l->uri = strdup (uri)) == NULL ||
-      (l->health = health_get (uri)) == NULL) {
+      (l->health = peer_health_get (uri)) == NULL) {
     if (l)
       free (l->uri);
     free (l);
@@ -293,7 +239,7 @@ peer_link_free (struct peer_link *l)
     conn_close (l->conns[i]);
   pthread_mutex_destroy (&l->lock);
   pthread_cond_destroy (&l->changed);
-  health_put (l->health);
+  peer_health_put (l->health);
   free (l->uri);
   free (l);
 }
@@ -313,8 +259,7 @@ peer_link_uri (const struct peer_link *l)
 bool
 peer_link_usable (struct peer_link *l, int64_t now)
 {
-  return !__atomic_load_n (&l->health->self, __ATOMIC_RELAXED) &&
-    __atomic_load_n (&l->health->backoff_until, __ATOMIC_RELAXED) <= now;
+  return peer_health_usable (l->health, now);
 }
 
 /* Wait on NBD until DONE says 1 (0) or -1 (-1), or the deadline
@@ -751,7 +696,7 @@ peer_link_pread (struct peer_link *l, const char *ident,
     int64_t deadline = peer_now_ms () + cfg.timeout_ms;
     struct conn *c = conn_get (l, ident, exportname, dial_uri, deadline);
     if (c == NULL && was_self (l->token)) {
-      if (!__atomic_test_and_set (&l->health->self, __ATOMIC_RELAXED))
+      if (peer_health_mark_self (l->health))
         say_warning ("fscache-peers: %s is this node itself (its own node "
                      "id came back): fscache-peers lists it under another "
                      "spelling than fscache-peer-self=%s; not asking it",
@@ -769,9 +714,7 @@ peer_link_pread (struct peer_link *l, const char *ident,
         conn_put (c, KEEP);
         fsc_object_count_peer (obj, FSC_PEER_READS, 1);
         fsc_object_count_peer (obj, FSC_PEER_READ_BYTES, count);
-        pthread_mutex_lock (&health_lock);
-        l->health->backoff_s = 0;
-        pthread_mutex_unlock (&health_lock);
+        peer_health_ok (l->health);
         return 0;
       }
       if (answered && err == ESHUTDOWN) {
@@ -807,22 +750,33 @@ peer_link_pread (struct peer_link *l, const char *ident,
    * found it down (the others, in flight meanwhile, find it set aside
    * already and count nothing more).
    */
-  struct health *h = l->health;
-  int64_t now = peer_now_ms ();
-  pthread_mutex_lock (&health_lock);
-  bool already = __atomic_load_n (&h->backoff_until, __ATOMIC_RELAXED) > now;
-  unsigned s = h->backoff_s;
-  if (!already) {
-    s = h->backoff_s = h->backoff_s ? MIN (2 * h->backoff_s, BACKOFF_MAX)
-      : BACKOFF_MIN;
-    __atomic_store_n (&h->backoff_until, now + 1000 * (int64_t) s,
-                      __ATOMIC_RELAXED);
-  }
-  pthread_mutex_unlock (&health_lock);
-  if (!already) {
+  unsigned s;
+  if (peer_health_fail (l->health, peer_now_ms (), &s)) {
     fsc_object_count_peer (obj, FSC_PEER_BACKOFFS, 1);
     say_error (l->uri, err ? err : EIO, s);
   }
   return -1;
 }
 
+/* The prober's look at a set-aside peer (peerhealth.c): does URI's NBD
+ * server get as far as the options, within the deadline?
+ */
+bool
+peer_link_probe (const char *uri)
+{
+  int64_t deadline = peer_now_ms () + cfg.timeout_ms;
+  struct nbd_handle *nbd = nbd_create ();
+  if (nbd == NULL)
+    return false;
+  bool up =
+    nbd_set_opt_mode (nbd, true) != -1 &&
+    (cfg.psk_file == NULL ||
+     (nbd_set_tls (nbd, LIBNBD_TLS_REQUIRE) != -1 &&
+      nbd_set_tls_psk_file (nbd, cfg.psk_file) != -1 &&
+      nbd_set_tls_username (nbd, cfg.psk_user) != -1)) &&
+    nbd_aio_connect_uri (nbd, uri) != -1 &&
+    wait_for (nbd, deadline, negotiating, 0) != -1 &&
+    nbd_aio_is_negotiating (nbd);
+  nbd_close (nbd);
+  return up;
+}

@@ -58,4 +58,9 @@ extern int peer_link_pread (struct peer_link *l, const char *ident,
                             struct fsc_object *obj, void *buf,
                             uint32_t count, uint64_t offset);
 
+/* Does URI's NBD server get as far as the options, within the peer
+ * deadline?  (The prober's look at a set-aside peer: peerhealth.c.)
+ */
+extern bool peer_link_probe (const char *uri);
+
 #endif /* FSC_PLUGIN_PEERLINK_H */

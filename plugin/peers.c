@@ -95,6 +95,7 @@
 #include "params.h"
 #include "peers.h"
 #include "members.h"
+#include "peerhealth.h"
 #include "peerlink.h"
 #include "say.h"
 
@@ -110,6 +111,7 @@
 
 static struct {
   char *psk_user;               /* the PSK file's first user name */
+  struct fsc_cache *cache;      /* for the prober's counters */
   uint64_t self_seed;           /* fscache-peer-self's hash: our score */
 } fleet;
 
@@ -275,6 +277,7 @@ peers_start (void)
 void
 peers_bind (struct fsc_cache *cache)
 {
+  fleet.cache = cache;
   members_bind (cache);
 }
 
@@ -282,6 +285,8 @@ void
 peers_stop (void)
 {
   reaper_stop ();
+  peer_health_prober_stop ();
+  fleet.cache = NULL;
   members_stop ();
   free (fleet.psk_user);
   fleet.psk_user = NULL;
@@ -385,6 +390,7 @@ peers_export_get (const char *exportname, const void *key, size_t klen,
     return NULL;
   }
   reaper_start ();
+  peer_health_prober_start (fleet.cache, peer_link_probe);
   pe->refs = 1;
   pe->key_lo = lo;
   pe->key_hi = hi;

@@ -44,7 +44,12 @@
 #     for the suite's load, under which 6 s was seen), and the peer set
 #     aside once or twice in all
 #     (one health record per peer for the process; it used to be set
-#     aside by each read that found it down, in each export).
+#     aside by each read that found it down, in each export).  Then,
+#     node 2 still stopped: the background prober dials it before its
+#     5 s set-aside ends and sets it aside again (peer_probes_failed),
+#     so that a third export's reads, after those 5 s, count no more
+#     peer errors (they used to pay a deadline and its retry again),
+#     and the gauge peers_aside says 1.
 #  7. fscache-peer-max-inbound=1 on 6 flat nodes copying at once: the
 #     copies are identical, nodes answered "busy" past the cap and
 #     their askers took it as such (peer_busy), none was set aside.
@@ -341,6 +346,7 @@ fresh
 mkdir -p "$TMP/exports"
 make_random "$TMP/exports/a" $((8 * MiB))
 make_random "$TMP/exports/b" $((8 * MiB))
+make_random "$TMP/exports/c" $((8 * MiB))
 NBDKIT_STDERR="$TMP/o6.err" start_nbdkit -P "$TMP/o6.pid" -U "$TMP/o6.sock" \
   file dir="$TMP/exports"
 { self 1; self 2; } > "$TMP/p6"
@@ -378,10 +384,44 @@ for k in $(seq 0 29); do
     > "$TMP/r6.$k" & pids+=($!)
 done
 for p in "${pids[@]}"; do wait "$p" || fail "part 6: a reader failed"; done
+bo=$(stat_value "$TMP/s1" peer_backoffs)
+pe=$(stat_value "$TMP/s1" peer_errors)
+# Still stopped: the prober finds it so before its 5 s are up and sets
+# it aside again (the stats file is written as a connection closes).
+probed ()
+{
+  "$PYTHON" -c 'import nbd, sys
+h = nbd.NBD(); h.set_export_name("a"); h.connect_unix(sys.argv[1]); h.shutdown()' \
+    "$TMP/n1.sock" &&
+    [ "$(stat_value "$TMP/s1" peer_probes_failed)" -ge 1 ]
+}
+wait_until probed || fail "part 6: the prober never found node 2 still down"
+# Past the first set-aside's end: a new export's reads (half of its
+# ranges are node 2's) must not try node 2 again.
+cat > "$TMP/all6.py" <<'EOF2'
+import sys, nbd
+sock, exp, img = sys.argv[1:4]
+data = open(img, "rb").read()
+h = nbd.NBD()
+h.set_export_name(exp)
+h.connect_unix(sock)
+for o in range(0, len(data), 1 << 20):
+    if h.pread(1 << 20, o) != data[o:o + (1 << 20)]:
+        sys.exit("wrong data at %d" % o)
+h.shutdown()
+EOF2
+$PYTHON "$TMP/all6.py" "$TMP/n1.sock" c "$TMP/exports/c" ||
+  fail "part 6: export c, after the probe"
+pe2=$(stat_value "$TMP/s1" peer_errors)
+aside=$(stat_value "$TMP/s1" peers_aside)
 kill -CONT "$(cat "$TMP/n2.pid")"
 stop_nodes 1 2
 slowest=$(sort -n "$TMP"/r6.* | tail -n 1)
-bo=$(stat_value "$TMP/s1" peer_backoffs)
+echo "part 6: after the prober found node 2 still down, another export's" \
+     "reads counted $((pe2 - pe)) more peer errors ($pe before); peers" \
+     "aside: $aside"
+[ "$pe2" = "$pe" ] || fail "part 6: reads tried the stopped peer again"
+[ "$aside" = 1 ] || fail "part 6: peers_aside $aside, not 1"
 echo "part 6: a stopped peer, 30 readers of two exports: the slowest read" \
      "took $slowest s (bound: four 2 s deadlines and 8 s), node 1 set it" \
      "aside $bo time(s)"

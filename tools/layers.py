@@ -32,7 +32,7 @@ MAX_FUNC = 120
 FLOORS = [
     # 1: the ground floor
     'files bufs meter withdraw io safeopen keyenc sums index stats ostats '
-    'quota trace catchup peertree',
+    'quota trace catchup peertree manifest',
     # 2: the object on disk
     'data groups live commit',
     # 3: space and lookup
