@@ -8,7 +8,7 @@
 #define FSC_MANIFEST_HEADER 512         /* bytes before the digests */
 #define FSC_MANIFEST_DIGEST 32          /* SHA-256 */
 #define FSC_MANIFEST_MIN_SHIFT 12       /* 4 KiB blocks at least */
-#define FSC_MANIFEST_MAX_SHIFT 26       /* 64 MiB at most */
+#define FSC_MANIFEST_MAX_SHIFT 25       /* 32 MiB: one NBD request */
 
 struct fsc_manifest;
 

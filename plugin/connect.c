@@ -29,6 +29,7 @@
 #include <nbdkit-filter.h>
 
 #include "fscache.h"
+#include "manifest.h"
 #include "keyenc.h"
 #include "readahead.h"
 #include "trace.h"
@@ -326,6 +327,15 @@ static int
 connection_ready (struct handle *h, const char *k, size_t klen,
                   uint64_t size, const uint64_t *fp)
 {
+  if (params.manifest && size != fsc_manifest_size (params.manifest)) {
+    nbdkit_error ("fscache-manifest=%s is the manifest of an image of %"
+                  PRIu64 " bytes (generation \"%s\"); export \"%s\" is %"
+                  PRIu64 " bytes: another image; refusing it",
+                  params.manifest_file, fsc_manifest_size (params.manifest),
+                  fsc_manifest_generation (params.manifest), h->exportname,
+                  size);
+    return -1;
+  }
   if (!peers_enabled () || h->wbmode || !upstream_available (h->u)) {
     if (h->peer_want) {
       refuse_peer (h->exportname, h->wbmode
@@ -348,6 +358,11 @@ connection_ready (struct handle *h, const char *k, size_t klen,
         return -1;
       return start_readahead (h);
     }
+    /* With a manifest, nodes of another manifest are of another
+     * image: its root is in the identity.
+     */
+    if (params.manifest)
+      f ^= fsc_manifest_root64 (params.manifest);
     id = peers_identity (k, klen, size, params.generation, f);
     fsc_object_set_tag (h->obj, id);
   }

@@ -29,6 +29,7 @@
 
 #include "fscache.h"
 #include "keyenc.h"
+#include "manifest.h"
 #include "wlog.h"
 #include "utils.h"
 
@@ -96,7 +97,9 @@ const char params_help[] =
   "                           256); more are answered busy.\n"
   "fscache-peer-fanout=K      Each node serves a range to at most K others\n"
   "                           (a tree per range; default 8, 0: flat).\n"
-  "fscache-peer-tls-psk=FILE  Peers speak TLS with this pre-shared key.";
+  "fscache-peer-tls-psk=FILE  Peers speak TLS with this pre-shared key.\n"
+  "fscache-manifest=FILE      The image's manifest (nbd-fscache manifest):\n"
+  "                           every block from a peer is checked.";
 
 /* VALUE as a decimal number from 0 to MAX, digits only, into *N.
  * Returns 0, or -1 if it is not one.
@@ -125,6 +128,45 @@ params_free (void)
   free (params.peers_file);
   free (params.peer_self);
   free (params.peer_psk);
+  free (params.manifest_file);
+  fsc_manifest_close (params.manifest);
+}
+
+/* Read fscache-manifest=FILE (core/manifest.c) and square it with
+ * fscache-generation: the manifest's generation is taken as the
+ * image's if none is set, and a different one is another image.
+ */
+static int
+load_manifest (void)
+{
+  if (fsc_manifest_open (params.manifest_file, &params.manifest) == -1) {
+    nbdkit_error ("fscache-manifest=%s: %s", params.manifest_file,
+                  errno == EBADMSG ? "its root does not match its contents "
+                  "(damaged, or edited): write it again with nbd-fscache "
+                  "manifest"
+                  : errno == EINVAL ? "not a manifest of this version "
+                  "(nbd-fscache manifest writes one)" : strerror (errno));
+    return -1;
+  }
+  const char *g = fsc_manifest_generation (params.manifest);
+  if (*g && params.generation && strcmp (g, params.generation) != 0) {
+    nbdkit_error ("fscache-manifest=%s is of generation \"%s\", and "
+                  "fscache-generation=%s: they are of two versions of the "
+                  "image", params.manifest_file, g, params.generation);
+    return -1;
+  }
+  if (*g && params.generation == NULL &&
+      (params.generation = strdup (g)) == NULL) {
+    nbdkit_error ("strdup: %m");
+    return -1;
+  }
+  char root[65];
+  fsc_manifest_root_hex (params.manifest, root);
+  nbdkit_debug ("fscache-manifest=%s: %" PRIu64 " bytes in blocks of %"
+                PRIu32 ", generation \"%s\", root %s", params.manifest_file,
+                fsc_manifest_size (params.manifest),
+                fsc_manifest_block_size (params.manifest), g, root);
+  return 0;
 }
 
 /* Add KEY=VALUE to the derived key.  Values that name existing files
@@ -377,6 +419,14 @@ set_stats (const char *k, const char *value)
 }
 
 static int
+set_manifest (const char *k, const char *value)
+{
+  free (params.manifest_file);
+  params.manifest_file = nbdkit_absolute_path (value);
+  return params.manifest_file ? 0 : -1;
+}
+
+static int
 set_peers (const char *k, const char *value)
 {
   char **p = strcmp (k, "fscache-peers") == 0 ? &params.peers_file
@@ -497,6 +547,7 @@ static const struct {
   { "fscache-peer-self", set_peer_self },
   { "fscache-peer-fanout", set_peer_fanout },
   { "fscache-peer-max-inbound", set_peer_max_inbound },
+  { "fscache-manifest", set_manifest },
   { "fscache-trace", set_trace },
   { "fscache-trace-max", set_trace_max },
   { "fscache-dirty-max", set_dirty_max },
@@ -557,6 +608,20 @@ params_config_complete (void)
   if (params.peers_file && params.peer_self == NULL) {
     nbdkit_error ("fscache-peers=%s: set fscache-peer-self=URI too, to say "
                   "which line of the file is this node", params.peers_file);
+    return -1;
+  }
+  if (params.manifest_file && load_manifest () == -1)
+    return -1;
+  /* Peers' data is trusted without a manifest (issue 43): then at least
+   * the image is versioned by hand, not told apart by 8 samples only.
+   */
+  if (params.peers_file && params.manifest == NULL &&
+      params.generation == NULL) {
+    nbdkit_error ("fscache-peers=%s: set fscache-manifest=FILE (nbd-fscache "
+                  "manifest: every block from a peer is checked against "
+                  "the image), or at least fscache-generation=STRING (the "
+                  "image's version; then peers are trusted: any node can "
+                  "put any data in this cache)", params.peers_file);
     return -1;
   }
   if (params.dir == NULL && (params.dir = default_dir ()) == NULL)

@@ -27,6 +27,8 @@ enum mode {
                                  * back in flush order (writeback.c) */
 };
 
+struct fsc_manifest;
+
 struct fscache_params {
   char *dir;                    /* fscache-dir, absolute; after
                                  * config_complete never NULL */
@@ -68,6 +70,9 @@ struct fscache_params {
                                  * range and member, 0: flat */
   unsigned peer_max_inbound;    /* fscache-peer-max-inbound: peers'
                                  * connections served at once */
+  char *manifest_file;          /* fscache-manifest, absolute, or NULL */
+  struct fsc_manifest *manifest; /* ... read at config_complete: every
+                                 * block from a peer is checked (peers.c) */
 };
 
 /* The parameters, with their defaults until .config changes them. */

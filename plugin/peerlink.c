@@ -108,6 +108,8 @@ struct peer_link {
   int dial_err;                 /* the last dial's errno, or 0 */
   struct peer_health *health;   /* its peer's, shared by all exports */
   uint32_t token;               /* in its export names: tells it apart */
+  bool bad;                     /* sent data that failed the manifest
+                                 * (atomic) */
 };
 
 /* Self aliases.  Each node has a random id, which an asker puts in
@@ -259,7 +261,14 @@ peer_link_uri (const struct peer_link *l)
 bool
 peer_link_usable (struct peer_link *l, int64_t now)
 {
-  return peer_health_usable (l->health, now);
+  return !__atomic_load_n (&l->bad, __ATOMIC_RELAXED) &&
+    peer_health_usable (l->health, now);
+}
+
+bool
+peer_link_mark_bad (struct peer_link *l)
+{
+  return !__atomic_test_and_set (&l->bad, __ATOMIC_RELAXED);
 }
 
 /* Wait on NBD until DONE says 1 (0) or -1 (-1), or the deadline

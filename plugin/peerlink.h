@@ -42,7 +42,12 @@ extern const char *peer_link_uri (const struct peer_link *l);
 /* Close L's connections idle for a while at NOW. */
 extern void peer_link_reap (struct peer_link *l, int64_t now);
 
-/* Not set aside at NOW (peer_now_ms)? */
+/* L's peer sent data that failed the manifest: never asked again by
+ * L's export.  True the first time (to be said once).
+ */
+extern bool peer_link_mark_bad (struct peer_link *l);
+
+/* Not set aside at NOW (peer_now_ms), nor marked bad? */
 extern bool peer_link_usable (struct peer_link *l, int64_t now);
 
 /* Read [OFFSET, OFFSET + COUNT) of EXPORTNAME from L's peer, dialling

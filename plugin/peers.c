@@ -88,6 +88,7 @@
 
 #include "fscache.h"
 #include "keyenc.h"
+#include "manifest.h"
 #include "peertree.h"
 #include "xxh.h"
 #include "utils.h"
@@ -509,6 +510,49 @@ parent_of (struct peer_export *pe, struct members *ms, struct peer_link **bm,
  * The fills' reads.
  */
 
+/* Read [POS, END) of PE's export from L's peer into DST.  With
+ * fscache-manifest, the whole blocks around it are asked for and
+ * checked before anything is taken (issue 43): a peer that sends other
+ * bytes (bad memory, a bug, a node of the fleet's key serving
+ * anything) is never asked for this export again, said once, counted
+ * (peer_bad_data), and the range goes up the tree or to the origin.
+ * 0 or -1.
+ */
+static int
+read_checked (struct peer_export *pe, struct peer_link *l, const char *dial,
+              struct fsc_object *obj, char *dst, uint64_t pos, uint64_t end)
+{
+  const struct fsc_manifest *m = params.manifest;
+  if (m == NULL)
+    return peer_link_pread (l, pe->peer_name, pe->exportname, dial, obj,
+                            dst, end - pos, pos);
+  uint64_t bs = fsc_manifest_block_size (m);
+  uint64_t a = pos & ~(bs - 1);
+  uint64_t b = MIN ((end + bs - 1) & ~(bs - 1), fsc_manifest_size (m));
+  char *buf = a == pos && b == end ? dst : malloc (b - a);
+  if (buf == NULL)
+    return -1;
+  uint64_t bad;
+  int r = peer_link_pread (l, pe->peer_name, pe->exportname, dial, obj, buf,
+                           b - a, a);
+  if (r == 0 && fsc_manifest_check (m, a, buf, b - a, &bad) == -1) {
+    fsc_object_count_peer (obj, FSC_PEER_BAD_DATA, 1);
+    if (peer_link_mark_bad (l))
+      nbdkit_error ("fscache: peer %s sent export \"%s\" data that does not "
+                    "match fscache-manifest=%s (the block at %" PRIu64 "): "
+                    "not asking it for this export again; its cache, its "
+                    "memory or its origin is not to be trusted",
+                    peer_link_uri (l), pe->exportname, params.manifest_file,
+                    bad);
+    r = -1;
+  }
+  if (r == 0 && buf != dst)
+    memcpy (dst, buf + (pos - a), end - pos);
+  if (buf != dst)
+    free (buf);
+  return r;
+}
+
 int
 peers_pread (struct peer_export *pe, struct fsc_object *obj, void *buf,
              uint32_t count, uint64_t offset, peers_origin_fn *origin,
@@ -564,9 +608,8 @@ peers_pread (struct peer_export *pe, struct fsc_object *obj, void *buf,
         }
         run = pos;
       }
-      got = peer_link_pread (links[i], pe->peer_name, pe->exportname,
-                             ms->m[i].dial, obj, p + (pos - offset),
-                             seg_end - pos, pos) == 0;
+      got = read_checked (pe, links[i], ms->m[i].dial, obj,
+                          p + (pos - offset), pos, seg_end) == 0;
       skip[t] = links[i];
       skip_n = t + 1;
     }

@@ -98,10 +98,29 @@ echo "nbd+unix:///?socket=$TMP/p.sock" > "$TMP/peers"
 expect_refused fscache-peer-self fscache-peers="$TMP/peers"
 expect_refused fscache-peers fscache-peer-self=nbd://x
 expect_refused fscache-peers fscache-peer-tls-psk="$TMP/peers"
-expect_refused fscache-peers fscache-peers="$TMP/none" fscache-peer-self=nbd://x
+expect_refused fscache-peers fscache-peers="$TMP/none" fscache-peer-self=nbd://x \
+  fscache-generation=1
 expect_refused fscache-peer-self fscache-peers="$TMP/peers" fscache-peer-self=
 expect_refused fscache-peer-tls-psk fscache-peers="$TMP/peers" \
-  fscache-peer-self=nbd://x fscache-peer-tls-psk="$TMP/empty-psk"
+  fscache-peer-self=nbd://x fscache-peer-tls-psk="$TMP/empty-psk" \
+  fscache-generation=1
+# A fleet trusts its peers' data only with a manifest to check it
+# against, or at least a generation (issue 43); a manifest must be one,
+# whole, and of the generation given.
+expect_refused fscache-manifest fscache-peers="$TMP/peers" \
+  fscache-peer-self=nbd://x
+expect_refused fscache-manifest fscache-manifest="$TMP/none"
+expect_refused fscache-manifest fscache-manifest="$TMP/peers"
+nbdkit -U - memory 1M --run "$TOOL manifest --generation a -o $TMP/m-a \"\$uri\"" ||
+  fail "nbd-fscache manifest of a 1 MiB memory disk"
+expect_refused fscache-manifest fscache-manifest="$TMP/m-a" \
+  fscache-generation=b
+cp "$TMP/m-a" "$TMP/m-cut"
+truncate -s -1 "$TMP/m-cut"
+expect_refused fscache-manifest fscache-manifest="$TMP/m-cut"
+cp "$TMP/m-a" "$TMP/m-edit"
+printf 'X' | dd of="$TMP/m-edit" bs=1 seek=600 conv=notrunc 2>/dev/null
+expect_refused fscache-manifest fscache-manifest="$TMP/m-edit"
 # Writeback cannot follow the client's export name (the nbd plugin's
 # dynamic-export: its writer would have no client's connection to take
 # the name from, plugin/ownctx.c): the export is written through, said

@@ -60,7 +60,7 @@ node ()                         # I: on 127.0.0.I
     -i "127.0.0.$1" -p "$PORT" --filter="$FILTER" \
     nbd socket="$TMP/o.sock" fscache-key=img fscache-dir="$TMP/c$1" \
     fscache-stats="$TMP/s$1" fscache-peers="dns:fleet.test:$PORT" \
-    fscache-peer-self="nbd://127.0.0.$1:$PORT"
+    fscache-peer-self="nbd://127.0.0.$1:$PORT" fscache-generation=1
 }
 copy ()
 {

@@ -116,7 +116,8 @@ node ()
     -U "$TMP/n$i.sock" --filter=log --filter="$FILTER" \
     nbd socket="$TMP/$o.sock" logfile="$TMP/n$i.log" \
     fscache-dir="$TMP/c$i" fscache-stats="$TMP/s$i" \
-    fscache-peers="$pf" fscache-peer-self="$(self "$i")" "$@"
+    fscache-peers="$pf" fscache-peer-self="$(self "$i")" \
+    fscache-generation=1 "$@"
 }
 copy ()                         # I...: at once, each under 120 s
 {
@@ -356,7 +357,7 @@ for i in 1 2; do
     start_nbdkit -P "$TMP/n$i.pid" -U "$TMP/n$i.sock" --filter="$FILTER" \
     nbd socket="$TMP/o6.sock" dynamic-export=true fscache-dir="$TMP/c$i" \
     fscache-stats="$TMP/s$i" fscache-peers="$TMP/p6" \
-    fscache-peer-self="$(self "$i")"
+    fscache-peer-self="$(self "$i")" fscache-generation=1
 done
 kill -STOP "$(cat "$TMP/n2.pid")"
 cleanup_fn "kill -CONT $(cat "$TMP/n2.pid") 2>/dev/null"

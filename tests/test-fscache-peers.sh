@@ -75,7 +75,8 @@ node ()
   NBDKIT_STDERR="$TMP/n$i.err" start_nbdkit -P "$TMP/n$i.pid" \
     -U "$TMP/n$i.sock" --filter="$FILTER" nbd socket="$TMP/$o.sock" \
     fscache-dir="$TMP/c$i" fscache-stats="$TMP/s$i" \
-    fscache-peers="$pf" fscache-peer-self="$(self "$i")" "$@"
+    fscache-peers="$pf" fscache-peer-self="$(self "$i")" \
+    fscache-generation=1 "$@"
 }
 
 # copy I...: copy from each node at once into $TMP/outI; fail if one
@@ -340,7 +341,7 @@ for i in 1 2; do
     -i 127.0.0.1 -p "$port" --filter="$FILTER" \
     curl "http://127.0.0.1:$PORT/img" fscache-dir="$TMP/c$i" \
     fscache-stats="$TMP/s$i" fscache-peers="$TMP/tcp" \
-    fscache-peer-self="nbd://127.0.0.1:$port"
+    fscache-peer-self="nbd://127.0.0.1:$port" fscache-generation=1
 done
 pids=()
 for port in $p1 $p2; do

@@ -111,7 +111,8 @@ run () {
     local extra=()
     [ "$cfg" != alone ] && extra=(fscache-peers="$d/peers"
                                   fscache-peer-self="nbd+unix:///?socket=$d/n$i.sock"
-                                  fscache-peer-fanout="$FANOUT")
+                                  fscache-peer-fanout="$FANOUT"
+                                  fscache-generation=1)
     [ "$cfg" = flat ] && extra+=(fscache-peer-fanout=0)
     [ "$cfg" = tls ] && extra+=(--tls=on --tls-psk="$OUT/psk"
                                 fscache-peer-tls-psk="$OUT/psk")

@@ -35,6 +35,8 @@ static const struct {
   { "warm", fscache_cmd_warm, "warm a range through a running proxy" },
   { "writeback", fscache_cmd_writeback,
     "write an object's dirty data back without a proxy" },
+  { "manifest", fscache_cmd_manifest,
+    "write an image's manifest, for fscache-manifest" },
 };
 #define NCOMMANDS (sizeof commands / sizeof commands[0])
 

@@ -185,6 +185,12 @@ extern void tool_json_dirty (FILE *fp, const struct tool_object *o,
 extern void tool_error (const char *fmt, ...)
   __attribute__ ((format (printf, 1, 2)));
 
+/* A size: digits and an optional suffix (k, M, G, T or KiB... powers
+ * of 1024; kB, MB... of 1000).  -1 on anything else, an overflow
+ * included.  (warm.c)
+ */
+extern int tool_parse_size (const char *s, uint64_t *out);
+
 /* ---- the subcommands --------------------------------------------- */
 
 extern int fscache_cmd_ls (int argc, char **argv);
@@ -193,6 +199,7 @@ extern int fscache_cmd_check (int argc, char **argv);
 extern int fscache_cmd_invalidate (int argc, char **argv);
 extern int fscache_cmd_warm (int argc, char **argv);
 extern int fscache_cmd_writeback (int argc, char **argv);
+extern int fscache_cmd_manifest (int argc, char **argv);
 
 /* prom.c: the Prometheus text format of objects V[0..N) and C's facts. */
 extern void tool_prometheus (FILE *fp, const struct tool_cache *c,

@@ -154,11 +154,8 @@ usage (FILE *fp)
            DEFAULT_CONNECTIONS, MAX_CONNECTIONS, DEFAULT_WINDOW, MAX_WINDOW);
 }
 
-/* A size: digits and an optional suffix, see usage().  Returns -1 on
- * anything else, an overflow included.
- */
-static int
-parse_size (const char *s, uint64_t *out)
+int
+tool_parse_size (const char *s, uint64_t *out)
 {
   static const struct { const char *suffix; uint64_t base; int power; }
   suffixes[] = {
@@ -194,7 +191,7 @@ static int
 parse_count (const char *s, unsigned max, unsigned *out)
 {
   uint64_t v;
-  if (parse_size (s, &v) == -1 || strcmp (s, "0") == 0 ||
+  if (tool_parse_size (s, &v) == -1 || strcmp (s, "0") == 0 ||
       s[strspn (s, "0123456789")] != '\0' || v < 1 || v > max)
     return -1;
   *out = v;
@@ -494,14 +491,14 @@ fscache_cmd_warm (int argc, char **argv)
                            NULL)) != -1) {
     switch (c) {
     case 'o':
-      if (parse_size (optarg, &offset) == -1) {
+      if (tool_parse_size (optarg, &offset) == -1) {
         fprintf (stderr, PROG ": warm: --offset %s: not a size\n", optarg);
         return EXIT_USAGE;
       }
       have_offset = true;
       break;
     case 'l':
-      if (parse_size (optarg, &length) == -1) {
+      if (tool_parse_size (optarg, &length) == -1) {
         fprintf (stderr, PROG ": warm: --length %s: not a size\n", optarg);
         return EXIT_USAGE;
       }
@@ -515,7 +512,7 @@ fscache_cmd_warm (int argc, char **argv)
       }
       break;
     case 'r':
-      if (parse_size (optarg, &rate) == -1 || rate == 0) {
+      if (tool_parse_size (optarg, &rate) == -1 || rate == 0) {
         fprintf (stderr, PROG ": warm: --max-rate %s: not a size "
                  "(bytes per second, above 0)\n", optarg);
         return EXIT_USAGE;
