@@ -9,7 +9,8 @@
 # the origin), the slowest node's copy time, and that time over one
 # node's alone (nodes=1, no peers), the nodes' p50 and p99 copy times
 # (as Kraken reports them), the origin's connections, and the most
-# descriptors and threads of any node during the copy; medians of
+# descriptors and threads of any node during the copy, and the nodes'
+# CPU time summed (user and system); medians of
 # ROUNDS.  Every node starts its copy at the same instant and reads
 # the image in the same order: a lockstep boot.
 #
@@ -19,6 +20,9 @@
 #           the range's tree (fscache-peer-fanout, FANOUT, default 8)
 #   flat    the same with fscache-peer-fanout=0: every node asks the
 #           range's owner (the design before issue 41)
+#   manifest  peers, each node checking every peer's block against
+#           the image's manifest (fscache-manifest, nbd-fscache
+#           manifest, written once at the start)
 #   tls     peers, over TLS with a pre-shared key: each asker keeps one
 #           connection per peer and export, many reads in flight on it
 #           (over plain sockets Debian 12's nbdkit forbids that: see
@@ -70,6 +74,13 @@ head -c "$bytes" /dev/urandom > "$OUT/img"
 printf 'fleet:%s\n' "$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')" \
   > "$OUT/psk"
 chmod 600 "$OUT/psk"
+case " $CONFIGS " in
+  *" manifest "*)
+    nbdkit -U - file "$OUT/img" --run \
+      "$top_builddir/tools/nbd-fscache/nbd-fscache manifest --generation 1 -o $OUT/manifest \"\$uri\"" \
+      2>/dev/null || { echo "fleet.sh: nbd-fscache manifest failed" >&2; exit 1; }
+    ;;
+esac
 
 pids=() cleanup_dirs=()
 wait_pid () { for _ in $(seq 300); do [ -s "$1" ] && return; sleep 0.05; done
@@ -114,6 +125,7 @@ run () {
                                   fscache-peer-fanout="$FANOUT"
                                   fscache-generation=1)
     [ "$cfg" = flat ] && extra+=(fscache-peer-fanout=0)
+    [ "$cfg" = manifest ] && extra+=(fscache-manifest="$OUT/manifest")
     [ "$cfg" = tls ] && extra+=(--tls=on --tls-psk="$OUT/psk"
                                 fscache-peer-tls-psk="$OUT/psk")
     mkdir -m 700 "$d/c$i"
@@ -173,34 +185,42 @@ t0 = float(sys.argv[1])
 t = sorted(float(x) - t0 for x in sys.argv[2:])
 pct = lambda p: t[min(len(t) - 1, int(p * len(t)))]
 print(t[-1], pct(0.50), pct(0.99))' "$t0" "${times[@]}")
+  # The nodes' CPU time (user and system), summed: what the fleet's
+  # work costs, whatever this machine's cores made of the wall time.
+  local cpu=0 st
+  for i in $(seq "$n"); do
+    st=$(cat "/proc/$(cat "$d/n$i.pid" 2>/dev/null)/stat" 2>/dev/null) || continue
+    cpu=$((cpu + $(echo "${st##*) }" | awk '{ print $12 + $13 }')))
+  done
+  cpu=$($PY -c "print($cpu / $(getconf CLK_TCK))")
   stop_all
-  echo "$slow $p50 $p99 $(origin_bytes "$d/origin.log") $(grep -c ' Connect ' "$d/origin.log") $(awk '$1 > f { f = $1 } $2 > t { t = $2 } END { print f + 0, t + 0 }' "$d/res")"
+  echo "$slow $p50 $p99 $cpu $(origin_bytes "$d/origin.log") $(grep -c ' Connect ' "$d/origin.log") $(awk '$1 > f { f = $1 } $2 > t { t = $2 } END { print f + 0, t + 0 }' "$d/res")"
   rm -rf "$d"
 }
 
 median () { $PY -c 'import sys, statistics; print(statistics.median(float(x) for x in sys.argv[1:]))' "$@"; }
 
 one=""
-printf "%-6s %-6s %10s %10s %8s %8s %8s %10s %8s %8s\n" nodes config \
-  "origin(x)" "slowest(s)" "x one" "p50(s)" "p99(s)" "origin-con" \
-  "max-fds" "max-thr"
+printf "%-6s %-8s %10s %10s %8s %8s %8s %8s %10s %8s %8s\n" nodes config \
+  "origin(x)" "slowest(s)" "x one" "p50(s)" "p99(s)" "cpu(s)" \
+  "origin-con" "max-fds" "max-thr"
 for n in $NODES; do
   for cfg in $CONFIGS; do
     [ "$n" = 1 ] && [ "$cfg" != alone ] && continue
     [ "$cfg" = alone ] && [ "$n" -gt "${ALONE_MAX:-1000000}" ] && continue
     [ "$cfg" = kill ] && [ "$n" -lt 3 ] && continue
-    ts=() os=() cs=() fs=() hs=() p5=() p9=()
+    ts=() os=() cs=() fs=() hs=() p5=() p9=() us=()
     for r in $(seq "$ROUNDS"); do
-      read -r t a b o c f h < <(run "$n" "$cfg" "$r")
+      read -r t a b u o c f h < <(run "$n" "$cfg" "$r")
       ts+=("$t"); os+=("$o"); cs+=("$c"); fs+=("$f"); hs+=("$h")
-      p5+=("$a"); p9+=("$b")
+      p5+=("$a"); p9+=("$b"); us+=("$u")
     done
     t=$(median "${ts[@]}"); o=$(median "${os[@]}")
     [ "$n" = 1 ] && one=$t
-    printf "%-6s %-6s %10.2f %10.2f %8s %8.2f %8.2f %10s %8s %8s\n" "$n" \
-      "$cfg" "$($PY -c "print($o / $bytes)")" "$t" \
+    printf "%-6s %-8s %10.2f %10.2f %8s %8.2f %8.2f %8.2f %10s %8s %8s\n" \
+      "$n" "$cfg" "$($PY -c "print($o / $bytes)")" "$t" \
       "$([ -n "$one" ] && $PY -c "print('%.2f' % ($t / $one))" || echo -)" \
-      "$(median "${p5[@]}")" "$(median "${p9[@]}")" \
+      "$(median "${p5[@]}")" "$(median "${p9[@]}")" "$(median "${us[@]}")" \
       "$(median "${cs[@]}")" "$(median "${fs[@]}")" "$(median "${hs[@]}")"
   done
 done
