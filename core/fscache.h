@@ -142,6 +142,9 @@ struct fsc_object_params {
                                  * in memory; 0: FSC_RESIDENT_DEFAULT */
   bool exclusive;               /* never join another process's copy
                                  * nor let others join ours (writeback) */
+  const char *label;            /* what it caches, for people (no
+                                 * secrets), or NULL; at most
+                                 * FSC_LABEL_MAX bytes are kept */
 };
 
 /* Groups kept in memory by default: about 760 bytes each, 12 MiB. */

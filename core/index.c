@@ -25,6 +25,7 @@ enum {
   SB_KEY_PREFIX_LEN = 108, SB_GENERATION = 112,
   SB_KEY_PREFIX = SB_GENERATION + FSC_GEN_MAX + 1,
   SB_NCOUNTERS = SB_KEY_PREFIX + FSC_SB_KEY_PREFIX,    /* 3440 */
+  SB_LABEL_LEN = SB_NCOUNTERS - 4,                      /* 3436 */
   SB_LAST_REASON = SB_NCOUNTERS + 4, SB_COUNTERS_TIME = SB_NCOUNTERS + 8,
   SB_COUNTERS = SB_NCOUNTERS + 16,                      /* 3456 */
   SB_CHECKSUM = FSC_SB_SIZE - 8,
@@ -98,9 +99,18 @@ fsc_sb_encode (const struct fsc_sb *sb, unsigned char *buf)
   uint32_t gl = MIN (sb->gen_len, (uint32_t) FSC_GEN_MAX);
   put_le32 (buf + SB_GEN_LEN, gl);
   memcpy (buf + SB_GENERATION, sb->generation, gl);
-  uint32_t kl = MIN (sb->key_prefix_len, (uint32_t) FSC_SB_KEY_PREFIX);
+  /* The label at the end of the key prefix's field, its length in the
+   * field's last 4 bytes; the key prefix cut short to leave room.
+   */
+  uint32_t ll = (uint32_t) strnlen (sb->label, FSC_LABEL_MAX);
+  uint32_t room = ll ? FSC_SB_KEY_PREFIX - 4 - ll : FSC_SB_KEY_PREFIX;
+  uint32_t kl = MIN (sb->key_prefix_len, room);
   put_le32 (buf + SB_KEY_PREFIX_LEN, kl);
   memcpy (buf + SB_KEY_PREFIX, sb->key_prefix, kl);
+  if (ll) {
+    memcpy (buf + SB_LABEL_LEN - ll, sb->label, ll);
+    put_le32 (buf + SB_LABEL_LEN, ll);
+  }
   uint32_t nc = MIN (sb->ncounters, (uint32_t) FSC_OSTATS_MAX);
   put_le32 (buf + SB_NCOUNTERS, nc);
   put_le32 (buf + SB_LAST_REASON, sb->ostats.last_reason);
@@ -161,6 +171,21 @@ fsc_sb_decode (const unsigned char *buf, struct fsc_sb *sb)
   memcpy (sb->generation, buf + SB_GENERATION, sb->gen_len);
   sb->generation[sb->gen_len] = '\0';
   memcpy (sb->key_prefix, buf + SB_KEY_PREFIX, sb->key_prefix_len);
+  /* The label, if one fits beside the key prefix and reads as text
+   * (an older build's long key may reach into its field: no label).
+   */
+  uint32_t ll = get_le32 (buf + SB_LABEL_LEN);
+  if (ll > 0 && ll <= FSC_LABEL_MAX &&
+      sb->key_prefix_len + ll <= FSC_SB_KEY_PREFIX - 4) {
+    const unsigned char *l = buf + SB_LABEL_LEN - ll;
+    bool text = true;
+    for (uint32_t i = 0; i < ll && text; ++i)
+      text = l[i] >= 0x20 && l[i] != 0x7f;
+    if (text) {
+      memcpy (sb->label, l, ll);
+      sb->label[ll] = '\0';
+    }
+  }
   /* Counters are statistics, but a superblock whose checksum holds
    * and which claims more of them than fit was not written by us.
    */

@@ -43,6 +43,7 @@
                                          * the sums code holds (and the
                                          * filter accepts) */
 #define FSC_SB_KEY_PREFIX 3072  /* key bytes kept for tools */
+#define FSC_LABEL_MAX 255       /* what the object caches, for people */
 #define FSC_SEQ_MAX (UINT64_C (1) << 62)  /* larger sequence numbers are
                                            * rejected as forged */
 
@@ -106,6 +107,13 @@ struct fsc_sb {
   char generation[FSC_GEN_MAX + 1];
   uint32_t key_prefix_len;
   unsigned char key_prefix[FSC_SB_KEY_PREFIX];
+  /* What the object caches, for people (the plugin and the parameter
+   * that names the image, no secrets: the filter's label.c): kept at
+   * the end of the key prefix's field, which the key then leaves
+   * free (added within version 3: builds before it leave zeros
+   * there, read as no label).  "" when none.
+   */
+  char label[FSC_LABEL_MAX + 1];
   /* Object counters (ostats.h): NCOUNTERS of them were on disk (0 for
    * an index written before they existed), as of COUNTERS_TIME (unix
    * seconds).  Always written as FSC_OSTATS_COUNT, or more if a newer

@@ -76,6 +76,19 @@ fsc_check_sb (const struct fsc_object *o, const struct fsc_sb *sb,
 }
 
 /* Start the object cold: drop old contents, write a new superblock. */
+/* SB's label: LABEL's first FSC_LABEL_MAX bytes, control characters
+ * as '?' (it is for people, and read back only as text).
+ */
+static void
+set_label (struct fsc_sb *sb, const char *label)
+{
+  size_t n = label ? strnlen (label, FSC_LABEL_MAX) : 0;
+  for (size_t i = 0; i < n; ++i)
+    sb->label[i] = (unsigned char) label[i] < 0x20 || label[i] == 0x7f
+      ? '?' : label[i];
+  sb->label[n] = '\0';
+}
+
 static int
 create_cold (struct fsc_object *o, const struct fsc_object_params *p)
 {
@@ -104,6 +117,7 @@ create_cold (struct fsc_object *o, const struct fsc_object_params *p)
   }
   sb->key_prefix_len = MIN (p->key_len, (size_t) FSC_SB_KEY_PREFIX);
   memcpy (sb->key_prefix, p->key, sb->key_prefix_len);
+  set_label (sb, p->label);
   o->seq = 0;
   o->sb_slot = 1;               /* so the first write goes to slot 0 */
   return 0;
@@ -330,8 +344,14 @@ fsc_lookup (struct fsc_object *o, const struct fsc_object_params *p,
     return -1;
   }
   info->reason = reason;
-  if (reason == FSC_OK)
+  if (reason == FSC_OK) {
     lookup_reuse (o, &sb, slot, info);
+    /* An object made before labels (or by another build) gets its
+     * label now, written with its next superblock.
+     */
+    if (o->sb.label[0] == '\0')
+      set_label (&o->sb, p->label);
+  }
   else if (lookup_cold (o, p, reason, &sb, sb_ours) == -1)
     return -1;
   FSC_OSTAT_ADD (o, opens, 1);

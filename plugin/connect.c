@@ -38,6 +38,7 @@
 #include "blocksize.h"
 #include "handle.h"
 #include "identity.h"
+#include "label.h"
 #include "ownctx.h"
 #include "params.h"
 #include "peerhost.h"
@@ -656,11 +657,12 @@ fscache_prepare (nbdkit_next *next, void *handle, int readonly)
   bool want_pool = h->pool == NULL && upstream_available (h->u) &&
     pool_wanted (h->u) && ownctx_allowed (h->exportname);
 
+  CLEANUP_FREE char *label = label_of (h->exportname);
   struct fsc_object_params p = {
     .key = k, .key_len = klen, .block_size = params.block_size,
     .verify = params.verify, .validate = params.validate,
     .generation = params.generation, .max_size = params.max_size,
-    .resident_groups = params.resident_groups,
+    .resident_groups = params.resident_groups, .label = label,
   };
   if (!upstream_available (h->u))
     return prepare_offline (h, &p);

@@ -58,6 +58,7 @@
 #include "params.h"
 #include "writeback.h"
 #include "handle.h"
+#include "label.h"
 #include "ownctx.h"
 #include "peerhost.h"
 #include "say.h"
@@ -68,6 +69,7 @@ static void
 fscache_unload (void)
 {
   params_free ();
+  label_free ();
 }
 
 /* Ours (fscache-*), or the plugin's, which go on to it. */
@@ -79,6 +81,7 @@ fscache_config (nbdkit_next_config *next, nbdkit_backend *nxdata,
   if (r <= 0)
     return r;
   ownctx_config (k, value);
+  label_config (k, value);
   return next (nxdata, k, value);
 }
 

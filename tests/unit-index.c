@@ -58,6 +58,35 @@ main (void)
   CHECK_EQ (out.size, sb.size);
   CHECK (strcmp (out.generation, "abc") == 0);
   CHECK (memcmp (out.key_prefix, "hello", 5) == 0);
+  CHECK (out.label[0] == '\0');
+
+  /* The label (issue 45): read back as written; a long key's prefix
+   * cut to leave it room; a label field an older build's long key
+   * reached into (not text, or no room) read as none.
+   */
+  {
+    struct fsc_sb l = sample_sb (3);
+    strcpy (l.label, "curl url=https://images.example.com/ci.img");
+    fsc_sb_encode (&l, buf);
+    CHECK_EQ (fsc_sb_decode (buf, &out), FSC_OK);
+    CHECK (strcmp (out.label, l.label) == 0);
+    CHECK (memcmp (out.key_prefix, "hello", 5) == 0);
+    l.key_len = 5000;
+    l.key_prefix_len = FSC_SB_KEY_PREFIX;
+    memset (l.key_prefix, 'k', FSC_SB_KEY_PREFIX);
+    fsc_sb_encode (&l, buf);
+    CHECK_EQ (fsc_sb_decode (buf, &out), FSC_OK);
+    CHECK (strcmp (out.label, l.label) == 0);
+    CHECK_EQ (out.key_prefix_len,
+              FSC_SB_KEY_PREFIX - 4 - strlen (l.label));
+    /* An older build: the whole field is key, no label written. */
+    l.label[0] = '\0';
+    fsc_sb_encode (&l, buf);
+    CHECK_EQ (fsc_sb_decode (buf, &out), FSC_OK);
+    CHECK_EQ (out.key_prefix_len, FSC_SB_KEY_PREFIX);
+    CHECK (out.label[0] == '\0');
+  }
+  fsc_sb_encode (&sb, buf);
 
   /* Any flipped bit is detected. */
   for (size_t i = 0; i < FSC_SB_SIZE; i += 7) {

@@ -69,6 +69,10 @@ print_json (const struct tool_cache *c)
     json_str (stdout, o->f.name);
     printf (",\n      \"fan\": \"@%02x\",\n      \"key\": ", o->f.fan);
     json_str (stdout, o->key);
+    if (o->info.sb.label[0]) {
+      printf (",\n      \"label\": ");
+      json_str (stdout, o->info.sb.label);
+    }
     if (o->identity) {
       printf (",\n      \"identity\": ");
       json_str (stdout, o->identity);

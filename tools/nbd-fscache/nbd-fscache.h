@@ -75,7 +75,7 @@ struct tool_object {
   struct fscd_object f;         /* from the scan: files, size, lock */
   int err;                      /* errno opening its index, or 0 */
   struct fsc_inspect_info info; /* if err is 0 */
-  char key[96];                 /* the key for humans (key_show) */
+  char key[288];                /* the key for humans (key_show) */
   char *identity;               /* the key's identity (before the NUL),
                                  * escaped; NULL if unknown */
   char *export;                 /* its export name, escaped, or NULL */

@@ -71,6 +71,12 @@ key_show (struct tool_object *o)
   if (plain && o->export)
     snprintf (o->key, sizeof o->key, "%s%s%s", o->identity,
               *o->export ? "/" : "", o->export);
+  /* A hash for a key (no fscache-key): what the filter says the object
+   * caches, if it said (issue 45: every such object was "#" and 12
+   * hex digits).
+   */
+  else if (sb->label[0])
+    snprintf (o->key, sizeof o->key, "%s", sb->label);
   else
     snprintf (o->key, sizeof o->key, "#%012" PRIx64,
               sb->key_hash_hi >> 16);

@@ -111,6 +111,10 @@ print_json (FILE *fp, const struct tool_cache *c, struct tool_object *const *v,
     json_str (fp, o->f.name);
     fprintf (fp, ",\n      \"key\": ");
     json_str (fp, o->key);
+    if (o->info.sb.label[0]) {
+      fprintf (fp, ",\n      \"label\": ");
+      json_str (fp, o->info.sb.label);
+    }
     fprintf (fp, ",\n      \"state\": ");
     json_str (fp, tool_state (o));
     fprintf (fp, ",\n      \"source\": ");
@@ -159,6 +163,8 @@ print_text (FILE *fp, const struct tool_cache *c, struct tool_object *const *v,
     char t[32];
     fprintf (fp, "%-22s %s\n", "object", o->f.name);
     fprintf (fp, "%-22s %s\n", "key", o->key);
+    if (o->info.sb.label[0])
+      fprintf (fp, "%-22s %s\n", "label", o->info.sb.label);
     fprintf (fp, "%-22s %s\n", "state", tool_state (o));
     fprintf (fp, "%-22s %s, %s\n", "counters_from", tool_source_name (o->src),
              fmt_time ((uint64_t) o->ctr_time, t));
