@@ -27,6 +27,7 @@
 #include "utils.h"
 
 #include "blocksize.h"
+#include "label.h"
 #include "params.h"
 #include "writeback.h"
 #include "say.h"
@@ -293,7 +294,9 @@ say_damaged (const char *exportname, const void *k, size_t klen,
 {
   char name[FSC_NAME_MAX + 1], fan[FSC_FAN_MAX + 1];
   fsc_key_encode (k, klen, name, fan);
-  nbdkit_error ("fscache: export \"%s\": its write log %s/objects/%s/%s.wlog "
+  CLEANUP_FREE char *label = label_of (exportname);
+  nbdkit_error ("fscache: export \"%s\" (%s): its write log "
+                "%s/objects/%s/%s.wlog "
                 "is DAMAGED: record %" PRIu64 " (at byte %" PRIu64 " of the "
                 "file) cannot be read, although a later flush marker shows "
                 "it was synced (records below %" PRIu64 " were); %" PRIu64
@@ -304,7 +307,8 @@ say_damaged (const char *exportname, const void *k, size_t klen,
                 "what is intact with 'nbd-fscache --dir %s writeback "
                 "--salvage %s URI' (it says what is lost), or discard it all "
                 "with 'nbd-fscache --dir %s invalidate --force %s'",
-                exportname, dir, fan, name, info->damage_seq,
+                exportname, label ? label : "?", dir, fan, name,
+                info->damage_seq,
                 info->damage_pos, info->damage_cover, info->records,
                 info->dirty_bytes, info->lost_records, info->lost_bytes,
                 dir, name, dir, name);

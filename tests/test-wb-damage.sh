@@ -178,7 +178,7 @@ if nbdcopy "$(uri px1)" "$TMP/read1" 2>/dev/null; then
 fi
 stop_nbdkit "$TMP/px1.pid"
 cat "$TMP/px1-restart.err"
-grep -q "export \"\": its write log .*/objects/@[0-9a-f]*/kwb1=.*\.wlog is DAMAGED: record 3 (at byte $pos1 of the file)" \
+grep -q "export \"\" (wb1): its write log .*/objects/@[0-9a-f]*/kwb1=.*\.wlog is DAMAGED: record 3 (at byte $pos1 of the file)" \
   "$TMP/px1-restart.err" || fail "wb1: no error naming the log and the record"
 grep -q "nbd-fscache --dir $cache writeback --salvage kwb1=.* URI" "$TMP/px1-restart.err" &&
   grep -q "nbd-fscache --dir $cache invalidate --force kwb1=" "$TMP/px1-restart.err" ||
