@@ -37,6 +37,8 @@ static const struct {
     "write an object's dirty data back without a proxy" },
   { "manifest", fscache_cmd_manifest,
     "write an image's manifest, for fscache-manifest" },
+  { "replay", fscache_cmd_replay,
+    "send a block trace through a proxy, in order" },
 };
 #define NCOMMANDS (sizeof commands / sizeof commands[0])
 

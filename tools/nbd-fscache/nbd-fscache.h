@@ -200,6 +200,7 @@ extern int fscache_cmd_invalidate (int argc, char **argv);
 extern int fscache_cmd_warm (int argc, char **argv);
 extern int fscache_cmd_writeback (int argc, char **argv);
 extern int fscache_cmd_manifest (int argc, char **argv);
+extern int fscache_cmd_replay (int argc, char **argv);
 
 /* prom.c: the Prometheus text format of objects V[0..N) and C's facts. */
 extern void tool_prometheus (FILE *fp, const struct tool_cache *c,
