@@ -39,6 +39,8 @@ check_packages=(
   # the units' Documentation=; test-package.sh: the Debian package
   # built from git's files, checked by lintian.
   systemd man-db git debhelper lintian
+  # test-fscache-peers-mtls.sh: a fleet CA, certificates and a CRL.
+  openssl
 )
 packages=("${build_packages[@]}")
 

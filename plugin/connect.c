@@ -175,8 +175,9 @@ fscache_open (nbdkit_next_open *next, nbdkit_context *nxdata,
     : self ? "it comes from this very node, through a line of fscache-peers "
     "that names it under another spelling (said by the asker)"
     : params.mode == MODE_WRITEBACK ? "writeback objects are not shared"
-    : params.peer_psk && !is_tls ? "fscache-peer-tls-psk is set and the "
-    "connection has no TLS" : NULL;
+    : (params.peer_psk || params.peer_certs) && !is_tls
+    ? "fscache-peer-tls-psk or -certificates is set and the connection has "
+    "no TLS" : NULL;
   if (why) {
     refuse_peer (exportname, why);
     return NULL;

@@ -87,7 +87,7 @@ dial_uri (const char *uri)
 {
   static const char *const plain[] = { "nbd://", "nbd+unix://",
                                        "nbd+vsock://" };
-  if (params.peer_psk)
+  if (params.peer_psk || params.peer_certs)
     for (size_t i = 0; i < sizeof plain / sizeof plain[0]; ++i) {
       size_t l = strlen (plain[i]);
       char *d;

@@ -98,6 +98,8 @@ const char params_help[] =
   "fscache-peer-fanout=K      Each node serves a range to at most K others\n"
   "                           (a tree per range; default 8, 0: flat).\n"
   "fscache-peer-tls-psk=FILE  Peers speak TLS with this pre-shared key.\n"
+  "fscache-peer-tls-certificates=DIR  Peers speak TLS, each with its own\n"
+  "                           certificate from the fleet's CA.\n"
   "fscache-manifest=FILE      The image's manifest (nbd-fscache manifest):\n"
   "                           every block from a peer is checked.";
 
@@ -128,6 +130,7 @@ params_free (void)
   free (params.peers_file);
   free (params.peer_self);
   free (params.peer_psk);
+  free (params.peer_certs);
   free (params.manifest_file);
   fsc_manifest_close (params.manifest);
 }
@@ -419,6 +422,14 @@ set_stats (const char *k, const char *value)
 }
 
 static int
+set_peer_certs (const char *k, const char *value)
+{
+  free (params.peer_certs);
+  params.peer_certs = nbdkit_absolute_path (value);
+  return params.peer_certs ? 0 : -1;
+}
+
+static int
 set_manifest (const char *k, const char *value)
 {
   free (params.manifest_file);
@@ -548,6 +559,7 @@ static const struct {
   { "fscache-peer-fanout", set_peer_fanout },
   { "fscache-peer-max-inbound", set_peer_max_inbound },
   { "fscache-manifest", set_manifest },
+  { "fscache-peer-tls-certificates", set_peer_certs },
   { "fscache-trace", set_trace },
   { "fscache-trace-max", set_trace_max },
   { "fscache-dirty-max", set_dirty_max },
@@ -600,10 +612,35 @@ params_config_complete (void)
     }
     params.resident_groups = v;
   }
-  if ((params.peer_self || params.peer_psk) && params.peers_file == NULL) {
-    nbdkit_error ("fscache-peer-self and fscache-peer-tls-psk need "
-                  "fscache-peers=FILE (the fleet's list of proxies)");
+  if ((params.peer_self || params.peer_psk || params.peer_certs) &&
+      params.peers_file == NULL) {
+    nbdkit_error ("fscache-peer-self, fscache-peer-tls-psk and "
+                  "fscache-peer-tls-certificates need fscache-peers=FILE "
+                  "(the fleet's list of proxies)");
     return -1;
+  }
+  if (params.peer_psk && params.peer_certs) {
+    nbdkit_error ("fscache-peer-tls-psk and fscache-peer-tls-certificates: "
+                  "one or the other (a fleet's key, or a certificate per "
+                  "node)");
+    return -1;
+  }
+  if (params.peer_certs) {
+    static const char *const need[] = { "ca-cert.pem", "client-cert.pem",
+                                        "client-key.pem" };
+    for (size_t i = 0; i < sizeof need / sizeof need[0]; ++i) {
+      CLEANUP_FREE char *f = NULL;
+      if (asprintf (&f, "%s/%s", params.peer_certs, need[i]) == -1 ||
+          access (f, R_OK) == -1) {
+        nbdkit_error ("fscache-peer-tls-certificates=%s: cannot read %s "
+                      "(the directory holds the fleet's ca-cert.pem, this "
+                      "node's client-cert.pem and client-key.pem for "
+                      "asking, server-cert.pem and server-key.pem for "
+                      "nbdkit --tls-certificates, and ca-crl.pem)",
+                      params.peer_certs, need[i]);
+        return -1;
+      }
+    }
   }
   if (params.peers_file && params.peer_self == NULL) {
     nbdkit_error ("fscache-peers=%s: set fscache-peer-self=URI too, to say "

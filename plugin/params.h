@@ -66,6 +66,8 @@ struct fscache_params {
   char *peer_self;              /* fscache-peer-self: this node's line */
   char *peer_psk;               /* fscache-peer-tls-psk, absolute, or
                                  * NULL: peers speak plain NBD */
+  char *peer_certs;             /* fscache-peer-tls-certificates: a
+                                 * directory, absolute, or NULL */
   unsigned peer_fanout;         /* fscache-peer-fanout: askers per
                                  * range and member, 0: flat */
   unsigned peer_max_inbound;    /* fscache-peer-max-inbound: peers'

@@ -132,6 +132,7 @@ static const char *cfg_self_uri = "";    /* fscache-peer-self, for messages */
 static struct {
   int timeout_ms;
   const char *psk_file, *psk_user;
+  const char *cert_dir;         /* fscache-peer-tls-certificates */
   pthread_mutex_t lock;         /* err_said, err_unsaid */
   time_t err_said;
   unsigned err_unsaid;
@@ -163,9 +164,10 @@ server_aborts_on_hangup (void)
 
 void
 peer_link_configure (int timeout_ms, const char *psk_file,
-                     const char *psk_user, const char *self_uri)
+                     const char *psk_user, const char *cert_dir,
+                     const char *self_uri)
 {
-  if (psk_file || !server_aborts_on_hangup ()) {
+  if (psk_file || cert_dir || !server_aborts_on_hangup ()) {
     depth = LINK_DEPTH;
     max_conns = 1;
   }
@@ -175,6 +177,7 @@ peer_link_configure (int timeout_ms, const char *psk_file,
   cfg.timeout_ms = timeout_ms;
   cfg.psk_file = psk_file;
   cfg.psk_user = psk_user;
+  cfg.cert_dir = cert_dir;
   while (node_id == 0)
     if (getrandom (&node_id, sizeof node_id, 0) != sizeof node_id)
       node_id = ((uint64_t) getpid () << 32) ^ (uint64_t) time (NULL);
@@ -316,6 +319,27 @@ go_done (struct nbd_handle *nbd, int64_t unused)
   return 0;
 }
 
+/* TLS on NBD as configured: the fleet's pre-shared key, or this node's
+ * certificate (ca-cert.pem, client-cert.pem, client-key.pem and
+ * ca-crl.pem in the directory, as libnbd reads them) with the peer's
+ * verified against the fleet's CA and its revocation list; or none.
+ * libnbd 1.14 verifies a peer's certificate only when the URI has a
+ * host name (TCP), not over a Unix socket.
+ */
+static int
+set_tls (struct nbd_handle *nbd)
+{
+  if (cfg.psk_file)
+    return nbd_set_tls (nbd, LIBNBD_TLS_REQUIRE) == -1 ||
+      nbd_set_tls_psk_file (nbd, cfg.psk_file) == -1 ||
+      nbd_set_tls_username (nbd, cfg.psk_user) == -1 ? -1 : 0;
+  if (cfg.cert_dir)
+    return nbd_set_tls (nbd, LIBNBD_TLS_REQUIRE) == -1 ||
+      nbd_set_tls_certificates (nbd, cfg.cert_dir) == -1 ||
+      nbd_set_tls_verify_peer (nbd, true) == -1 ? -1 : 0;
+  return 0;
+}
+
 /* A new connection to URI for the export EXPORT_NAME, ready by
  * DEADLINE, or NULL with errno.
  */
@@ -327,11 +351,7 @@ dial (const char *export_name, const char *uri, int64_t deadline)
     errno = nbd_get_errno () ? nbd_get_errno () : ENOMEM;
     return NULL;
   }
-  if (nbd_set_opt_mode (nbd, true) == -1 ||
-      (cfg.psk_file &&
-       (nbd_set_tls (nbd, LIBNBD_TLS_REQUIRE) == -1 ||
-        nbd_set_tls_psk_file (nbd, cfg.psk_file) == -1 ||
-        nbd_set_tls_username (nbd, cfg.psk_user) == -1)) ||
+  if (nbd_set_opt_mode (nbd, true) == -1 || set_tls (nbd) == -1 ||
       nbd_aio_connect_uri (nbd, uri) == -1 ||
       wait_for (nbd, deadline, negotiating, 0) == -1)
     goto fail;
@@ -340,7 +360,7 @@ dial (const char *export_name, const char *uri, int64_t deadline)
        nbd_aio_opt_go (nbd, NBD_NULL_COMPLETION) == -1 ||
        wait_for (nbd, deadline, go_done, 0) == -1))
     goto fail;
-  if (cfg.psk_file && nbd_get_tls_negotiated (nbd) != 1) {
+  if ((cfg.psk_file || cfg.cert_dir) && nbd_get_tls_negotiated (nbd) != 1) {
     errno = EPROTO;
     goto fail;
   }
@@ -778,11 +798,7 @@ peer_link_probe (const char *uri)
   if (nbd == NULL)
     return false;
   bool up =
-    nbd_set_opt_mode (nbd, true) != -1 &&
-    (cfg.psk_file == NULL ||
-     (nbd_set_tls (nbd, LIBNBD_TLS_REQUIRE) != -1 &&
-      nbd_set_tls_psk_file (nbd, cfg.psk_file) != -1 &&
-      nbd_set_tls_username (nbd, cfg.psk_user) != -1)) &&
+    nbd_set_opt_mode (nbd, true) != -1 && set_tls (nbd) != -1 &&
     nbd_aio_connect_uri (nbd, uri) != -1 &&
     wait_for (nbd, deadline, negotiating, 0) != -1 &&
     nbd_aio_is_negotiating (nbd);

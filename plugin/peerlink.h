@@ -12,11 +12,13 @@ struct peer_link;
 
 /* Once, before any link: each connect and read may take TIMEOUT_MS;
  * with PSK_FILE (or NULL), connections use TLS with its key, presenting
- * PSK_USER; SELF_URI is fscache-peer-self, for messages.  Draws this
+ * PSK_USER; with CERT_DIR (or NULL), TLS with this node's certificate,
+ * the peer's verified; SELF_URI is fscache-peer-self, for messages.  Draws this
  * node's random id.  The strings must outlive the links.
  */
 extern void peer_link_configure (int timeout_ms, const char *psk_file,
-                                 const char *psk_user, const char *self_uri);
+                                 const char *psk_user, const char *cert_dir,
+                                 const char *self_uri);
 
 /* This node's random id, which askers put in peer export names. */
 extern uint64_t peer_node_id (void);

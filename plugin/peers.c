@@ -269,6 +269,7 @@ peers_start (void)
     return -1;
   }
   peer_link_configure (timeout_ms, params.peer_psk, fleet.psk_user,
+                       params.peer_certs,
                        params.peer_self);
   raise_fd_limit ();
   fleet.self_seed = XXH3_64bits (params.peer_self, strlen (params.peer_self));

@@ -104,6 +104,14 @@ expect_refused fscache-peer-self fscache-peers="$TMP/peers" fscache-peer-self=
 expect_refused fscache-peer-tls-psk fscache-peers="$TMP/peers" \
   fscache-peer-self=nbd://x fscache-peer-tls-psk="$TMP/empty-psk" \
   fscache-generation=1
+# Certificates: not with a PSK too; a directory without them.
+mkdir -p "$TMP/no-certs"
+expect_refused fscache-peer-tls-certificates fscache-peers="$TMP/peers" \
+  fscache-peer-self=nbd://x fscache-generation=1 \
+  fscache-peer-tls-certificates="$TMP/no-certs"
+expect_refused fscache-peer-tls-certificates fscache-peers="$TMP/peers" \
+  fscache-peer-self=nbd://x fscache-generation=1 \
+  fscache-peer-tls-psk="$TMP/peers" fscache-peer-tls-certificates="$TMP/no-certs"
 # A fleet trusts its peers' data only with a manifest to check it
 # against, or at least a generation (issue 43); a manifest must be one,
 # whole, and of the generation given.
