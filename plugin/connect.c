@@ -169,6 +169,12 @@ fscache_open (nbdkit_next_open *next, nbdkit_context *nxdata,
   uint64_t want = 0;
   bool self = false;
   int pr = peers_parse_export (exportname, &real, &want, &self);
+  if (pr == 0 && params.peer_only) {
+    nbdkit_error ("fscache: refusing export \"%s\": this listener "
+                  "(fscache-peer-only) serves fleet peers alone; clients "
+                  "use the proxy's own socket", exportname);
+    return NULL;
+  }
   const char *why = pr == -1 ? "malformed peer export name"
     : pr == 0 ? NULL
     : !peers_enabled () ? "this proxy has no fscache-peers"

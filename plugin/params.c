@@ -100,6 +100,7 @@ const char params_help[] =
   "fscache-peer-tls-psk=FILE  Peers speak TLS with this pre-shared key.\n"
   "fscache-peer-tls-certificates=DIR  Peers speak TLS, each with its own\n"
   "                           certificate from the fleet's CA.\n"
+  "fscache-peer-only=BOOL     Serve fleet peers' connections alone.\n"
   "fscache-manifest=FILE      The image's manifest (nbd-fscache manifest):\n"
   "                           every block from a peer is checked.";
 
@@ -402,6 +403,18 @@ set_min_free (const char *k, const char *value)
 }
 
 static int
+set_peer_only (const char *k, const char *value)
+{
+  int r = nbdkit_parse_bool (value);
+  if (r == -1) {
+    nbdkit_error ("fscache-peer-only=%s: not a boolean", value);
+    return -1;
+  }
+  params.peer_only = r;
+  return 0;
+}
+
+static int
 set_offline (const char *k, const char *value)
 {
   int r = nbdkit_parse_bool (value);
@@ -560,6 +573,7 @@ static const struct {
   { "fscache-peer-max-inbound", set_peer_max_inbound },
   { "fscache-manifest", set_manifest },
   { "fscache-peer-tls-certificates", set_peer_certs },
+  { "fscache-peer-only", set_peer_only },
   { "fscache-trace", set_trace },
   { "fscache-trace-max", set_trace_max },
   { "fscache-dirty-max", set_dirty_max },
@@ -617,6 +631,11 @@ params_config_complete (void)
     nbdkit_error ("fscache-peer-self, fscache-peer-tls-psk and "
                   "fscache-peer-tls-certificates need fscache-peers=FILE "
                   "(the fleet's list of proxies)");
+    return -1;
+  }
+  if (params.peer_only && params.peers_file == NULL) {
+    nbdkit_error ("fscache-peer-only needs fscache-peers=FILE: it serves "
+                  "a fleet's peers and nothing else");
     return -1;
   }
   if (params.peer_psk && params.peer_certs) {

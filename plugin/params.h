@@ -68,6 +68,9 @@ struct fscache_params {
                                  * NULL: peers speak plain NBD */
   char *peer_certs;             /* fscache-peer-tls-certificates: a
                                  * directory, absolute, or NULL */
+  bool peer_only;               /* fscache-peer-only: serve peers'
+                                 * connections alone (a fleet's listener,
+                                 * nbd-fscache-proxy's peer-listen=) */
   unsigned peer_fanout;         /* fscache-peer-fanout: askers per
                                  * range and member, 0: flat */
   unsigned peer_max_inbound;    /* fscache-peer-max-inbound: peers'
