@@ -391,6 +391,11 @@ enum fsc_peer_stat {
 };
 extern void fsc_cache_count_peer (struct fsc_cache *cache,
                                   enum fsc_peer_stat which, uint64_t delta);
+/* Has OBJ been written through since it was created (by any process,
+ * before any restart: FSC_SB_WRITTEN)?  A fleet node does not ask
+ * peers for such an object.
+ */
+extern bool fsc_object_written_ever (struct fsc_object *obj);
 extern void fsc_object_count_peer (struct fsc_object *obj,
                                    enum fsc_peer_stat which, uint64_t delta);
 extern void fsc_cache_set_peers_known (struct fsc_cache *cache, uint64_t n);

@@ -166,7 +166,7 @@ fsc_sb_decode (const unsigned char *buf, struct fsc_sb *sb)
       sb->key_prefix_len > sb->key_len ||
       sb->validate > FSC_VALIDATE_SAMPLE ||
       sb->seq >= FSC_SEQ_MAX ||
-      (sb->flags & ~(FSC_SB_CLEAN | FSC_SB_FP_STALE)) != 0)
+      (sb->flags & ~(FSC_SB_CLEAN | FSC_SB_FP_STALE | FSC_SB_WRITTEN)) != 0)
     return FSC_REJ_GEOMETRY;
   memcpy (sb->generation, buf + SB_GENERATION, sb->gen_len);
   sb->generation[sb->gen_len] = '\0';

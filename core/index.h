@@ -50,6 +50,9 @@
 /* Superblock flags, saved on disk. */
 #define FSC_SB_CLEAN    1u      /* closed cleanly, nothing pending */
 #define FSC_SB_FP_STALE 2u      /* written through: fingerprint unknown */
+#define FSC_SB_WRITTEN  4u      /* written through since it was created
+                                 * (this generation's copy): a fleet's
+                                 * peers may hold older ranges */
 
 /* Coherency modes (fscache-validate), saved on disk. */
 enum fsc_validate {

@@ -545,6 +545,15 @@ fsc_object_set_tag (struct fsc_object *o, uint64_t tag)
   __atomic_store_n (&o->tag, tag, __ATOMIC_RELEASE);
 }
 
+bool
+fsc_object_written_ever (struct fsc_object *o)
+{
+  pthread_mutex_lock (&o->lock);
+  bool w = o->written || (o->sb.flags & FSC_SB_WRITTEN);
+  pthread_mutex_unlock (&o->lock);
+  return w;
+}
+
 uint64_t
 fsc_object_tag (struct fsc_object *o)
 {

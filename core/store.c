@@ -453,6 +453,12 @@ write_begin_pinned (struct fsc_object *o, uint64_t offset, uint64_t count,
   o->written = true;
   bool fp_stale = first_write && o->sb.validate == FSC_VALIDATE_SAMPLE &&
     !(o->sb.flags & FSC_SB_FP_STALE);
+  /* Written since created, kept in the superblock (issue 43): the
+   * fleet's peers may hold the ranges as they were, and a process
+   * opening the object later (a restart, another proxy of the host)
+   * must not ask them; in memory only, it was lost at the restart.
+   */
+  bool mark_written = first_write && !(o->sb.flags & FSC_SB_WRITTEN);
 
   /* Partial end blocks that are present: keep their old bytes so the
    * new block can be stored whole afterwards (read-modify-write).
@@ -477,8 +483,9 @@ write_begin_pinned (struct fsc_object *o, uint64_t offset, uint64_t count,
   }
   pthread_mutex_unlock (&o->lock);
 
-  if (fp_stale && fsc_object_mark_in_use (o) == 0)
-    fsc_write_sb (o, FSC_SB_FP_STALE, 0, NULL);
+  if ((fp_stale || mark_written) && fsc_object_mark_in_use (o) == 0)
+    fsc_write_sb (o, (fp_stale ? FSC_SB_FP_STALE : 0) |
+                  (mark_written ? FSC_SB_WRITTEN : 0), 0, NULL);
 
   if (keep) {
     w->epochs = malloc ((g1 - g0 + 1) * sizeof *w->epochs);

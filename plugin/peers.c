@@ -561,6 +561,7 @@ peers_pread (struct peer_export *pe, struct fsc_object *obj, void *buf,
 {
   struct members *ms = NULL;
   if (pe == NULL || __atomic_load_n (&pe->written, __ATOMIC_RELAXED) ||
+      fsc_object_written_ever (obj) ||
       (ms = members_get ()) == NULL || ms->n == 0) {
     members_put (ms);
     return origin (opaque, buf, count, offset, err);
