@@ -426,6 +426,28 @@ drop_locked (struct fsc_object *o, struct fsc_write *w, uint64_t b0,
   return need_sync;
 }
 
+/* Under O's lock, at a write: the superblock flags its first write
+ * must set before it reaches the upstream, or 0.  FP_STALE (the
+ * sample's fingerprint is no longer known); WRITTEN (issue 43): the
+ * fleet's peers may hold the ranges as they were, and a process that
+ * opens the object later (a restart, another proxy of the host) must
+ * not ask them; kept in memory only, it was lost at a restart.
+ */
+static uint32_t
+first_write_locked (struct fsc_object *o)
+{
+  if (o->written)
+    return 0;
+  o->written = true;
+  uint32_t f = 0;
+  if (o->sb.validate == FSC_VALIDATE_SAMPLE &&
+      !(o->sb.flags & FSC_SB_FP_STALE))
+    f |= FSC_SB_FP_STALE;
+  if (!(o->sb.flags & FSC_SB_WRITTEN))
+    f |= FSC_SB_WRITTEN;
+  return f;
+}
+
 static int
 write_begin_pinned (struct fsc_object *o, uint64_t offset, uint64_t count,
                     unsigned flags, struct fsc_write *w)
@@ -449,16 +471,7 @@ write_begin_pinned (struct fsc_object *o, uint64_t offset, uint64_t count,
       fsc_mark_stale (&o->files);
     return 0;
   }
-  bool first_write = !o->written;
-  o->written = true;
-  bool fp_stale = first_write && o->sb.validate == FSC_VALIDATE_SAMPLE &&
-    !(o->sb.flags & FSC_SB_FP_STALE);
-  /* Written since created, kept in the superblock (issue 43): the
-   * fleet's peers may hold the ranges as they were, and a process
-   * opening the object later (a restart, another proxy of the host)
-   * must not ask them; in memory only, it was lost at the restart.
-   */
-  bool mark_written = first_write && !(o->sb.flags & FSC_SB_WRITTEN);
+  uint32_t mark = first_write_locked (o);
 
   /* Partial end blocks that are present: keep their old bytes so the
    * new block can be stored whole afterwards (read-modify-write).
@@ -483,9 +496,8 @@ write_begin_pinned (struct fsc_object *o, uint64_t offset, uint64_t count,
   }
   pthread_mutex_unlock (&o->lock);
 
-  if ((fp_stale || mark_written) && fsc_object_mark_in_use (o) == 0)
-    fsc_write_sb (o, (fp_stale ? FSC_SB_FP_STALE : 0) |
-                  (mark_written ? FSC_SB_WRITTEN : 0), 0, NULL);
+  if (mark && fsc_object_mark_in_use (o) == 0)
+    fsc_write_sb (o, mark, 0, NULL);
 
   if (keep) {
     w->epochs = malloc ((g1 - g0 + 1) * sizeof *w->epochs);

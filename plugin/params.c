@@ -608,24 +608,12 @@ default_dir (void)
   return r;
 }
 
-int
-params_config_complete (void)
+/* The fleet's parameters (peers.c): together as they must be, the
+ * certificates readable, the manifest read.  0, or -1 having said why.
+ */
+static int
+check_fleet (void)
 {
-  /* A test knob (tests/README.md): a small resident set makes a small
-   * cache page its groups in and out as a big one does.
-   */
-  const char *rg = getenv ("NBD_FSCACHE_RESIDENT_GROUPS");
-  if (rg && *rg) {
-    char *end;
-    errno = 0;
-    unsigned long long v = strtoull (rg, &end, 10);
-    if (errno || *end || v == 0 || rg[0] == '-') {
-      nbdkit_error ("NBD_FSCACHE_RESIDENT_GROUPS=%s: not a positive number",
-                    rg);
-      return -1;
-    }
-    params.resident_groups = v;
-  }
   if ((params.peer_self || params.peer_psk || params.peer_certs) &&
       params.peers_file == NULL) {
     nbdkit_error ("fscache-peer-self, fscache-peer-tls-psk and "
@@ -680,6 +668,29 @@ params_config_complete (void)
                   "put any data in this cache)", params.peers_file);
     return -1;
   }
+  return 0;
+}
+
+int
+params_config_complete (void)
+{
+  /* A test knob (tests/README.md): a small resident set makes a small
+   * cache page its groups in and out as a big one does.
+   */
+  const char *rg = getenv ("NBD_FSCACHE_RESIDENT_GROUPS");
+  if (rg && *rg) {
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull (rg, &end, 10);
+    if (errno || *end || v == 0 || rg[0] == '-') {
+      nbdkit_error ("NBD_FSCACHE_RESIDENT_GROUPS=%s: not a positive number",
+                    rg);
+      return -1;
+    }
+    params.resident_groups = v;
+  }
+  if (check_fleet () == -1)
+    return -1;
   if (params.dir == NULL && (params.dir = default_dir ()) == NULL)
     return -1;
   if (params.key == NULL && params.derived_key == NULL) {

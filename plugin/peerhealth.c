@@ -151,6 +151,30 @@ peer_health_fail (struct peer_health *h, int64_t now, unsigned *seconds)
 }
 
 /*----------------------------------------------------------------------
+ * Self aliases (peerlink.c says why): the tokens of the last dials this
+ * node refused as coming from itself.
+ */
+
+static uint32_t self_seen[8];                   /* atomic, a ring */
+static unsigned self_seen_at;                   /* atomic */
+
+void
+peer_health_self_seen (uint32_t token)
+{
+  unsigned i = __atomic_fetch_add (&self_seen_at, 1, __ATOMIC_RELAXED);
+  __atomic_store_n (&self_seen[i % 8], token, __ATOMIC_RELEASE);
+}
+
+bool
+peer_health_was_self (uint32_t token)
+{
+  for (unsigned i = 0; i < 8; ++i)
+    if (__atomic_load_n (&self_seen[i], __ATOMIC_ACQUIRE) == token)
+      return true;
+  return false;
+}
+
+/*----------------------------------------------------------------------
  * The prober.
  */
 

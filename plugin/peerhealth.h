@@ -30,6 +30,14 @@ extern void peer_health_ok (struct peer_health *h);
 extern bool peer_health_fail (struct peer_health *h, int64_t now,
                               unsigned *seconds);
 
+/* A peer connection came from this very node, by the link whose token
+ * is TOKEN (a self alias, refused); and was TOKEN's dial so refused?
+ * The link is told at its refused dial (peerlink.c).  A ring of the
+ * last 8, in atomics.
+ */
+extern void peer_health_self_seen (uint32_t token);
+extern bool peer_health_was_self (uint32_t token);
+
 /* The prober: PROBE (the NBD handshake to a URI, under a deadline)
  * called from a thread of its own for set-aside peers shortly before
  * their time is up; counted on CACHE, which gets the gauge

@@ -120,12 +120,11 @@ struct peer_link {
  * the token, so that the asking link, in the same process, learns why
  * its dial was refused, stops asking and says so once: it used to wait
  * for its own claim on the range for the whole peer timeout, twice,
- * and with the tree a serving connection would ask itself again.
+ * and with the tree a serving connection would ask itself again.  (The
+ * tokens so refused: peerhealth.c's ring.)
  */
 static uint64_t node_id;
 static uint32_t next_token;                     /* atomic */
-static uint32_t self_seen[8];                   /* atomic, a ring */
-static unsigned self_seen_at;                   /* atomic */
 
 static const char *cfg_self_uri = "";    /* fscache-peer-self, for messages */
 
@@ -187,22 +186,6 @@ uint64_t
 peer_node_id (void)
 {
   return node_id;
-}
-
-void
-peer_link_self_seen (uint32_t token)
-{
-  unsigned i = __atomic_fetch_add (&self_seen_at, 1, __ATOMIC_RELAXED);
-  __atomic_store_n (&self_seen[i % 8], token, __ATOMIC_RELEASE);
-}
-
-static bool
-was_self (uint32_t token)
-{
-  for (unsigned i = 0; i < 8; ++i)
-    if (__atomic_load_n (&self_seen[i], __ATOMIC_ACQUIRE) == token)
-      return true;
-  return false;
 }
 
 int64_t
@@ -724,7 +707,7 @@ peer_link_pread (struct peer_link *l, const char *ident,
   for (int attempt = 0; attempt < 2; ++attempt) {
     int64_t deadline = peer_now_ms () + cfg.timeout_ms;
     struct conn *c = conn_get (l, ident, exportname, dial_uri, deadline);
-    if (c == NULL && was_self (l->token)) {
+    if (c == NULL && peer_health_was_self (l->token)) {
       if (peer_health_mark_self (l->health))
         say_warning ("fscache-peers: %s is this node itself (its own node "
                      "id came back): fscache-peers lists it under another "

@@ -23,10 +23,6 @@ extern void peer_link_configure (int timeout_ms, const char *psk_file,
 /* This node's random id, which askers put in peer export names. */
 extern uint64_t peer_node_id (void);
 
-/* A peer connection came from this very node, by the link whose token
- * is TOKEN: that link is told at its refused dial (a self alias).
- */
-extern void peer_link_self_seen (uint32_t token);
 
 /* A monotonic clock in milliseconds. */
 extern int64_t peer_now_ms (void);

@@ -333,7 +333,7 @@ peers_parse_export (const char *exportname, const char **real,
   *identity = id;
   *self = node == peer_node_id ();
   if (*self)
-    peer_link_self_seen ((uint32_t) token);
+    peer_health_self_seen ((uint32_t) token);
   return 1;
 }
 
