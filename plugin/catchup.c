@@ -1,5 +1,5 @@
 /* nbdkit-fscache-filter: the catch-up worker, which fills what the fill
- * budget skipped (core/catchup.c notes it) once clients are idle.
+ * budget skipped (core/base/catchup.c notes it) once clients are idle.
  *
  * One worker per export with something to make up, started by the
  * first read that leaves ranges pending.  It holds a reference on the

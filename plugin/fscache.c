@@ -274,7 +274,7 @@ fscache_pread (nbdkit_next *next, void *handle, void *buf, uint32_t count,
     return -1;
   }
   CATCHUP_REQUEST ();
-  /* Stream or random (core/readahead.c, the one place that tells). */
+  /* Stream or random (core/ops/readahead.c, the one place that tells). */
   unsigned rflags = fsc_pattern_classify (&h->pattern, offset, count);
   fsc_readahead_observe (h->ra, offset, count);
   int r;

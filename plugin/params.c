@@ -136,7 +136,7 @@ params_free (void)
   fsc_manifest_close (params.manifest);
 }
 
-/* Read fscache-manifest=FILE (core/manifest.c) and square it with
+/* Read fscache-manifest=FILE (core/base/manifest.c) and square it with
  * fscache-generation: the manifest's generation is taken as the
  * image's if none is set, and a different one is another image.
  */

@@ -24,13 +24,13 @@
  *
  * A tree per range (issue 41).  The members, ranked by their scores
  * for a range, form a complete fscache-peer-fanout-ary tree
- * (core/peertree.c): the first reads the origin, the member at
+ * (core/base/peertree.c): the first reads the origin, the member at
  * position p asks the one at (p - 1) / K, so that a member serves each
  * range to at most K others, in log_K N hops.  A peer's connection
  * asks upward as a client's does.  K = 0, or N <= K + 1: the flat
  * fleet, where every node asks the owner.
  *
- * No loops (invariant T1 of core/peertree.c).  A node asks only a
+ * No loops (invariant T1 of core/base/peertree.c).  A node asks only a
  * member whose score for the range is strictly above its own, so a
  * chain of asks never loops, whatever the nodes' files say.  Broken by
  * tests/unit-peertree.c, "chains"; tests/test-fscache-peers.sh, part
@@ -478,7 +478,7 @@ follow (struct peer_export *pe, struct members *ms)
   return 0;
 }
 
-/* Whom to ask for range R among MS's members (core/peertree.c: the
+/* Whom to ask for range R among MS's members (core/base/peertree.c: the
  * tree of askers), leaving out ourselves, links set aside and the
  * NSKIP links of SKIP (tried already): an index, or -1 for the origin.
  * SC and IX are scratch of MS->n entries.

@@ -87,7 +87,7 @@ write_stats (void)
 }
 
 /* Say that the cache disk could not keep up and fills were skipped
- * (core/fill.c, FSC_NOTICE_SKIPPED): at once the first time, then at
+ * (core/ops/fill.c, FSC_NOTICE_SKIPPED): at once the first time, then at
  * most once a minute for the process, with the bytes skipped since.
  */
 static void

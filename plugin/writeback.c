@@ -1,5 +1,5 @@
 /* nbdkit-fscache-filter: fscache-mode=writeback, the filter's side.
- * writeback.h says what this file is for; core/wlog.h what the log
+ * writeback.h says what this file is for; core/wlog/wlog.h what the log
  * promises; docs/design.md, "Writeback", why.
  *
  * State: one struct wb per export in writeback mode, on a list of the
@@ -7,7 +7,7 @@
  * connection can hold them), from the first connection's .prepare to
  * .cleanup.  The list's lock covers only the list; a wb being set up
  * is on it marked not ready, and others wait for it (like the objects
- * in core/object.c), so nothing is held across the log's opening or
+ * in core/object/object.c), so nothing is held across the log's opening or
  * the upstream's.
  */
 #include <config.h>
@@ -285,7 +285,7 @@ say_stale (const char *exportname, const struct fsc_wlog_info *info,
                 fsc_wlog_mismatch_name (info->mismatch), dir, dir);
 }
 
-/* Rule 7 (core/wlog.c): a damaged log is refused, never shortened.
+/* Rule 7 (core/wlog/wlog.c): a damaged log is refused, never shortened.
  * Say where, what survives and the ways out.
  */
 static void

@@ -1,6 +1,6 @@
 /* nbdkit-fscache-filter: fscache-mode=writeback, the filter's side.
  *
- * core/wlog.c keeps the write log and core/writeback.c writes it back;
+ * core/wlog/wlog.c keeps the write log and core/wlog/writeback.c writes it back;
  * this file gives them what only the filter has: a connection to the
  * upstream that outlives every client (a shared context opened from
  * .after_fork's backend, gated like a connection by upstream.c), the

@@ -1,5 +1,5 @@
-/* Fuzz target: the index parser (core/index.c) and object loading
- * (fsc_object_open in core/object.c).
+/* Fuzz target: the index parser (core/base/index.c) and object loading
+ * (fsc_object_open in core/object/object.c).
  *
  * One input is the content of an object's index file (NAME.idx).  For
  * each input the target
@@ -78,7 +78,7 @@
 #define INPUT_MAX (64 * 1024)   /* mutations never grow inputs past this */
 
 /* On-disk layout details the mutator needs (docs/format.md, the
- * offsets in core/index.c).
+ * offsets in core/base/index.c).
  */
 #define SB_CHECKSUM (FSC_SB_SIZE - 8)
 #define GR_CHECKSUM (FSC_GREC_SIZE - 8)
@@ -433,7 +433,7 @@ do_writes (struct fsc_object *o, uint64_t s)
 }
 
 /* Close O, its walk after a crash ended first: a close while it runs
- * leaves the object lingering (core/evict.c), and the next open would
+ * leaves the object lingering (core/space/evict.c), and the next open would
  * take it back instead of looking up the index this harness mutates.
  */
 static void

@@ -1,4 +1,4 @@
-/* Fuzz target: the write log of writeback mode (core/wlog.c): its
+/* Fuzz target: the write log of writeback mode (core/wlog/wlog.c): its
  * header, its records and their recovery.
  *
  * One input is the content of an object's write log (NAME.wlog).  For

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # nbd-fscache: skipped fills are made up once clients are idle
-# (core/catchup.c, plugin/catchup.c).
+# (core/base/catchup.c, plugin/catchup.c).
 #
 # The upstream is a page-cached file behind the log filter, and
 # NBD_FSCACHE_TEST_BUDGET=1 engages the fill budget whatever the rates

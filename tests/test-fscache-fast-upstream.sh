@@ -5,7 +5,7 @@
 # page-cached image: reads from it cost a copy, while a fill costs a
 # write into the page cache and the commit's sync of it.  When fills
 # are slower than the upstream, client reads fill only within the
-# budget (core/fill.c: a first 64 MiB, then a fiftieth of the fills'
+# budget (core/ops/fill.c: a first 64 MiB, then a fiftieth of the fills'
 # rate); past it they bypass the cache, and readahead pauses.  Whether
 # the rates engage it depends on the machine (a short burst of fills
 # into the page cache can keep up), so the test runs twice: as the

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # nbd-fscache: FIFOs and symlinks planted in the cache are never waited
 # on and never followed (issue 26, items 2/7; rule 3 atop
-# core/safeopen.c).
+# core/base/safeopen.c).
 #
 # A warm cache holds one object NAME.  For each kind of file an object
 # may have (idx, data, sums, stats, wlog, quota, stale, epochs, and the

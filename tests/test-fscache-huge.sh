@@ -2,7 +2,7 @@
 # nbd-fscache: a 64 TiB export on this machine's file system.
 #
 # ext4 stops a file at 16 TiB (4 KiB blocks), so the data lives in
-# segment files of 1 TiB (core/data.c).  Upstream is nbdkit's pattern
+# segment files of 1 TiB (core/disk/data.c).  Upstream is nbdkit's pattern
 # plugin (every 8-byte word is its own offset, big-endian: the truth
 # is computed, nothing is stored), 64 TiB, below the log filter.
 #

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# nbd-fscache: groups paged in and out (core/groups.c) under a real
+# nbd-fscache: groups paged in and out (core/disk/groups.c) under a real
 # proxy, and kill -9 while it loads them, 10 rounds.
 #
 # The proxy keeps 4 groups of 64 blocks resident

@@ -12,7 +12,7 @@
 source "${top_srcdir:-$(dirname "$0")/..}/tests/functions.sh"
 
 # Exact counts: no fill skipped or bypassed for the rates the fill meters
-# happen to measure (core/fill.c, the test knob).  The upstream is a
+# happen to measure (core/ops/fill.c, the test knob).  The upstream is a
 # local server, the image a little over the budget's 64 MiB burst, and
 # in one run of the whole suite (stop 39) part 3's cold read with
 # readahead cost 64 KiB more than the export: one 64 KiB request's

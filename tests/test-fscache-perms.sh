@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # nbd-fscache: nobody but the user running nbdkit may write the cache,
 # or redirect the path to it (issue 26, items 3 and 9; the rules atop
-# core/safeopen.c).
+# core/base/safeopen.c).
 #
 # A second user, created here and removed at exit, owns or may write
 # parts of the cache or of the path to it:

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # nbd-fscache: the fill budget pauses readahead only for a local
-# upstream (core/readahead.c, ra_budget_pause).
+# upstream (core/ops/readahead.c, ra_budget_pause).
 #
 # With the budget engaged whatever the rates (NBD_FSCACHE_TEST_BUDGET=1)
 # and past its first 64 MiB (spent by reads in no order, which start no

@@ -43,7 +43,7 @@ requires test -w /sys/fs/cgroup/blkio/blkio.throttle.write_bps_device
 rate=$((4 * 1024 * 1024))           # the cache disk: 4 MiB/s of writes
 size=$((64 * 1024 * 1024))          # the export
 queue=$((16 * 1024 * 1024))         # the fill queue's bound on a disk this
-                                    # slow (fsc_fill_bound, core/fill.c)
+                                    # slow (fsc_fill_bound, core/ops/fill.c)
 
 # The slow device.
 truncate -s 256M "$TMP/disk.img"

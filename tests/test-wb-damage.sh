@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A damaged write log is never a shorter log (Rule 7 atop core/wlog.c):
+# A damaged write log is never a shorter log (Rule 7 atop core/wlog/wlog.c):
 # damage before a durable point refuses the export, is shown by the
 # tools, survives invalidate without --force and the culling daemon,
 # and a salvage writes back exactly the intact records before it; a

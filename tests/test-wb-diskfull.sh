@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # nbd-fscache, fscache-mode=writeback: a full cache disk (rule 9 of
-# core/wlog.c).  The cache is a 24 MiB tmpfs mounted by the test; the
+# core/wlog/wlog.c).  The cache is a 24 MiB tmpfs mounted by the test; the
 # upstream (nbdkit file behind the error filter) fails every write
 # while $TMP/errors-on exists, so what the clients write stays in the
 # log.

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # fscache-mode=writeback, FUA order under cache loss (rule 6, atop
-# core/writeback.c): a write sent after a FUA write completed reaches
+# core/wlog/writeback.c): a write sent after a FUA write completed reaches
 # the upstream only after it, as on a disk, whose FUA write is durable
 # before its completion.  And the check can fail: with the test knob
 # NBD_FSCACHE_WB_FUA_UNORDERED=1 (a FUA write leaves its epoch open,

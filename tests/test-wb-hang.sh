@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # nbd-fscache, fscache-mode=writeback: a read of cached or dirty data
-# never waits for a miss hanging upstream (rule 11, core/wlog.c).
+# never waits for a miss hanging upstream (rule 11, core/wlog/wlog.c).
 #
 # The upstream is an nbdkit sh plugin (written below) over an image
 # whose reads from 2 MiB on block on a FIFO until the test opens it, so

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # nbd-fscache, fscache-mode=writeback: overlapping writes are
-# serialized per unit, whatever their alignment (rule 10, core/wlog.c).
+# serialized per unit, whatever their alignment (rule 10, core/wlog/wlog.c).
 #
 # 1,000 rounds, each on a unit of its own that is not yet cached: one
 # connection writes 100 bytes in the middle of the unit (unaligned: the

@@ -54,7 +54,7 @@
 # ext4 made through a writeback proxy, journal commits (fsync: a flush,
 # then the commit block with FUA), kill -9 and the cache deleted while
 # the writer lags; the upstream's journal replayed on a copy, e2fsck
-# -fn must pass (rule 6, flush and FUA order, atop core/writeback.c).
+# -fn must pass (rule 6, flush and FUA order, atop core/wlog/writeback.c).
 #
 # Times: the guest's mkfs, file writes and sync, and the same boot-1
 # workload against a writethrough proxy on the same slow upstream (a
@@ -359,7 +359,7 @@ stop_nbdkit "$TMP/up.pid"
 # writes about 110 KB/s under TCG), so the writer lags; once the guest says "committed", the proxy is killed (SIGKILL)
 # with dirty data in its log, and its cache directory deleted.  The
 # upstream is then what a power cut of the guest could leave (rule 6,
-# atop core/writeback.c: flush and FUA order): the journal replayed as
+# atop core/wlog/writeback.c: flush and FUA order): the journal replayed as
 # a mount would (e2fsck -E journal_only on a copy), e2fsck -fn must
 # find nothing wrong.  A log filter in front of the proxy shows that
 # the kernel did send FUA writes and flushes.

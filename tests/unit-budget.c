@@ -1,5 +1,5 @@
 /* Unit test: when a client's miss, or a readahead's prefetch, may fill
- * the cache (core/fill.c, fsc_fill_budget and fsc_fill_budgeted).
+ * the cache (core/ops/fill.c, fsc_fill_budget and fsc_fill_budgeted).
  *
  * The rule depends on two rates, the fills' and the upstream's peak,
  * which the meters measure as data moves.  Here they are set by hand,

@@ -1,4 +1,4 @@
-/* Unit test of core/manifest.c: an image's manifest.
+/* Unit test of core/base/manifest.c: an image's manifest.
  *
  *  known    the digest of a known block equals SHA-256's test vector
  *           ("abc": ba7816bf...), so the table holds real SHA-256.

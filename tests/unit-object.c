@@ -605,7 +605,7 @@ test_counters (void)
   fsc_cache_close (c);
 }
 
-/* Paging (core/groups.c): a cache of blocks scattered over many groups
+/* Paging (core/disk/groups.c): a cache of blocks scattered over many groups
  * opens lazily, reading only its superblock, and a hit on a group not
  * in memory costs one index read; with 64 groups resident, 2000 groups
  * are served by paging them in and out, and the gauges stay right,

@@ -1,4 +1,4 @@
-/* Unit test of core/peertree.c: the fleet's tree of askers per range.
+/* Unit test of core/base/peertree.c: the fleet's tree of askers per range.
  *
  *  chains   (T1) random members, each node with its own random subset
  *           of them (the nodes' lists disagree): from every node, the

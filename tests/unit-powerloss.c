@@ -970,7 +970,7 @@ trec_holds (const struct trec *t, uint64_t a, uint64_t b,
 }
 
 /* How many units of upstream writes came from a record no completed
- * sync covered when it was sent (rule 8 of core/wlog.c).
+ * sync covered when it was sent (rule 8 of core/wlog/wlog.c).
  *
  * A unit's source is the newest record before the send that holds its
  * bytes.  The same bytes can be in a newer record that is not durable
@@ -1420,7 +1420,7 @@ run_wlog (unsigned seed)
  * (recovery) and a client flushes, which succeeds.  Then the power
  * fails: the disk keeps what a sync covered (the log as created, plus
  * the whole file as of each sync's start after the restart).  Every
- * acknowledged write must then still read back (rule 8 of core/wlog.c).
+ * acknowledged write must then still read back (rule 8 of core/wlog/wlog.c).
  */
 static void
 run_restart (unsigned seed)

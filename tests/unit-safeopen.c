@@ -1,4 +1,4 @@
-/* Unit test of core/safeopen.c: the walk to the cache directory (rule
+/* Unit test of core/base/safeopen.c: the walk to the cache directory (rule
  * 2), the directory checks (rule 1), the type check of files (rule 3)
  * and the modes whatever the umask (rule 4).
  *

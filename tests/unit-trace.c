@@ -1,4 +1,4 @@
-/* Unit test: access traces (core/trace.c).  Overlapping reads record
+/* Unit test: access traces (core/base/trace.c).  Overlapping reads record
  * only what is new, in order, rounded out to 4 KiB; the limit stops
  * the trace; a second object is not traced; the file parses as
  * docs/format.md says, checksums included.

@@ -1,4 +1,4 @@
-/* Unit test: allocation failures in the write log (core/wlog.c) and
+/* Unit test: allocation failures in the write log (core/wlog/wlog.c) and
  * its writer never cost a stale read, a use of freed memory or a lost
  * write: the operation fails (ENOMEM or EIO) or is retried, and what
  * was acknowledged before reads back.

@@ -1,5 +1,5 @@
-/* Unit test: the write log of writeback mode (core/wlog.c) and its
- * writer (core/writeback.c), against a model.
+/* Unit test: the write log of writeback mode (core/wlog/wlog.c) and its
+ * writer (core/wlog/writeback.c), against a model.
  *
  * The upstream is a buffer in memory; the client's view is another
  * (the model), changed by every write, zero and trim the test makes
@@ -14,7 +14,7 @@
  * last marker it is a torn tail; writes wait at the dirty bound
  * instead of failing; a flush with nothing new costs no marker and no
  * sync, and the bound holds markers and records too (rule 9 of
- * core/wlog.c), whose memory per dirty GiB is measured.
+ * core/wlog/wlog.c), whose memory per dirty GiB is measured.
  */
 #include <config.h>
 
@@ -242,7 +242,7 @@ random_op (struct fsc_wlog *wl, struct fsc_object *o)
     memcpy (model + off, buf, n);
     if (fua) {
       /* A completed FUA write ends its epoch (rule 6, atop
-       * core/writeback.c): the upstream may be flushed at this state.
+       * core/wlog/writeback.c): the upstream may be flushed at this state.
        */
       CHECK (nsnap < MAXSNAP);
       snap[nsnap] = malloc (SIZE);
@@ -453,7 +453,7 @@ main (void)
   /* 7. A torn tail: flushed records survive any cut after them. */
   wl = open_log (c, &info);
   CHECK_EQ (info.records, 0);
-  /* Rule 6 (atop core/writeback.c): a completed FUA write ends its
+  /* Rule 6 (atop core/wlog/writeback.c): a completed FUA write ends its
    * epoch, so the write after it is in the next one; a flush right
    * after it finds nothing to end.  Writes 0 (FUA) | flush | 1, 2
    * (FUA) | 3: three epochs (two without the rule).
@@ -730,7 +730,7 @@ main (void)
     fsc_wlog_close (wl);
   }
 
-  /* 10. A flush loop during an outage (rule 9 of core/wlog.c): once
+  /* 10. A flush loop during an outage (rule 9 of core/wlog/wlog.c): once
    * the log is flushed, flushes with nothing new write no marker and
    * sync nothing, however many; the log's size and blocks stay.
    */

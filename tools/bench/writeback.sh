@@ -24,7 +24,7 @@
 #                 FUA, one flush at the end (tests/wb-oracle write
 #                 --fua-every 2 --flush-every 0, at depth 1 and 16: fio's
 #                 nbd engine cannot send FUA); writes per second.  Since
-#                 rule 6 (core/writeback.c) each completed FUA write ends
+#                 rule 6 (core/wlog/writeback.c) each completed FUA write ends
 #                 a writeback epoch
 #   fua-drain     writeback and nocache only: the fua-qd1 workload, the
 #                 time from its start until everything is on the remote

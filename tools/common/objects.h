@@ -85,7 +85,7 @@ struct fscd_scan {
   uint64_t dirty_objects;       /* objects with dirty data, in use too */
   uint64_t dirty_bytes;         /* the dirty bytes of all of them */
   uint64_t damaged_objects;     /* of which with a damaged write log
-                                 * (Rule 7 of core/wlog.c) */
+                                 * (Rule 7 of core/wlog/wlog.c) */
   uint64_t total_bytes;         /* every file under objects/ */
   uint64_t nobjects;
   uint64_t nfiles;

@@ -279,7 +279,7 @@ fscd_wlog_dirty (int fanfd, const char *name, uint64_t *bytes,
   if (damaged)
     *damaged = false;
   if (fsc_wlog_inspect (fanfd, name, &info) == -1) {
-    /* Damaged (EUCLEAN: Rule 7 of core/wlog.c) or unreadable: it may
+    /* Damaged (EUCLEAN: Rule 7 of core/wlog/wlog.c) or unreadable: it may
      * hold the only copy of flushed writes, so it counts as dirty and
      * is never culled.
      */

@@ -4,7 +4,7 @@
  * of the lengths the export needs), the index (both superblock slots,
  * the winner's version and geometry, group records: damaged ones,
  * pieces a block cannot have), then every present block, read and
- * hashed exactly as a hit would (core/inspect.h: its data against the
+ * hashed exactly as a hit would (core/inspect/inspect.h: its data against the
  * index checksum, and its sub-block hashes in the sums file).  The
  * cache header is checked when the directory is opened.
  *
@@ -15,7 +15,7 @@
  * --repair takes the object's lock as the filter does (refusing an
  * object a running process holds) and keeps it throughout: bad blocks
  * are dropped (a new group record without them, then their space
- * punched: core/inspect.c follows the commit rules), an object whose
+ * punched: core/inspect/inspect.c follows the commit rules), an object whose
  * index or files are beyond that is discarded through the graveyard
  * like invalidate.  A check without --repair of an object in use is
  * allowed, but what it finds may be a race with the proxy.

@@ -110,7 +110,7 @@ tool_discard (struct tool_cache *c, struct tool_object *o, struct fscd_grave *g,
 
 /* Leave O's counters in NAME.stats, with this invalidation counted,
  * for the object's next incarnation to carry on (the filter reads them
- * when it creates an object without an index: core/live.c).  Best
+ * when it creates an object without an index: core/disk/live.c).  Best
  * effort: without them the history starts again from zero.
  */
 static void

@@ -11,7 +11,7 @@
  * stats file of another incarnation (the object was recreated since)
  * is ignored.
  *
- * The file is read by core/live.c (fsc_live_read), as the filter reads
+ * The file is read by core/disk/live.c (fsc_live_read), as the filter reads
  * it back.
  */
 #include <config.h>

@@ -1,6 +1,6 @@
 /* nbd-fscache ls: one line per object.
  *
- * What is cached comes from the index itself (core/inspect.h: the
+ * What is cached comes from the index itself (core/inspect/inspect.h: the
  * present blocks and the bytes they hold, as the filter would load
  * them), the hit ratio and last use from the counters (live.c), the
  * state from the lock, the write log and the index's flags

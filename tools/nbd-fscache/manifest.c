@@ -1,5 +1,5 @@
 /* nbd-fscache manifest: read an image once and write its manifest (a
- * SHA-256 per block, core/manifest.c), which the fleet's nodes are
+ * SHA-256 per block, core/base/manifest.c), which the fleet's nodes are
  * given as fscache-manifest= so that no peer's data enters a cache
  * unchecked (issue 43).  Published beside the image, by whoever
  * publishes the image: it pins that image, and its root, printed on

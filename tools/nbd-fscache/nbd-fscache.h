@@ -5,7 +5,7 @@
  *                 the subcommands' table; common option handling
  *   objects.c     opening a cache directory and listing its objects
  *                 (tools/common/scan.c), reading each one's index
- *                 (core/inspect.h), naming and finding them
+ *                 (core/inspect/inspect.h), naming and finding them
  *   live.c        the counters of an object: NAME.stats (live, while a
  *                 proxy uses it) or the superblock's
  *   output.c      human sizes and times, JSON strings, messages

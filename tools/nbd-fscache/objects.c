@@ -4,7 +4,7 @@
  * NAME.* of the fan-out directories, and whether NAME.idx is locked
  * per /proc/locks, read without taking any lock so that looking never
  * makes a proxy find its object busy.  Each index is then read with
- * core/inspect.h (never fsc_object_open, which would discard an index
+ * core/inspect/inspect.h (never fsc_object_open, which would discard an index
  * it does not like) and closed again at once.
  *
  * Keys for humans: the key is IDENTITY NUL "export=" EXPORT
@@ -124,7 +124,7 @@ load (struct tool_cache *c, struct tool_object *o)
 }
 
 /* A write log that may hold flushed data and cannot be read whole:
- * damaged in the middle (EUCLEAN, Rule 7 of core/wlog.c) or its
+ * damaged in the middle (EUCLEAN, Rule 7 of core/wlog/wlog.c) or its
  * header unreadable.  Never clean, never discarded without --force.
  */
 bool

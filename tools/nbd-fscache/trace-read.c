@@ -38,7 +38,7 @@
 #include "trace.h"
 #include "trace-read.h"
 
-/* The layout is core/trace.h's (the filter's writer uses it too). */
+/* The layout is core/base/trace.h's (the filter's writer uses it too). */
 
 static void
 seterr (char *errbuf, size_t errlen, const char *fmt, ...)

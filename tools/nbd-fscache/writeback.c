@@ -5,7 +5,7 @@
  * moved, the filter's configuration is gone): the log NAME.wlog is the
  * only copy of what the clients wrote and flushed, and this sends it
  * to the upstream the operator names, through libfscache's own writer
- * (core/writeback.c), so in the same order and with the same
+ * (core/wlog/writeback.c), so in the same order and with the same
  * guarantees as the proxy would: one flush epoch at a time, each
  * followed by an upstream flush before the log's tail advances.
  *
@@ -34,7 +34,7 @@
  *      and removed in turn if nothing took it meanwhile.  The next
  *      proxy starts cold.
  *
- * A damaged log (Rule 7 of core/wlog.c: a record a later marker shows
+ * A damaged log (Rule 7 of core/wlog/wlog.c: a record a later marker shows
  * was flushed cannot be read) is refused as the proxy refuses it,
  * saying what would be lost.  With --salvage it is opened with
  * FSC_WLOG_SALVAGE: the intact records before the damage are written

@@ -1,7 +1,7 @@
 /* nbd-fscached: writing quota records (NAME.quota), and the fair share.
  *
  * A quota record caps the allocated bytes of an object in use; its
- * format and codec are core/quota.h, shared with the filter that
+ * format and codec are core/base/quota.h, shared with the filter that
  * reads it (docs/format.md, "Quota records").
  *
  * Written with fscd_write_atomic (NAME.quota.tmp.PID in the object's

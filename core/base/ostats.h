@@ -6,7 +6,7 @@
  * docs/format.md), the next open loads them, and an object discarded
  * for a coherency reason keeps them across its cold restart (counting
  * the invalidation).  A running proxy also publishes them, live, in
- * NAME.stats (core/ostats.c).  nbd-fscache(1) reads both.
+ * NAME.stats (core/base/ostats.c).  nbd-fscache(1) reads both.
  *
  * The order of FSC_OSTATS_FIELDS is the on-disk order: append only.
  * Counters are monotonic; the ones marked "gauge" and "time" are not.
