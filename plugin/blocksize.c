@@ -10,7 +10,7 @@
  * blocksize-error-policy=error, a server that rejects them) those
  * failed, so that every connection was refused (an unaligned sample)
  * or legal client reads failed with EIO (a 64 KiB fill over a 32 KiB
- * maximum).  Issue 29, item 2; tests/test-transparent.sh, part 2.
+ * maximum).  Issue 29, item 2; tests/filter/test-transparent.sh, part 2.
  *
  * So the data calls below take any range and turn it into requests
  * the upstream accepts:

@@ -448,7 +448,7 @@ prepare_offline (struct handle *h, struct fsc_object_params *p)
 /* Test knob: with NBD_FSCACHE_TEST_OPEN_GATE=DIR, an open stops
  * between opening the object and checking the write log (in writeback
  * mode: between the log and the object): it creates DIR/reached and
- * waits until DIR/go exists, so tests/test-wb-open-race.sh can run
+ * waits until DIR/go exists, so tests/writeback/test-wb-open-race.sh can run
  * another process's open in that gap.
  */
 static void
@@ -508,7 +508,7 @@ join_open (struct handle *h, const struct fsc_object_params *p,
  * export read-only, and so does writeback, said once per process;
  * writing it back would fail anyway.  An upstream whose can_write
  * fails is refused, as the plugin alone would be.  Sets h->wbmode.
- * Returns 0 or -1.  (Issue 29, item 1: tests/test-transparent.sh.)
+ * Returns 0 or -1.  (Issue 29, item 1: tests/filter/test-transparent.sh.)
  */
 static int
 wb_wanted (struct handle *h)
@@ -552,7 +552,7 @@ open_first (struct handle *h, struct fsc_object_params *p, const char *k,
    * comes later finds the object held and refuses.  Checking the log
    * first left a gap in which a writeback process could take both, and
    * this one would then serve the object uncached, writing around that
-   * process's dirty log.  Broken by tests/test-wb-open-race.sh.
+   * process's dirty log.  Broken by tests/writeback/test-wb-open-race.sh.
    */
   bool wbmode = h->wbmode;
   struct fsc_wlog *wl = NULL;

@@ -469,7 +469,7 @@ fscache_can_write (nbdkit_next *next, void *handle)
  * an error (a failing can_flush, a can_fua nbdkit finds invalid), the
  * connection is refused, as it would be with the plugin alone,
  * instead of the writer finding the broken upstream later (issue 29,
- * item 7: tests/test-transparent.sh).
+ * item 7: tests/filter/test-transparent.sh).
  */
 #define WB_QUERY(name, wbval)                                           \
   static int                                                            \

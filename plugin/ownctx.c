@@ -40,7 +40,7 @@
  * the client's context), no catch-up (skipped fills are fetched again
  * by the next read of them), no shared view (each connection writes on
  * its own context), writeback written through (connect.c, wb_wanted).
- * tests/test-fscache-any-plugin.sh runs every plugin of Debian 12's
+ * tests/filter/test-fscache-any-plugin.sh runs every plugin of Debian 12's
  * nbdkit that needs no outside service in every mode.
  */
 #include <config.h>

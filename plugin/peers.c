@@ -33,7 +33,7 @@
  * No loops (invariant T1 of core/base/peertree.c).  A node asks only a
  * member whose score for the range is strictly above its own, so a
  * chain of asks never loops, whatever the nodes' files say.  Broken by
- * tests/unit-peertree.c, "chains"; tests/test-fscache-peers.sh, part
+ * tests/unit/unit-peertree.c, "chains"; tests/filter/test-fscache-peers.sh, part
  * "disagreeing files", runs the fleet so.
  *
  * Only the same image (invariant P2).  The identity hashes the object

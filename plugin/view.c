@@ -10,7 +10,7 @@
  * filled through one connection's view and a write merged through
  * another's mixed versions: after every connection had flushed, a new
  * one read "Initiaworld." where the plugin alone and nbdkit's cache
- * filter read "Hello world." (tests/test-transparent.sh, part 4).
+ * filter read "Hello world." (tests/filter/test-transparent.sh, part 4).
  *
  * The rule: for such an upstream, once a client of the process has
  * written to an export, every fill and every client write, zero, trim,

@@ -1,4 +1,4 @@
-# Shared helpers of the shell tests (tests/test-fscache-*.sh).
+# Shared helpers of the shell tests (tests/*/test-*.sh).
 #
 # Source it first thing:   source "${top_srcdir:-.}/tests/functions.sh"
 #

@@ -8,7 +8,7 @@
 # FUA write writes its own range through at once.  So a connection sees
 # another's flushed writes only once it has flushed itself, and a new
 # connection sees everything flushed before it.  Used by
-# tests/test-transparent.sh, part 4.  State lives in nbdkit's $tmpdir.
+# tests/filter/test-transparent.sh, part 4.  State lives in nbdkit's $tmpdir.
 d=$tmpdir
 view () { [ -f "$d/v$1" ] || cp "$d/base" "$d/v$1"; }
 publish () {                        # CONN

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 # A strict reader of the Prometheus text exposition format (0.0.4), for
-# tests/test-tool-ls-stat.sh where promtool is missing (and beside it
+# tests/tools/test-tool-ls-stat.sh where promtool is missing (and beside it
 # where it is not): fails on anything the format does not allow, and
 # on what nbd-fscache promises beyond it (the nbd_fscache_ prefix,
 # _total on counters, HELP and TYPE before each family's samples, one

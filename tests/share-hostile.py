@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 # A hostile client of an object's share socket (core/share/share-owner.c; the
 # protocol in docs/format.md, "The share socket"), for
-# tests/test-share-hostile.sh.  Messages: a header of native-order
+# tests/share/test-share-hostile.sh.  Messages: a header of native-order
 # fields (magic, type, flags, count, err, offset) and COUNT bytes.
 #
 #   capture SOCK OUT        listen at SOCK, take one joiner's hello

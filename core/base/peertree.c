@@ -20,11 +20,11 @@
  *       strictly above its own.  So no chain of asks loops, whatever
  *       the nodes' lists say (each hop raises the score), and the
  *       claims a serving node holds while it asks upward cannot wait
- *       on each other.  Broken by tests/unit-peertree.c, "chains".
+ *       on each other.  Broken by tests/unit/unit-peertree.c, "chains".
  *   T2  with every node's list the same, a chain from any node
  *       reaches position 0 within ceil(log_K N) hops, and each member
  *       is asked by at most K others per range.  Broken by
- *       tests/unit-peertree.c, "depth" and "fan-in".
+ *       tests/unit/unit-peertree.c, "depth" and "fan-in".
  *
  * A member set aside (it failed) is left out of SCORES by the caller:
  * the positions below it move up one, so its children go to a member

@@ -239,7 +239,7 @@ fsc_cache_open (const struct fsc_cache_config *config,
     const char *tb = getenv ("NBD_FSCACHE_TEST_BUDGET");
     c->test_budget = tb == NULL ? -1 : strcmp (tb, "0") != 0;
     /* With it, a test reads a few MiB past the burst rather than
-     * 64 MiB (tests/test-fscache-any-plugin.sh: the catch-up in front
+     * 64 MiB (tests/filter/test-fscache-any-plugin.sh: the catch-up in front
      * of every plugin).
      */
     const char *tburst = getenv ("NBD_FSCACHE_TEST_BURST");
@@ -494,7 +494,7 @@ fsc_cache_close (struct fsc_cache *cache)
        * seen the stop), and were that the last one, it would close the
        * object and stop the server a second time, beside this stop:
        * a listener joined twice (a hang at exit), a server freed under
-       * it (tests/unit-object.c, test_share_partial's end, hung about
+       * it (tests/unit/unit-object.c, test_share_partial's end, hung about
        * one run in three).  With this reference, the last close is
        * ours, after the stop.
        */

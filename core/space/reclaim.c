@@ -338,7 +338,7 @@ reclaimer (void *arg)
   int r = 0;
   /* Test knob: with NBD_FSCACHE_TEST_RECLAIM_GATE=FILE the walk (and
    * the census) waits until FILE exists, so that a test can count the
-   * index reads of an open alone (tests/unit-object.c, paging).
+   * index reads of an open alone (tests/unit/unit-object.c, paging).
    */
   const char *gate = getenv ("NBD_FSCACHE_TEST_RECLAIM_GATE");
   while (gate && *gate && access (gate, F_OK) == -1 && !stopping (o))

@@ -88,7 +88,7 @@ read_logged (struct fsc_wlog *wl, const struct wl_entry *e, uint64_t s,
  * gaps between them, without it.  A gap was not dirty at the snapshot;
  * what is written there later is a later write, which a read that
  * overlaps it may or may not see, as on a disk.
- * Broken by tests/test-wb-hang.sh.
+ * Broken by tests/writeback/test-wb-hang.sh.
  */
 int
 fsc_wlog_read (struct fsc_wlog *wl, struct fsc_object *obj, void *buf,
@@ -159,7 +159,7 @@ fsc_wlog_read (struct fsc_wlog *wl, struct fsc_object *obj, void *buf,
  * rather than sub-unit records: the format, recovery and the writer's
  * batches stay as they are, and the list holds at most one entry per
  * request in flight (16 at iodepth 16), scanned under wl->lock.
- * Broken by tests/test-wb-overlap.sh.
+ * Broken by tests/writeback/test-wb-overlap.sh.
  */
 
 /* Wait until no write owns a unit of [A, B), then own it. */

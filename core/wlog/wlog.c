@@ -55,7 +55,7 @@
  * were written back and are never read.  A record whose header decodes
  * but whose data fails is damage too if a marker covers it (kept, its
  * units fail with EIO), else torn (cut with what follows).  Broken by:
- * tests/test-wb-damage.sh, tests/unit-wlog.c (8b), tests/fuzz-wlog.c
+ * tests/writeback/test-wb-damage.sh, tests/unit/unit-wlog.c (8b), tests/fuzz-wlog.c
  * (its oracle).
  *
  * Rule 8 (durable before acknowledged or sent): nothing the log holds
@@ -65,7 +65,7 @@
  * then loses; durable_seq starts at next_seq only because of that
  * sync), and the writer takes only records below durable_seq (it
  * starts the sync itself, shared with flushers through sync_upto).
- * Broken by: tests/unit-powerloss.c run_restart (a flush after kill -9
+ * Broken by: tests/unit/unit-powerloss.c run_restart (a flush after kill -9
  * and a restart, then power loss) and sent_not_durable (every unit
  * sent upstream was durable in the log).
  *
@@ -79,20 +79,20 @@
  * fits in what its records reserved).  wl_reserve keeps dirty-max
  * past the tail allocated (fallocate, KEEP_SIZE).  A record whose
  * write fails becomes a void record (WL_VOID) before anything after it
- * applies.  Broken by: tests/unit-wlog.c sections 10 (a flush loop
+ * applies.  Broken by: tests/unit/unit-wlog.c sections 10 (a flush loop
  * during an outage), 11 (zero records at the bound), 13 (a failed
- * record write, then the log goes on); tests/test-wb-diskfull.sh (the
+ * record write, then the log goes on); tests/writeback/test-wb-diskfull.sh (the
  * cache disk full, reserved and not).
  *
  * Rule 10 (overlapping writes): client writes, zeroes and trims that
  * touch the same unit are serialized, whatever their alignment: an
  * unaligned write's read-modify-write never logs an old unit over an
- * overlapping write (range_lock).  Broken by tests/test-wb-overlap.sh.
+ * overlapping write (range_lock).  Broken by tests/writeback/test-wb-overlap.sh.
  *
  * Rule 11 (no lock across upstream I/O): neither wl->lock nor
  * wl->punch is held while a read waits for the object or the
  * upstream, so reads of dirty or cached data never wait for a miss
- * (fsc_wlog_read).  Broken by tests/test-wb-hang.sh.
+ * (fsc_wlog_read).  Broken by tests/writeback/test-wb-hang.sh.
  */
 #include <config.h>
 #include <config.h>

@@ -7,8 +7,8 @@
  * there.  An epoch ends at a flush and at a completed FUA write
  * (wlog.c, fsc_wlog_flush and wl_append); the writer sends one epoch at a
  * time and flushes the upstream before it touches the next.  Broken by
- * tests/test-wb-fua.sh (FUA: the knob NBD_FSCACHE_WB_FUA_UNORDERED=1
- * leaves a FUA write's epoch open) and tests/test-wb-cacheloss.sh
+ * tests/writeback/test-wb-fua.sh (FUA: the knob NBD_FSCACHE_WB_FUA_UNORDERED=1
+ * leaves a FUA write's epoch open) and tests/writeback/test-wb-cacheloss.sh
  * (flush: NBD_FSCACHE_WB_UNORDERED=1), both judged by tests/wb-oracle
  * after a cache loss.  A FUA write is not sent upstream with FUA and
  * waited for, which would cost the client an upstream round trip per
@@ -671,7 +671,7 @@ wl_writer_stop (struct fsc_wlog *wl)
  * waiting out the drain time would only hold up the exit, writing
  * nothing (issue 29, item 5): the drain ends at once and says why.
  * nbdkit 1.32 has no hook that runs before it starts refusing sleeps,
- * so the backlog stays for the next proxy (tests/test-transparent.sh).
+ * so the backlog stays for the next proxy (tests/filter/test-transparent.sh).
  */
 uint64_t
 fsc_wlog_drain (struct fsc_wlog *wl, uint64_t timeout_ms)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # nbd-fscache: build the initramfs of the kernel nbd-client test VMs
-# (tests/test-fscache-vm.sh, tests/test-wb-vm.sh).
+# (tests/filter/test-fscache-vm.sh, tests/writeback/test-wb-vm.sh).
 #
 #   tests/vm/mkinitramfs.sh KVER INIT OUT
 #
@@ -11,7 +11,7 @@
 #   /sbin/mke2fs          mke2fs (e2fsprogs): busybox's applet cannot
 #                         make the ext2 we want (-t ext2 -q), and may be
 #                         missing from a busybox build
-#   /sbin/e2fsck          e2fsck (e2fsprogs), for tests/test-wb-vm.sh's
+#   /sbin/e2fsck          e2fsck (e2fsprogs), for tests/writeback/test-wb-vm.sh's
 #                         fsck -n in the guest (busybox has none)
 #   their shared libraries and the dynamic loader, at the paths ldd
 #   names (so the loader finds them without an ld.so.cache)
