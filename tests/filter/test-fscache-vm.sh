@@ -89,13 +89,14 @@ up_bytes () { log_read_bytes "$TMP/up.log"; }
 boot ()
 {
   local n="$1" mode="$2" log="$TMP/console-$1.log" t0 rc=0
+  local extra="${3:-}"
   t0=$(date +%s.%N)
   timeout --kill-after=10 "$timeout_s" \
     qemu-system-x86_64 -accel tcg -m 256M -smp 1 \
       -nodefaults -no-user-config -display none -no-reboot \
       -serial "file:$log.raw" \
       -kernel "$kernel" -initrd "$TMP/initramfs.gz" \
-      -append "console=ttyS0 panic=-1 quiet fscache_vm=$mode fscache_vm_server=$guest_addr" \
+      -append "console=ttyS0 panic=-1 quiet fscache_vm=$mode fscache_vm_server=$guest_addr $extra" \
       -netdev "user,id=n0,restrict=on,guestfwd=tcp:$guest_addr:10809-cmd:socat - UNIX-CONNECT:$TMP/px.sock" \
       -device e1000,netdev=n0,romfile= \
       </dev/null > "$TMP/qemu-$n.out" 2>&1 || rc=$?
@@ -178,13 +179,19 @@ stop_nbdkit "$TMP/px.pid"
 echo "proxy stats after boot 1: $(tr '\n' ' ' < "$TMP/px1.stats")"
 
 # ---- boot 2: restarted proxy, same cache: everything from the cache -----
-start_nbdkit -P "$TMP/px.pid" -U "$TMP/px.sock" \
-  --filter="$FILTER" nbd socket="$TMP/up.sock" \
+# Read-only, so that the filter advertises multi-conn, and the guest's
+# nbd-client -C 4 connects four times (issue 42: it refused -C 4);
+# counted by a log filter in front of the proxy.
+start_nbdkit -P "$TMP/px.pid" -U "$TMP/px.sock" -r --filter=log \
+  --filter="$FILTER" nbd socket="$TMP/up.sock" logfile="$TMP/px2.log" \
   fscache-dir="$TMP/cache" fscache-key=vm fscache-validate=size \
   fscache-stats="$TMP/px2.stats"
 
 b2=$(up_bytes)
-boot 2 read
+boot 2 read fscache_vm_conns=4
+conns=$(grep -c ' Connect ' "$TMP/px2.log")
+echo "boot 2: the guest's nbd-client -C 4 made $conns connections"
+[ "$conns" -ge 4 ] || fail "boot 2: nbd-client -C 4 made $conns connections"
 b3=$(up_bytes)
 sha2=$(sha_up)
 g_read=$(marker 2 sha256-initial)
