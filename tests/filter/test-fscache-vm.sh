@@ -179,9 +179,10 @@ stop_nbdkit "$TMP/px.pid"
 echo "proxy stats after boot 1: $(tr '\n' ' ' < "$TMP/px1.stats")"
 
 # ---- boot 2: restarted proxy, same cache: everything from the cache -----
-# Read-only, so that the filter advertises multi-conn, and the guest's
-# nbd-client -C 4 connects four times (issue 42: it refused -C 4);
-# counted by a log filter in front of the proxy.
+# The guest's nbd-client -C 4 connects four times (issue 42: it refused
+# -C 4 when the filter did not advertise multi-conn), counted by a log
+# filter in front of the proxy; read-only, as a boot that only reads
+# would be served.
 start_nbdkit -P "$TMP/px.pid" -U "$TMP/px.sock" -r --filter=log \
   --filter="$FILTER" nbd socket="$TMP/up.sock" logfile="$TMP/px2.log" \
   fscache-dir="$TMP/cache" fscache-key=vm fscache-validate=size \
