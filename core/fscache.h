@@ -266,8 +266,9 @@ extern int fsc_object_prefetch (struct fsc_object *obj, uint64_t offset,
 
 /* Skipped fills (catchup.c).  Noting is off until enabled; disabling
  * forgets what was noted.  fsc_catchup_take pops up to MAX bytes of
- * whole blocks of the oldest range into *OFFSET, *LEN (1), or returns
- * 0 if none is left; the taker fills them with fsc_object_prefetch
+ * neighbouring whole blocks, the first at or after where the last take
+ * ended (wrapping), into *OFFSET, *LEN (1), or returns 0 if none is
+ * left; the taker fills them with fsc_object_prefetch
  * and counts them with fsc_catchup_done (FILLED, or given up: counted
  * as dropped).  fsc_catchup_pending
  * is the bytes noted and not taken yet.

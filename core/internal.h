@@ -314,8 +314,9 @@ struct fsc_object {
 
   /* Skipped fills to make up (catchup.c), under their own leaf lock. */
   pthread_mutex_t cu_lock;
-  struct cu_range *cu;          /* a ring of ranges */
-  size_t cu_head, cu_len, cu_cap;
+  uint64_t **cu_map;            /* per chunk of blocks, its bits or NULL */
+  uint64_t cu_nchunks, cu_chunks; /* the table's length, chunks held */
+  uint64_t cu_cursor;           /* the next block fsc_catchup_take looks at */
   uint64_t cu_pending;          /* their bytes */
   bool cu_on;                   /* noting (fsc_catchup_enable) */
 
@@ -590,7 +591,6 @@ fsc_note_gone (struct fsc_object *o, struct group *g, uint64_t bits)
 /* catchup.c: note a skipped fill of [OFFSET, OFFSET + LEN) (whole
  * blocks around it), and free the ranges when the object goes.
  */
-struct cu_range;
 extern void fsc_catchup_note (struct fsc_object *o, uint64_t offset,
                               uint64_t len);
 extern void fsc_catchup_free (struct fsc_object *o);

@@ -51,7 +51,7 @@
   X (fill_skipped_bytes)  /* their bytes, read upstream and not stored */\
   X (catchup_noted_bytes) /* skipped, remembered to be made up */       \
   X (catchup_done_bytes)  /* of those, filled later (catch-up) */       \
-  X (catchup_dropped_bytes) /* of those, forgotten (bound, failure) */  \
+  X (catchup_dropped_bytes) /* of those, forgotten (memory, failure) */ \
   X (pending_hit_bytes)   /* of hit_bytes, served from fills not written */\
   X (upstream_busy_us)    /* time with upstream reads in flight */     \
   X (fill_busy_us)        /* time with fills written or synced */      \
