@@ -26,6 +26,7 @@
 #include "keyenc.h"
 #include "objops.h"
 #include "utils.h"
+#include "mrc.h"
 
 /* The fill thread, its jobs and its meters (fill.c). */
 #include "fill.h"
@@ -317,6 +318,11 @@ struct fsc_object {
   uint64_t **cu_map;            /* per chunk of blocks, its bits or NULL */
   uint64_t cu_nchunks, cu_chunks; /* the table's length, chunks held */
   uint64_t cu_cursor;           /* the next block fsc_catchup_take looks at */
+  /* The miss-ratio curve of clients' reads (mrc.c), since MRC_SINCE
+   * (seconds since the epoch): NULL without memory for it.
+   */
+  struct fsc_mrc *mrc;
+  uint64_t mrc_since;
   uint64_t cu_pending;          /* their bytes */
   bool cu_on;                   /* noting (fsc_catchup_enable) */
 

@@ -83,6 +83,17 @@ struct fsc_live_head {
   uint64_t incarnation;
   uint64_t size;
   uint32_t block_size;
+  /* The miss-ratio curve (mrc.c), written as "mrc BYTES HIT_RATIO"
+   * lines: the predicted hit ratio of a cache of BYTES, at each half
+   * octave of the block size up to the export's size; with when it
+   * started (mrc_since, seconds since the epoch) and the accesses it
+   * stands for.  MRC_N 0: none.  Parsed back too (tools).
+   */
+#define FSC_LIVE_MRC_MAX 96
+  unsigned mrc_n;
+  uint64_t mrc_since, mrc_refs;
+  uint64_t mrc_bytes[FSC_LIVE_MRC_MAX];
+  double mrc_hit[FSC_LIVE_MRC_MAX];
 };
 
 /* live.c: the text of a NAME.stats file with H and the counters S,

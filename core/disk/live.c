@@ -25,6 +25,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -99,6 +100,37 @@ fsc_live_format (FILE *fp, const struct fsc_live_head *h,
     fprintf (fp, "%s %" PRIu64 "\n", fsc_ostat_name (i), s->v[i]);
   fprintf (fp, "last_reason %s\n",
            s->last_reason ? fsc_reason_name (s->last_reason) : "none");
+  if (h->mrc_n) {
+    fprintf (fp, "mrc_since %" PRIu64 "\nmrc_refs %" PRIu64 "\n",
+             h->mrc_since, h->mrc_refs);
+    for (unsigned i = 0; i < h->mrc_n && i < FSC_LIVE_MRC_MAX; ++i)
+      fprintf (fp, "mrc %" PRIu64 " %.4f\n", h->mrc_bytes[i], h->mrc_hit[i]);
+  }
+}
+
+/* O's curve into H: a point at each half octave of the block size,
+ * up to the export's size (and the size itself).
+ */
+static void
+curve (struct fsc_object *o, struct fsc_live_head *h)
+{
+  h->mrc_n = 0;
+  if (o->mrc == NULL)
+    return;
+  h->mrc_since = o->mrc_since;
+  for (unsigned k = 0; h->mrc_n < FSC_LIVE_MRC_MAX; ++k) {
+    double blocks = ldexp (1.0, (int) (k / 2)) * (k % 2 ? M_SQRT2 : 1.0);
+    uint64_t b = (uint64_t) blocks;
+    bool last = b >= o->geom.nblocks;
+    if (last)
+      b = o->geom.nblocks;
+    h->mrc_bytes[h->mrc_n] = MIN (b << o->geom.bshift, o->geom.size);
+    h->mrc_hit[h->mrc_n++] = fsc_mrc_hit_ratio (o->mrc, b, &h->mrc_refs);
+    if (last)
+      break;
+  }
+  if (h->mrc_refs == 0)
+    h->mrc_n = 0;
 }
 
 int
@@ -162,6 +194,7 @@ fsc_live_publish (struct fsc_object *o, bool open, bool force)
   pthread_mutex_unlock (&o->lock);
   if (!due)
     return;
+  curve (o, &h);
   struct fsc_ostats s;
   fsc_ostats_snapshot (o, &s);
   int e = errno;
@@ -210,6 +243,19 @@ fsc_live_parse (FILE *fp, struct fsc_live_head *h, struct fsc_ostats *out)
       h->size = strtoull (val, NULL, 10);
     else if (strcmp (name, "block_size") == 0)
       h->block_size = strtoul (val, NULL, 10);
+    else if (strcmp (name, "mrc_since") == 0)
+      h->mrc_since = strtoull (val, NULL, 10);
+    else if (strcmp (name, "mrc_refs") == 0)
+      h->mrc_refs = strtoull (val, NULL, 10);
+    else if (strcmp (name, "mrc") == 0) {
+      double hit;
+      unsigned long long bytes;
+      if (h->mrc_n < FSC_LIVE_MRC_MAX &&
+          sscanf (line, "mrc %llu %lf", &bytes, &hit) == 2) {
+        h->mrc_bytes[h->mrc_n] = bytes;
+        h->mrc_hit[h->mrc_n++] = hit;
+      }
+    }
     else if (strcmp (name, "last_reason") == 0) {
       for (int r = 1; r < FSC_REASONS; ++r)
         if (strcmp (val, fsc_reason_name (r)) == 0)

@@ -74,6 +74,7 @@ free_object (struct fsc_object *o)
   free (o->scache);
   free (o->key);
   fsc_catchup_free (o);
+  fsc_mrc_free (o->mrc);
   fsc_data_close (o);
   if (o->files.sfd >= 0) close (o->files.sfd);
   if (o->files.ifd >= 0) close (o->files.ifd);
@@ -123,6 +124,9 @@ new_object (struct fsc_cache *c, const struct fsc_object_params *p)
     return NULL;
   }
   memcpy (o->key, p->key, p->key_len);
+  /* The curve is statistics: without memory for it, none. */
+  o->mrc = fsc_mrc_new (o->geom.nblocks);
+  o->mrc_since = fsc_wall_ms () / 1000;
   o->key_len = p->key_len;
   return o;
 }

@@ -549,6 +549,13 @@ fsc_read_counted (struct fsc_object *o, void *buf, uint32_t count,
 {
   uint64_t missed = 0;
   FSC_STAT_ADD (&o->cache->stats, read_requests, 1);
+  /* The miss-ratio curve counts what clients ask for, hit or not. */
+  if (o->mrc && count > 0 && offset < o->geom.size) {
+    uint64_t e = MIN (offset + count, o->geom.size);
+    for (uint64_t b = offset >> o->geom.bshift;
+         b <= (e - 1) >> o->geom.bshift; ++b)
+      fsc_mrc_access (o->mrc, b);
+  }
   int r = do_read (o, buf, count, offset, up, flags, &missed);
   *missedp = missed;
   /* A request is a hit if nothing of it came from upstream (a failed

@@ -17,6 +17,7 @@
 #include <config.h>
 
 #include <errno.h>
+#include <math.h>
 #include <fcntl.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -103,6 +104,23 @@ struct stats_file {
   struct fsc_ostats ctr;
 };
 
+double
+tool_mrc_at (const struct tool_object *o, uint64_t bytes)
+{
+  if (o->mrc_n == 0)
+    return -1;
+  if (bytes <= o->mrc_bytes[0])
+    return o->mrc_hit[0] * bytes / (double) (o->mrc_bytes[0] ? o->mrc_bytes[0] : 1);
+  for (unsigned i = 1; i < o->mrc_n; ++i)
+    if (bytes <= o->mrc_bytes[i]) {
+      /* Between two points, in the logarithm of the size. */
+      double a = log ((double) o->mrc_bytes[i - 1]), b = log ((double) o->mrc_bytes[i]);
+      double t = b > a ? (log ((double) bytes) - a) / (b - a) : 1;
+      return o->mrc_hit[i - 1] + t * (o->mrc_hit[i] - o->mrc_hit[i - 1]);
+    }
+  return o->mrc_hit[o->mrc_n - 1];        /* the whole export */
+}
+
 void
 tool_load_counters (int fanfd, struct tool_object *o)
 {
@@ -113,6 +131,13 @@ tool_load_counters (int fanfd, struct tool_object *o)
   double updated = sf.h.updated_ms / 1000.0;
 
   memset (&o->ctr, 0, sizeof o->ctr);
+  o->mrc_n = have ? sf.h.mrc_n : 0;
+  if (o->mrc_n) {
+    o->mrc_since = sf.h.mrc_since;
+    o->mrc_refs = sf.h.mrc_refs;
+    memcpy (o->mrc_bytes, sf.h.mrc_bytes, sizeof o->mrc_bytes);
+    memcpy (o->mrc_hit, sf.h.mrc_hit, sizeof o->mrc_hit);
+  }
   o->src = SRC_NONE;
   o->ctr_time = 0;
   if (have && o->f.locked && sf.h.open) {

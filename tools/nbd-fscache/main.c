@@ -37,6 +37,8 @@ static const struct {
     "write an object's dirty data back without a proxy" },
   { "manifest", fscache_cmd_manifest,
     "write an image's manifest, for fscache-manifest" },
+  { "advise", fscache_cmd_advise,
+    "how big each object's cache should be, from its clients' reads" },
   { "replay", fscache_cmd_replay,
     "send a block trace through a proxy, in order" },
 };

@@ -82,6 +82,11 @@ struct tool_object {
   struct fsc_ostats ctr;        /* its counters */
   enum counters_source src;
   double ctr_time;              /* when they were written (unix s) */
+  /* The miss-ratio curve from NAME.stats (any age): MRC_N points. */
+  unsigned mrc_n;
+  uint64_t mrc_since, mrc_refs;
+  uint64_t mrc_bytes[FSC_LIVE_MRC_MAX];
+  double mrc_hit[FSC_LIVE_MRC_MAX];
   int wlog_err;                 /* errno reading NAME.wlog (ENOENT:
                                  * none), or 0 */
   struct fsc_wlog_info wlog;    /* if wlog_err is 0 */
@@ -185,6 +190,11 @@ extern void tool_json_dirty (FILE *fp, const struct tool_object *o,
 extern void tool_error (const char *fmt, ...)
   __attribute__ ((format (printf, 1, 2)));
 
+/* The predicted hit ratio (0 to 1) of O's cache at BYTES, from its
+ * miss-ratio curve (interpolated), or -1 if it has none.  (live.c)
+ */
+extern double tool_mrc_at (const struct tool_object *o, uint64_t bytes);
+
 /* A size: digits and an optional suffix (k, M, G, T or KiB... powers
  * of 1024; kB, MB... of 1000).  -1 on anything else, an overflow
  * included.  (warm.c)
@@ -201,6 +211,7 @@ extern int fscache_cmd_warm (int argc, char **argv);
 extern int fscache_cmd_writeback (int argc, char **argv);
 extern int fscache_cmd_manifest (int argc, char **argv);
 extern int fscache_cmd_replay (int argc, char **argv);
+extern int fscache_cmd_advise (int argc, char **argv);
 
 /* prom.c: the Prometheus text format of objects V[0..N) and C's facts. */
 extern void tool_prometheus (FILE *fp, const struct tool_cache *c,

@@ -1,0 +1,265 @@
+/* libfscache: how big should this object's cache be?  A miss-ratio
+ * curve gathered live (issue 45), by spatial sampling as SHARDS does
+ * (Waldspurger et al., FAST '15).
+ *
+ * An LRU cache of C blocks hits an access exactly when the access's
+ * reuse distance (the distinct blocks touched since the same block's
+ * last access) is below C; the histogram of reuse distances is so the
+ * whole curve.  Counting them exactly costs memory in the export's
+ * working set.  SHARDS keeps only blocks whose hash falls under a
+ * threshold T (a rate R = T / 2^64 of them), measures distances among
+ * those and scales each by 1/R: a uniform spatial sample sees the same
+ * distances, thinned.  Fixed-size: at most MRC_SAMPLES blocks are kept;
+ * when one more passes, the one with the largest hash leaves and T
+ * drops to it, so memory stays bounded (about 40 bytes a sample, 330
+ * KiB in all) whatever the export's size, and R adapts to the working
+ * set (every block while it has fewer than MRC_SAMPLES).
+ *
+ * Distances in O(log n): each kept block's last access time (a clock of
+ * sampled accesses) is marked in a Fenwick tree, so the blocks touched
+ * since a time are a prefix count; the clock is renumbered when it
+ * reaches the tree's size, in order, which keeps every distance.  The
+ * histogram has 4 buckets an octave of scaled distance, each access
+ * weighted 1/R at the time; first accesses count as misses at any size.
+ *
+ * The curve is LRU's, not the filter's S3-FIFO's: on the shared
+ * CloudPhysics trace they are within 3 points at 1-25% of its
+ * footprint (docs/benchmarks.md).  It lives with the object, in memory,
+ * since the object was opened (NAME.stats says since when).
+ *
+ * Plain C, a leaf lock of its own; no printing.
+ */
+#include <config.h>
+
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "mrc.h"
+
+#define MRC_SAMPLES 8192                /* blocks kept, at most */
+#define MRC_TABLE (2 * MRC_SAMPLES)     /* open addressing, power of 2 */
+#define MRC_CLOCK (4 * MRC_SAMPLES)     /* the Fenwick tree's size */
+#define MRC_SUB 4                       /* buckets per octave */
+#define MRC_BUCKETS (64 * MRC_SUB + 1)  /* the last: first accesses */
+#define EMPTY UINT32_MAX
+
+struct fsc_mrc {
+  pthread_mutex_t lock;
+  uint64_t threshold;                   /* sampled: hash < threshold, or
+                                         * every block while "all" */
+  int all;
+  uint32_t n;                           /* blocks kept */
+  uint32_t table[MRC_TABLE];            /* slot of a kept block, by hash */
+  uint64_t block[MRC_SAMPLES], hash[MRC_SAMPLES];
+  uint32_t last[MRC_SAMPLES];           /* its last access, 1-based */
+  uint32_t clock;                       /* sampled accesses, mod renumbering */
+  int32_t fen[MRC_CLOCK + 1];           /* marks of last accesses */
+  uint32_t at[MRC_CLOCK + 1];           /* renumber's scratch */
+  double hist[MRC_BUCKETS];             /* weights by scaled distance */
+  double total;
+};
+
+static uint64_t
+mix (uint64_t x)                        /* splitmix64's finaliser */
+{
+  x += UINT64_C (0x9e3779b97f4a7c15);
+  x = (x ^ (x >> 30)) * UINT64_C (0xbf58476d1ce4e5b9);
+  x = (x ^ (x >> 27)) * UINT64_C (0x94d049bb133111eb);
+  return x ^ (x >> 31);
+}
+
+static void
+fen_add (struct fsc_mrc *m, uint32_t i, int32_t d)
+{
+  for (; i <= MRC_CLOCK; i += i & -i)
+    m->fen[i] += d;
+}
+
+static int32_t
+fen_sum (const struct fsc_mrc *m, uint32_t i)   /* marks at 1..i */
+{
+  int32_t s = 0;
+  for (; i > 0; i -= i & -i)
+    s += m->fen[i];
+  return s;
+}
+
+struct fsc_mrc *
+fsc_mrc_new (uint64_t nblocks)
+{
+  struct fsc_mrc *m = calloc (1, sizeof *m);
+  if (m == NULL)
+    return NULL;
+  pthread_mutex_init (&m->lock, NULL);
+  m->all = 1;
+  m->threshold = UINT64_MAX;
+  for (uint32_t i = 0; i < MRC_TABLE; ++i)
+    m->table[i] = EMPTY;
+  (void) nblocks;
+  return m;
+}
+
+void
+fsc_mrc_free (struct fsc_mrc *m)
+{
+  if (m) {
+    pthread_mutex_destroy (&m->lock);
+    free (m);
+  }
+}
+
+/* The table position holding BLOCK (hash H), or the empty one where it
+ * would go.
+ */
+static uint32_t
+probe (const struct fsc_mrc *m, uint64_t block, uint64_t h)
+{
+  uint32_t i = (uint32_t) h & (MRC_TABLE - 1);
+  while (m->table[i] != EMPTY && m->block[m->table[i]] != block)
+    i = (i + 1) & (MRC_TABLE - 1);
+  return i;
+}
+
+/* Remove table position I (linear probing's backward shift). */
+static void
+table_remove (struct fsc_mrc *m, uint32_t i)
+{
+  uint32_t j = i;
+  for (;;) {
+    m->table[i] = EMPTY;
+    for (;;) {
+      j = (j + 1) & (MRC_TABLE - 1);
+      if (m->table[j] == EMPTY)
+        return;
+      uint32_t k = (uint32_t) m->hash[m->table[j]] & (MRC_TABLE - 1);
+      /* Stays if its home lies cyclically in (i, j]. */
+      if (i <= j ? (i < k && k <= j) : (i < k || k <= j))
+        continue;
+      break;
+    }
+    m->table[i] = m->table[j];
+    i = j;
+  }
+}
+
+/* Renumber the last accesses 1..n in their order: the tree is full.
+ * (A counting sort: they are distinct, 1..clock.)
+ */
+static void
+renumber (struct fsc_mrc *m)
+{
+  memset (m->fen, 0, sizeof m->fen);
+  memset (m->at, 0, sizeof m->at);
+  for (uint32_t s = 0; s < m->n; ++s)
+    m->at[m->last[s]] = s + 1;
+  uint32_t t = 0;
+  for (uint32_t c = 1; c <= m->clock; ++c)
+    if (m->at[c]) {
+      m->last[m->at[c] - 1] = ++t;
+      fen_add (m, t, 1);
+    }
+  m->clock = t;
+}
+
+/* Drop the kept block with the largest hash; the threshold falls to
+ * it, so that no block above it is sampled again.
+ */
+static void
+evict_max (struct fsc_mrc *m)
+{
+  uint32_t s = 0;
+  for (uint32_t i = 1; i < m->n; ++i)
+    if (m->hash[i] > m->hash[s])
+      s = i;
+  __atomic_store_n (&m->threshold, m->hash[s], __ATOMIC_RELAXED);
+  __atomic_store_n (&m->all, 0, __ATOMIC_RELAXED);
+  table_remove (m, probe (m, m->block[s], m->hash[s]));
+  fen_add (m, m->last[s], -1);
+  /* The last slot fills the hole. */
+  uint32_t l = --m->n;
+  if (s != l) {
+    uint32_t p = probe (m, m->block[l], m->hash[l]);
+    m->block[s] = m->block[l];
+    m->hash[s] = m->hash[l];
+    m->last[s] = m->last[l];
+    m->table[p] = s;
+  }
+}
+
+static unsigned
+bucket_of (double d)                    /* d >= 1 */
+{
+  double b = log2 (d) * MRC_SUB;
+  return b >= MRC_BUCKETS - 1 ? MRC_BUCKETS - 2 : (unsigned) b;
+}
+
+void
+fsc_mrc_access (struct fsc_mrc *m, uint64_t block)
+{
+  uint64_t h = mix (block);
+  if (!__atomic_load_n (&m->all, __ATOMIC_RELAXED) &&
+      h >= __atomic_load_n (&m->threshold, __ATOMIC_RELAXED))
+    return;                             /* most blocks: no lock */
+  pthread_mutex_lock (&m->lock);
+  if (!m->all && h >= m->threshold) {
+    pthread_mutex_unlock (&m->lock);
+    return;
+  }
+  double r = m->all ? 1.0 : ldexp ((double) m->threshold, -64);
+  double w = 1.0 / r;
+  if (m->clock == MRC_CLOCK)
+    renumber (m);
+  uint32_t p = probe (m, block, h);
+  if (m->table[p] != EMPTY) {
+    uint32_t s = m->table[p];
+    /* Distinct kept blocks touched since: marks after its time, and
+     * itself (an LRU of d + 1 blocks holds it).
+     */
+    int32_t since = fen_sum (m, MRC_CLOCK) - fen_sum (m, m->last[s]);
+    m->hist[bucket_of ((since + 1) * w)] += w;
+    fen_add (m, m->last[s], -1);
+    m->last[s] = ++m->clock;
+    fen_add (m, m->last[s], 1);
+  }
+  else {
+    m->hist[MRC_BUCKETS - 1] += w;      /* a first access: a miss */
+    uint32_t s = m->n++;
+    m->block[s] = block;
+    m->hash[s] = h;
+    m->last[s] = ++m->clock;
+    fen_add (m, m->last[s], 1);
+    m->table[p] = s;
+    if (m->n > MRC_SAMPLES - 1)
+      evict_max (m);
+  }
+  m->total += w;
+  pthread_mutex_unlock (&m->lock);
+}
+
+double
+fsc_mrc_hit_ratio (struct fsc_mrc *m, uint64_t size, uint64_t *refs)
+{
+  pthread_mutex_lock (&m->lock);
+  double hits = 0, total = m->total;
+  if (size > 0) {
+    double b = log2 ((double) size) * MRC_SUB;
+    for (unsigned i = 0; i < MRC_BUCKETS - 1; ++i) {
+      /* Bucket i holds distances in [2^(i/SUB), 2^((i+1)/SUB)): whole
+       * below SIZE, a share of the one SIZE falls in.
+       */
+      if (i + 1 <= b)
+        hits += m->hist[i];
+      else {
+        if (b > i)
+          hits += m->hist[i] * (b - i);
+        break;
+      }
+    }
+  }
+  pthread_mutex_unlock (&m->lock);
+  if (refs)
+    *refs = (uint64_t) total;
+  return total > 0 ? hits / total : 0;
+}

@@ -1,0 +1,23 @@
+/* libfscache: an object's miss-ratio curve, gathered live (mrc.c). */
+#ifndef FSC_MRC_H
+#define FSC_MRC_H
+
+#include <stdint.h>
+
+struct fsc_mrc;
+
+/* A curve for an export of NBLOCKS blocks; NULL with errno ENOMEM. */
+extern struct fsc_mrc *fsc_mrc_new (uint64_t nblocks);
+extern void fsc_mrc_free (struct fsc_mrc *m);
+
+/* A client read of BLOCK.  Thread-safe (a leaf lock of its own). */
+extern void fsc_mrc_access (struct fsc_mrc *m, uint64_t block);
+
+/* The predicted hit ratio (0 to 1) of an LRU cache of SIZE blocks, for
+ * the accesses seen so far; *REFS (if not NULL) the accesses the curve
+ * stands for (sampled, scaled).  0 if none seen yet.
+ */
+extern double fsc_mrc_hit_ratio (struct fsc_mrc *m, uint64_t size,
+                                 uint64_t *refs);
+
+#endif /* FSC_MRC_H */
