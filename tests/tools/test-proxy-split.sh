@@ -156,7 +156,8 @@ if ! command -v systemd-socket-activate >/dev/null; then
   exit 77
 fi
 rm -rf "$TMP/cache"
-conf sa plugin=curl "upstream=url=$url" filter=delay upstream=rdelay=2ms \
+conf sa plugin=curl "upstream=url=$url" filter=log \
+  "upstream=logfile=$TMP/sa-back.log" filter=delay upstream=rdelay=2ms \
   fscache-key=sa "fscache-dir=$TMP/cache-sa" "socket=$TMP/sa.sock" \
   fscache-readahead=0
 systemd-socket-activate -l "$TMP/sa.sock" \
@@ -175,6 +176,13 @@ for fd in /proc/"$first"/fd/*; do
   [ "$(readlink "$fd")" != "$(readlink "/proc/$sa/fd/3")" ] ||
     fail "part 5: the back inherited the listening socket"
 done
+# Under the copy: once the back serves its fills (reads of 64 KiB or
+# more, not the 4 KiB sample reads),
+# after the client's open (whose coherency sample, read once on the
+# client's own connection to the back, fails with the back killed
+# under it: seen once in CI, and left as it is, see issue 42's note).
+fills () { grep -q ' Read id=.* count=0x[0-9a-f]\{5,\} ' "$TMP/sa-back.log" 2>/dev/null; }
+wait_until fills || fail "part 5: the back served no fill"
 kill -9 "$first"
 wait $copy || { cat "$TMP/sa.err" >&2; fail "part 5: the copy failed after the back was killed"; }
 cmp "$TMP/www/img" "$TMP/sa-copy" || fail "part 5: the copy differs"
