@@ -20,9 +20,30 @@ Two parts:
    sending S (S/B), a node receiving S (S/L), and the busiest owner
    sending its share to N-1 askers (max_share * (N-1) / L).
 
+3. A lockstep boot, modelled for both designs (issue 41): every node
+   reads the same ranges in the same order at the same time, W ranges
+   in flight per node.  Flat (fscache-peer-fanout=0): a range's owner
+   serves it to all N-1 others at once, and only the owners of the W
+   ranges in flight are busy, so each range takes (N-1) R / L on its
+   owner's link and the boot S / (W R) of those: S (N-1) / (W L).
+   Tree (K children per node per range): a range goes down a K-ary
+   tree of depth d = ceil(log_K N), each node sending it to at most K,
+   pipelined: S K / (W L) plus the depth's latency d (R / L + RTT).
+   Both bounded below by the origin sending S once (S / B) and a node
+   receiving S (S / L).  Connections per node: flat, an asker holds one
+   to each owner of the ranges it reads, up to N-1, and serves N-1; a
+   tree node serves at most K per range, but over all ranges most
+   nodes ask it for some (N-1 at worst, as measured: docs/benchmarks.md).
+   The model ignores CPU (the measured 8-32 node runs on 2 cores are
+   CPU-bound, so they cannot calibrate it) and the deadlines: a flat
+   owner whose range takes longer than the 10 s peer deadline sets its
+   askers off to the next owner and the origin, which the "deadline"
+   column flags.
+
 Usage: fleet-model.py [--nodes=1000] [--image=10G] [--origin=200M]
-                      [--link=10G]
+                      [--link=10G] [--window=8] [--fanout=8] [--rtt=0.0005]
 """
+import math
 import hashlib
 import statistics
 import sys
@@ -50,7 +71,7 @@ def owner(members, key, r):
 
 def main():
     opts = {'nodes': '1000', 'image': '10G', 'origin': '200M',
-            'link': '10G'}
+            'link': '10G', 'window': '8', 'fanout': '8', 'rtt': '0.0005'}
     for a in sys.argv[1:]:
         k, _, v = a.lstrip('-').partition('=')
         if k not in opts:
@@ -91,6 +112,27 @@ def main():
           f"({alone_time / 3600:.1f} h); with peers {peers_time:,.0f} s "
           f"(origin {s * 8 / b:,.0f} s, own link {s * 8 / link:,.1f} s, "
           f"busiest owner {share * (n - 1) * 8 / link:,.1f} s)")
+    lockstep(s, b, link, int(opts['window']), int(opts['fanout']),
+             float(opts['rtt']))
+
+
+def lockstep(s, b, link, w, k, rtt):
+    r = 1 << 20
+    print(f"lockstep boot of {s / (1 << 30):.0f} GiB, {w} ranges in flight "
+          f"per node, links {link / 1e9:g} Gbit/s, origin {b / 1e6:g} "
+          f"Mbit/s, K = {k}:")
+    print(f"  {'nodes':>6} {'flat (s)':>10} {'deadline':>9} {'tree (s)':>10} "
+          f"{'depth':>6} {'tree/flat':>10} {'origin (x)':>11}")
+    floor = max(s * 8 / b, s * 8 / link)
+    for n in (8, 16, 32, 64, 1000, 10000):
+        per_range_flat = (n - 1) * r * 8 / link
+        flat = max(floor, s * (n - 1) * 8 / (w * link))
+        d = max(1, math.ceil(math.log(n, k))) if n > 1 else 0
+        tree = max(floor, s * min(k, n - 1) * 8 / (w * link)
+                   + d * (r * 8 / link + rtt))
+        late = "past 10 s" if per_range_flat > 10 else "-"
+        print(f"  {n:>6} {flat:>10,.1f} {late:>9} {tree:>10,.1f} {d:>6} "
+              f"{tree / flat:>10.3f} {1 + n * 32 * 1024 / s:>11.4f}")
 
 
 if __name__ == '__main__':
