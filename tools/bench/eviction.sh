@@ -11,19 +11,21 @@
 # capacity in blocks.
 #
 # Usage: tools/bench/eviction.sh [TRACE] [FRACTIONS...]
-#   TRACE      default ../shared/traces/cloudphysics-sample.trace.xz
+#   TRACE      default tests/data/cloudphysics-sample.trace.xz
 #   FRACTIONS  default 0.01 0.05 0.1 0.25
-# Environment: SIMULATE (simulate.py), OUT (a directory for the runs).
+# Environment: SIMULATE (simulate.py, the reference simulator beside the
+# public traces: default ../shared/traces/simulate.py), OUT (a directory
+# for the runs).
 set -euo pipefail
 BENCH_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 : "${top_srcdir:=$(cd "$BENCH_DIR/../.." && pwd)}"
 : "${top_builddir:=$top_srcdir}"
 FILTER="${FSCACHE_FILTER:-$top_builddir/plugin/.libs/nbdkit-fscache-filter.so}"
 TOOL="$top_builddir/tools/nbd-fscache/nbd-fscache"
-TRACE="${1:-$top_srcdir/../shared/traces/cloudphysics-sample.trace.xz}"
+TRACE="${1:-$top_srcdir/tests/data/cloudphysics-sample.trace.xz}"
 shift || true
 FRACTIONS="${*:-0.01 0.05 0.1 0.25}"
-SIMULATE="${SIMULATE:-$(dirname "$TRACE")/simulate.py}"
+SIMULATE="${SIMULATE:-$top_srcdir/../shared/traces/simulate.py}"
 OUT="${OUT:-$(mktemp -d /tmp/fscache-eviction.XXXXXX)}"
 BS=4096
 mkdir -p "$OUT"
