@@ -15,6 +15,8 @@
 #  2. fscache-key=NAME: the key stays the name.
 #  3. Prometheus: promtool accepts the output, whose key labels are the
 #     names (object= stays the file name).
+#  4. tools/grafana/nbd-fscache.json: every metric its panels query is
+#     in that output (the miss-ratio curve's too: the objects were read).
 #
 # Each object is opened twice (a second pass reopens it, the label
 # already on disk, which must read back as written).
@@ -92,5 +94,19 @@ grep -q "key=\"curl url=http://127.0.0.1:$PORT/img\"" "$TMP/prom.out" ||
 promtool check metrics < "$TMP/prom.out" > "$TMP/promtool.out" 2>&1 ||
   { cat "$TMP/promtool.out"; fail "part 3: promtool rejects the output"; }
 echo "part 3: promtool accepts the named labels"
+
+# ---- 4. the Grafana dashboard's queries ----
+"$PYTHON" - "$top_srcdir/tools/grafana/nbd-fscache.json" "$TMP/prom.out" <<'PY' ||
+import json, re, sys
+d = json.load(open(sys.argv[1]))
+have = {l.split()[2] for l in open(sys.argv[2]) if l.startswith("# TYPE ")}
+want = {m for p in d["panels"] for t in p["targets"]
+        for m in re.findall(r"nbd_fscache_[a-z_]+", t["expr"])}
+missing = sorted(want - have)
+if missing:
+    sys.exit("the dashboard queries metrics stat --prometheus lacks: " + " ".join(missing))
+print("part 4: the dashboard's %d metrics are all in the output" % len(want))
+PY
+  fail "part 4: the Grafana dashboard queries a metric that does not exist"
 
 echo "$0: OK"

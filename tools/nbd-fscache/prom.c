@@ -11,6 +11,7 @@
 #include <config.h>
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "nbd-fscache.h"
@@ -104,6 +105,28 @@ tool_prometheus (FILE *fp, const struct tool_cache *c,
           "Age of the oldest write not yet written back, 0 if none.");
   for (size_t k = 0; k < n; ++k)
     sample_f (fp, "dirty_oldest_age_seconds", v[k], tool_dirty_age (v[k]));
+
+  /* The miss-ratio curve (issue 45): the hit ratio predicted at
+   * multiples of what each object holds now, a "scale" label each.
+   */
+  family (fp, "predicted_hit_ratio", "gauge",
+          "Hit ratio an LRU cache of scale times the cached bytes would "
+          "have had for the clients' reads since the object was opened.");
+  for (size_t k = 0; k < n; ++k) {
+    static const char *const scales[] = { "0.25", "0.5", "1", "2", "4", "8" };
+    const struct tool_object *o = v[k];
+    if (o->mrc_n == 0 || o->info.cached_bytes == 0)
+      continue;
+    for (unsigned i = 0; i < 6; ++i) {
+      fprintf (fp, "nbd_fscache_predicted_hit_ratio{object=");
+      label (fp, o->f.name);
+      fprintf (fp, ",key=");
+      label (fp, o->key);
+      fprintf (fp, ",scale=\"%s\"} %.4f\n", scales[i],
+               tool_mrc_at (o, (uint64_t) (o->info.cached_bytes *
+                                           atof (scales[i]))));
+    }
+  }
 
   for (unsigned i = 0; i < FSC_OSTATS_COUNT; ++i) {
     char kind = tool_ostat_kind (i);
