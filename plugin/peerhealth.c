@@ -31,7 +31,9 @@
  */
 #include <config.h>
 
+#include <inttypes.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -148,6 +150,28 @@ peer_health_fail (struct peer_health *h, int64_t now, unsigned *seconds)
     return false;
   *seconds = set_aside_locked (h, now);
   return true;
+}
+
+size_t
+peer_health_format (char *buf, size_t size)
+{
+  size_t len = 0;
+  int64_t now = (int64_t) fsc_mono_ms ();
+  SCOPED_LOCK (&health_lock);
+  for (struct peer_health *h = healths; h; h = h->next) {
+    int64_t until = __atomic_load_n (&h->backoff_until, __ATOMIC_RELAXED);
+    int n = 0;
+    if (h->self)
+      n = snprintf (buf + MIN (len, size), size - MIN (len, size),
+                    "peer_self %s\n", h->uri);
+    else if (until > now)
+      n = snprintf (buf + MIN (len, size), size - MIN (len, size),
+                    "peer_aside %s %" PRId64 "\n", h->uri,
+                    (until - now + 999) / 1000);
+    if (n > 0)
+      len += (size_t) n;
+  }
+  return len;
 }
 
 /*----------------------------------------------------------------------

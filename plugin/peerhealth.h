@@ -38,6 +38,13 @@ extern bool peer_health_fail (struct peer_health *h, int64_t now,
 extern void peer_health_self_seen (uint32_t token);
 extern bool peer_health_was_self (uint32_t token);
 
+/* The peers set aside now, as stats-file lines
+ * "peer_aside URI SECONDS_LEFT" (or "peer_self URI" for a self alias),
+ * into BUF of SIZE; the bytes it would take (as snprintf).
+ */
+#include <stddef.h>
+extern size_t peer_health_format (char *buf, size_t size);
+
 /* The prober: PROBE (the NBD handshake to a URI, under a deadline)
  * called from a thread of its own for set-aside peers shortly before
  * their time is up; counted on CACHE, which gets the gauge

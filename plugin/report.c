@@ -27,6 +27,7 @@
 #include "utils.h"
 
 #include "params.h"
+#include "peerhealth.h"
 #include "handle.h"
 #include "say.h"
 
@@ -67,6 +68,15 @@ write_stats (void)
   }
   fsc_cache_stats (state.cache, &st);
   size_t len = fsc_stats_format (&st, buf, sizeof buf);
+  /* The fleet's members set aside now, one line each (issue 41), if
+   * they fit (the gauge peers_aside counts them all).
+   */
+  char pbuf[1024];
+  size_t plen = peer_health_format (pbuf, sizeof pbuf);
+  if (plen < sizeof pbuf && len + plen < sizeof buf) {
+    memcpy (buf + len, pbuf, plen);
+    len += plen;
+  }
   if (len >= sizeof buf ||
       asprintf (&tmp, "%s.XXXXXX", params.stats_file) == -1) {
     tmp = NULL;

@@ -50,7 +50,7 @@
 #     5 s set-aside ends and sets it aside again (peer_probes_failed),
 #     so that a third export's reads, after those 5 s, count no more
 #     peer errors (they used to pay a deadline and its retry again),
-#     and the gauge peers_aside says 1.
+#     the gauge peers_aside says 1 and a peer_aside line names node 2.
 #  7. fscache-peer-max-inbound=1 on 6 flat nodes copying at once: the
 #     copies are identical, nodes answered "busy" past the cap and
 #     their askers took it as such (peer_busy), none was set aside.
@@ -404,6 +404,8 @@ h = nbd.NBD(); h.set_export_name("a"); h.connect_unix(sys.argv[1]); h.shutdown()
     [ "$(stat_value "$TMP/s1" peer_probes_failed)" -ge 1 ]
 }
 wait_until probed || fail "part 6: the prober never found node 2 still down"
+grep "^peer_aside nbd+unix:///?socket=$TMP/n2.sock [0-9]*$" "$TMP/s1" ||
+  fail "part 6: the stats file does not name node 2 as set aside"
 # Past the first set-aside's end: a new export's reads (half of its
 # ranges are node 2's) must not try node 2 again.
 cat > "$TMP/all6.py" <<'EOF2'
