@@ -54,18 +54,21 @@
 #  7. fscache-peer-max-inbound=1 on 6 flat nodes copying at once: the
 #     copies are identical, nodes answered "busy" past the cap and
 #     their askers took it as such (peer_busy), none was set aside.
-#  8. One connection per asker, many reads on it, where the server
-#     allows (TLS: see below): 8 nodes with fscache-peer-tls-psk,
-#     fanout 3, the origin rate-limited, node 8 killed (-9) with its
-#     reads in flight once a quarter has left the origin: the others'
-#     copies are the image (no node went down with it); at each node,
-#     no asker held more than 2 peer connections to it at once (a
-#     dropped one may drain beside its replacement; 8 before), and
-#     some connection carried several reads at once.  Over plain
-#     sockets Debian 12's nbdkit aborts when a client hangs up with two
-#     replies queued (fixed in 1.33.10), so there the links keep one
-#     read per connection, and part 2 is the test of that: with many
-#     reads on one, killing node 5 took its parents down.
+#  8. Many reads on one connection per asker, and only where the
+#     server survives an asker that dies (plugin/peerlink.c): nbdkit
+#     1.32.4 to 1.33.9 (Debian 12's 1.32.5) break when a client hangs
+#     up with two replies queued, over plain sockets (an abort) and
+#     over TLS (an assertion in nettle, seen once in CI with this part
+#     killing an asker).  a. 8 nodes over TLS, fanout 3, the origin
+#     rate-limited, node 8 killed (-9) with its reads in flight once a
+#     quarter has left the origin: the others' copies are the image (no
+#     node went down with it); on such an nbdkit no peer connection
+#     carried two reads at once, elsewhere no asker held more than 2
+#     connections to a node.  b. The multiplexed links forced
+#     (NBD_FSCACHE_TEST_PEER_DEPTH=64), 8 nodes, nobody killed: the
+#     copies are the image, no asker held more than 2 peer connections
+#     to a node at once (8 before issue 41), and some connection
+#     carried several reads at once.
 #  9. A half-written peers file: node 1's file, changed in place, ends
 #     mid-line (a writer stopped between two writes) throughout reads
 #     of 2 s at least (half the image, the origin at 32 Mbit/s, bursts
@@ -467,35 +470,12 @@ echo "part 7: $N nodes serving one peer connection each: $busy busy" \
 [ "$pr" -gt 0 ] || fail "part 7: nothing was read from peers"
 stop_nbdkit "$TMP/o7.pid"
 
-# ---- 8. TLS: one multiplexed connection per asker ----
-fresh
-N=8
-printf 'fleet:%s\n' "$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')" \
-  > "$TMP/psk8"
-chmod 600 "$TMP/psk8"
-origin o8 rate rate=64M
-for i in $(seq 1 $N); do self "$i"; done > "$TMP/p8"
-for i in $(seq 1 $N); do
-  node "$i" o8 "$TMP/p8" fscache-peer-fanout=3 --tls=on --tls-psk="$TMP/psk8" \
-    fscache-peer-tls-psk="$TMP/psk8"
-done
-pids=()
-for i in $(seq 1 $N); do
-  timeout 120 nbdcopy "$(self "$i")" "$TMP/out$i" 2>"$TMP/copy$i.err" &
-  pids+=($!)
-done
-quarter8 () { [ "$(log_read_bytes "$TMP/o8.log")" -ge $((size / 4)) ]; }
-wait_until quarter8 || fail "part 8: the origin never sent a quarter"
-kill9_nbdkit "$TMP/n8.pid"
-for i in $(seq 1 $N); do
-  [ "$i" = 8 ] && { wait "${pids[$((i - 1))]}" || true; continue; }
-  wait "${pids[$((i - 1))]}" || fail "part 8: node $i's copy failed"
-  cmp "$img" "$TMP/out$i" || fail "part 8: node $i's copy differs"
-done
-stop_nodes 1 2 3 4 5 6 7
-# The most peer connections one asker held open at once at one node,
-# and the most reads in flight on one peer connection.
-read -r conns depth < <("$PYTHON" - "$TMP"/n[1-7].log <<'EOF2'
+# ---- 8. one connection per asker, where the server allows it ----
+# conns_depth LOG...: the most peer connections one asker held open at
+# once at one node, and the most reads in flight on one of them.
+conns_depth ()
+{
+  "$PYTHON" - "$@" <<'EOF2'
 import re, sys, collections
 most_conns = most_depth = 0
 for path in sys.argv[1:]:
@@ -520,13 +500,65 @@ for path in sys.argv[1:]:
             flight[c] -= 1
 print(most_conns, most_depth)
 EOF2
-)
-echo "part 8: TLS, node 8 killed: the most peer connections of one asker" \
-     "at one node at once: $conns; the most reads on one at once: $depth"
-[ "$conns" -ge 1 ] || fail "part 8: no peer connection was logged (test bug?)"
-[ "$conns" -le 2 ] || fail "part 8: an asker held $conns connections to a node"
-[ "$depth" -ge 2 ] || fail "part 8: no peer connection carried two reads"
+}
+v=$(nbdkit --version | awk '{ print $2 }')
+breaks=$("$PYTHON" -c "
+v = tuple(int(x) for x in '$v'.split('.')[:3])
+print(1 if (1,32,4) <= v < (1,33,0) or (1,33,3) <= v < (1,33,10) else 0)")
+fresh
+N=8
+printf 'fleet:%s\n' "$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')" \
+  > "$TMP/psk8"
+chmod 600 "$TMP/psk8"
+origin o8 rate rate=64M
+for i in $(seq 1 $N); do self "$i"; done > "$TMP/p8"
+for i in $(seq 1 $N); do
+  node "$i" o8 "$TMP/p8" fscache-peer-fanout=3 --tls=on --tls-psk="$TMP/psk8" \
+    fscache-peer-tls-psk="$TMP/psk8"
+done
+pids=()
+for i in $(seq 1 $N); do
+  timeout 120 nbdcopy "$(self "$i")" "$TMP/out$i" 2>"$TMP/copy$i.err" &
+  pids+=($!)
+done
+quarter8 () { [ "$(log_read_bytes "$TMP/o8.log")" -ge $((size / 4)) ]; }
+wait_until quarter8 || fail "part 8a: the origin never sent a quarter"
+kill9_nbdkit "$TMP/n8.pid"
+for i in $(seq 1 $N); do
+  [ "$i" = 8 ] && { wait "${pids[$((i - 1))]}" || true; continue; }
+  wait "${pids[$((i - 1))]}" || fail "part 8a: node $i's copy failed"
+  cmp "$img" "$TMP/out$i" || fail "part 8a: node $i's copy differs"
+done
+stop_nodes 1 2 3 4 5 6 7
+read -r conns depth < <(conns_depth "$TMP"/n[1-7].log)
+echo "part 8a: TLS, node 8 killed (nbdkit $v): the most peer connections" \
+     "of one asker at one node at once: $conns; the most reads on one: $depth"
+[ "$conns" -ge 1 ] || fail "part 8a: no peer connection was logged (test bug?)"
+if [ "$breaks" = 1 ]; then
+  [ "$depth" -le 1 ] ||
+    fail "part 8a: $depth reads on one connection, on an nbdkit that breaks when a client dies"
+else
+  [ "$conns" -le 2 ] || fail "part 8a: an asker held $conns connections to a node"
+fi
 stop_nbdkit "$TMP/o8.pid"
+
+fresh
+origin o8b rate rate=64M
+for i in $(seq 1 $N); do
+  NBD_FSCACHE_TEST_PEER_DEPTH=64 node "$i" o8b "$TMP/p8" fscache-peer-fanout=3
+done
+copy $(seq 1 $N)
+for i in $(seq 1 $N); do
+  cmp "$img" "$TMP/out$i" || fail "part 8b: node $i's copy differs"
+done
+stop_nodes $(seq 1 $N)
+read -r conns depth < <(conns_depth "$TMP"/n[1-8].log)
+echo "part 8b: multiplexed links forced: the most peer connections of one" \
+     "asker at one node at once: $conns; the most reads on one: $depth"
+[ "$conns" -ge 1 ] || fail "part 8b: no peer connection was logged (test bug?)"
+[ "$conns" -le 2 ] || fail "part 8b: an asker held $conns connections to a node"
+[ "$depth" -ge 2 ] || fail "part 8b: no peer connection carried two reads"
+stop_nbdkit "$TMP/o8b.pid"
 
 # ---- 9. a half-written peers file ----
 fresh

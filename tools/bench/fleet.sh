@@ -23,9 +23,12 @@
 #   manifest  peers, each node checking every peer's block against
 #           the image's manifest (fscache-manifest, nbd-fscache
 #           manifest, written once at the start)
-#   tls     peers, over TLS with a pre-shared key: each asker keeps one
-#           connection per peer and export, many reads in flight on it
-#           (over plain sockets Debian 12's nbdkit forbids that: see
+#   tls     peers, over TLS with a pre-shared key
+#   mux     peers, each asker keeping one connection per peer and
+#           export with many reads in flight on it, forced
+#           (NBD_FSCACHE_TEST_PEER_DEPTH=64): the filter does so by
+#           itself only under an nbdkit that survives a client dying
+#           with replies queued, which Debian 12's does not (see
 #           plugin/peerlink.c; there it keeps up to 8, one read each)
 #   kill    peers, and node 2 is killed (-9) halfway through its copy;
 #           the others must finish, identical (cmp), the origin's
@@ -129,7 +132,9 @@ run () {
     [ "$cfg" = tls ] && extra+=(--tls=on --tls-psk="$OUT/psk"
                                 fscache-peer-tls-psk="$OUT/psk")
     mkdir -m 700 "$d/c$i"
-    nbdkit -f -U "$d/n$i.sock" -P "$d/n$i.pid" --filter="$FILTER" \
+    local env=()
+    [ "$cfg" = mux ] && env=(NBD_FSCACHE_TEST_PEER_DEPTH=64)
+    env "${env[@]}" nbdkit -f -U "$d/n$i.sock" -P "$d/n$i.pid" --filter="$FILTER" \
       nbd socket="$d/origin.sock" fscache-dir="$d/c$i" \
       fscache-stats="$d/s$i" "${extra[@]}" 2>>"$d/n$i.err" &
     pids+=($!)
