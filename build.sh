@@ -87,12 +87,15 @@ case "${1:-}" in
     rm -f test-suite.log
     touch .check-started
     make -j"$(nproc)" check || status=$?
-    # A failing test's own last lines, so that a run seen only from
-    # its output (CI) says why, not only which.
+    # A failing test's parts and failure lines, then its last lines, so
+    # that a run seen only from its output (CI) says why, not only
+    # which (the tests' own dumps of server logs fill their ends).
     for trs in $(find tests -name '*.trs' -newer .check-started \
                    -exec grep -l '^:test-result: \(FAIL\|ERROR\|XPASS\)' {} +); do
-      echo "==== the last lines of ${trs%.trs}.log ===="
-      tail -n 40 "${trs%.trs}.log"
+      echo "==== ${trs%.trs}.log: its parts and failures, then its end ===="
+      grep -a -E '^part |FAIL|check failed|Assertion' "${trs%.trs}.log" | head -n 40
+      echo "----"
+      tail -n 25 "${trs%.trs}.log"
     done
     # The automake totals, as one line (the last one printed).
     if [ -f test-suite.log ]; then
