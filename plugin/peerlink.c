@@ -329,6 +329,17 @@ set_tls (struct nbd_handle *nbd)
   return 0;
 }
 
+/* NBD connected to URI (opt mode, TLS as set) up to the options by
+ * DEADLINE, a dial's and a probe's start: 0, or -1 with errno.
+ */
+static int
+reach_options (struct nbd_handle *nbd, const char *uri, int64_t deadline)
+{
+  return nbd_set_opt_mode (nbd, true) == -1 || set_tls (nbd) == -1 ||
+    nbd_aio_connect_uri (nbd, uri) == -1 ||
+    wait_for (nbd, deadline, negotiating, 0) == -1 ? -1 : 0;
+}
+
 /* A new connection to URI for the export EXPORT_NAME, ready by
  * DEADLINE, or NULL with errno.
  */
@@ -340,9 +351,7 @@ dial (const char *export_name, const char *uri, int64_t deadline)
     errno = nbd_get_errno () ? nbd_get_errno () : ENOMEM;
     return NULL;
   }
-  if (nbd_set_opt_mode (nbd, true) == -1 || set_tls (nbd) == -1 ||
-      nbd_aio_connect_uri (nbd, uri) == -1 ||
-      wait_for (nbd, deadline, negotiating, 0) == -1)
+  if (reach_options (nbd, uri, deadline) == -1)
     goto fail;
   if (nbd_aio_is_negotiating (nbd) &&
       (nbd_set_export_name (nbd, export_name) == -1 ||
@@ -776,9 +785,7 @@ peer_link_pread (struct peer_link *l, const char *ident,
   return -1;
 }
 
-/* The prober's look at a set-aside peer (peerhealth.c): does URI's NBD
- * server get as far as the options, within the deadline?
- */
+/* The prober's look (peerlink.h). */
 bool
 peer_link_probe (const char *uri)
 {
@@ -786,10 +793,7 @@ peer_link_probe (const char *uri)
   struct nbd_handle *nbd = nbd_create ();
   if (nbd == NULL)
     return false;
-  bool up =
-    nbd_set_opt_mode (nbd, true) != -1 && set_tls (nbd) != -1 &&
-    nbd_aio_connect_uri (nbd, uri) != -1 &&
-    wait_for (nbd, deadline, negotiating, 0) != -1 &&
+  bool up = reach_options (nbd, uri, deadline) == 0 &&
     nbd_aio_is_negotiating (nbd);
   nbd_close (nbd);
   return up;

@@ -87,7 +87,7 @@ fen_sum (const struct fsc_mrc *m, uint32_t i)   /* marks at 1..i */
 }
 
 struct fsc_mrc *
-fsc_mrc_new (uint64_t nblocks)
+fsc_mrc_new (void)
 {
   struct fsc_mrc *m = calloc (1, sizeof *m);
   if (m == NULL)
@@ -97,7 +97,6 @@ fsc_mrc_new (uint64_t nblocks)
   m->threshold = UINT64_MAX;
   for (uint32_t i = 0; i < MRC_TABLE; ++i)
     m->table[i] = EMPTY;
-  (void) nblocks;
   return m;
 }
 

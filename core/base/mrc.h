@@ -6,8 +6,10 @@
 
 struct fsc_mrc;
 
-/* A curve for an export of NBLOCKS blocks; NULL with errno ENOMEM. */
-extern struct fsc_mrc *fsc_mrc_new (uint64_t nblocks);
+/* A new curve, the same size whatever the export's; NULL with errno
+ * ENOMEM.
+ */
+extern struct fsc_mrc *fsc_mrc_new (void);
 extern void fsc_mrc_free (struct fsc_mrc *m);
 
 /* A client read of BLOCK.  Thread-safe (a leaf lock of its own). */

@@ -104,6 +104,8 @@ struct stats_file {
   struct fsc_ostats ctr;
 };
 
+const double tool_mrc_scales[TOOL_MRC_SCALES] = { 0.25, 0.5, 1, 2, 4, 8 };
+
 double
 tool_mrc_at (const struct tool_object *o, uint64_t bytes)
 {

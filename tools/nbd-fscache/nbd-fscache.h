@@ -194,6 +194,11 @@ extern void tool_error (const char *fmt, ...)
  * miss-ratio curve (interpolated), or -1 if it has none.  (live.c)
  */
 extern double tool_mrc_at (const struct tool_object *o, uint64_t bytes);
+/* The multiples of the cached size stat and its Prometheus output give
+ * the predicted hit ratio at.  (live.c)
+ */
+#define TOOL_MRC_SCALES 6
+extern const double tool_mrc_scales[TOOL_MRC_SCALES];
 
 /* A size: digits and an optional suffix (k, M, G, T or KiB... powers
  * of 1024; kB, MB... of 1000).  -1 on anything else, an overflow

@@ -113,18 +113,17 @@ tool_prometheus (FILE *fp, const struct tool_cache *c,
           "Hit ratio an LRU cache of scale times the cached bytes would "
           "have had for the clients' reads since the object was opened.");
   for (size_t k = 0; k < n; ++k) {
-    static const char *const scales[] = { "0.25", "0.5", "1", "2", "4", "8" };
     const struct tool_object *o = v[k];
     if (o->mrc_n == 0 || o->info.cached_bytes == 0)
       continue;
-    for (unsigned i = 0; i < 6; ++i) {
+    for (unsigned i = 0; i < TOOL_MRC_SCALES; ++i) {
+      double m = tool_mrc_scales[i];
       fprintf (fp, "nbd_fscache_predicted_hit_ratio{object=");
       label (fp, o->f.name);
       fprintf (fp, ",key=");
       label (fp, o->key);
-      fprintf (fp, ",scale=\"%s\"} %.4f\n", scales[i],
-               tool_mrc_at (o, (uint64_t) (o->info.cached_bytes *
-                                           atof (scales[i]))));
+      fprintf (fp, ",scale=\"%g\"} %.4f\n", m,
+               tool_mrc_at (o, (uint64_t) (o->info.cached_bytes * m)));
     }
   }
 

@@ -179,12 +179,12 @@ print_text (FILE *fp, const struct tool_cache *c, struct tool_object *const *v,
      * what the object holds now (issue 45).
      */
     if (o->mrc_n && o->info.cached_bytes) {
-      static const double mult[] = { 0.25, 0.5, 1, 2, 4, 8 };
       fprintf (fp, "%-22s since %s, %" PRIu64 " block reads\n",
                "predicted_hit_ratio", fmt_time (o->mrc_since, t), o->mrc_refs);
-      for (unsigned i = 0; i < 6; ++i) {
-        uint64_t b = (uint64_t) (o->info.cached_bytes * mult[i]);
-        fprintf (fp, "  at %5.2fx (%s)%*s %.1f%%\n", mult[i], fmt_size (b, s),
+      for (unsigned i = 0; i < TOOL_MRC_SCALES; ++i) {
+        double m = tool_mrc_scales[i];
+        uint64_t b = (uint64_t) (o->info.cached_bytes * m);
+        fprintf (fp, "  at %5.2fx (%s)%*s %.1f%%\n", m, fmt_size (b, s),
                  (int) (10 - strlen (s)), "", 100 * tool_mrc_at (o, b));
       }
     }
