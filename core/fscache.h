@@ -388,7 +388,8 @@ enum fsc_peer_stat {
   FSC_PEER_READS, FSC_PEER_READ_BYTES, FSC_PEER_ERRORS, FSC_PEER_BACKOFFS,
   FSC_PEER_SERVED, FSC_PEER_SERVED_BYTES, FSC_PEER_REFUSED,
   FSC_PEER_FALLBACKS, FSC_PEER_BUSY, FSC_PEER_PROBES,
-  FSC_PEER_PROBES_FAILED, FSC_PEER_BAD_DATA,
+  FSC_PEER_PROBES_FAILED, FSC_PEER_BAD_DATA, FSC_PEER_HOPS,
+  FSC_PEER_FALLBACKS_WAITED,
 };
 extern void fsc_cache_count_peer (struct fsc_cache *cache,
                                   enum fsc_peer_stat which, uint64_t delta);

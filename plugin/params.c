@@ -61,6 +61,10 @@ struct fscache_params params = {
    */
   .upstream_connections = 8,
   .peer_fanout = 8,
+  /* core/base/peertree.c, T3: a node's parents per object at most 16,
+   * whatever the fleet's size (docs/benchmarks.md, "Stripes").
+   */
+  .peer_stripes = 16,
   .peer_max_inbound = 256,
   .catchup = true,
 };
@@ -97,6 +101,9 @@ const char params_help[] =
   "                           256); more are answered busy.\n"
   "fscache-peer-fanout=K      Each node serves a range to at most K others\n"
   "                           (a tree per range; default 8, 0: flat).\n"
+  "fscache-peer-stripes=S     The ranges share S trees, so a node asks\n"
+  "                           at most S peers (default 16, 0: a tree per\n"
+  "                           range).\n"
   "fscache-peer-tls-psk=FILE  Peers speak TLS with this pre-shared key.\n"
   "fscache-peer-tls-certificates=DIR  Peers speak TLS, each with its own\n"
   "                           certificate from the fleet's CA.\n"
@@ -352,6 +359,19 @@ set_peer_fanout (const char *k, const char *value)
 }
 
 static int
+set_peer_stripes (const char *k, const char *value)
+{
+  unsigned long n;
+  if (parse_count (value, 65536, &n) == -1) {
+    nbdkit_error ("fscache-peer-stripes=%s: must be a number of trees from "
+                  "1 to 65536, or 0 for a tree per range", value);
+    return -1;
+  }
+  params.peer_stripes = n;
+  return 0;
+}
+
+static int
 set_peer_max_inbound (const char *k, const char *value)
 {
   unsigned long n;
@@ -570,6 +590,7 @@ static const struct {
   { "fscache-peer-tls-psk", set_peers },
   { "fscache-peer-self", set_peer_self },
   { "fscache-peer-fanout", set_peer_fanout },
+  { "fscache-peer-stripes", set_peer_stripes },
   { "fscache-peer-max-inbound", set_peer_max_inbound },
   { "fscache-manifest", set_manifest },
   { "fscache-peer-tls-certificates", set_peer_certs },

@@ -73,6 +73,8 @@ struct fscache_params {
                                  * nbd-fscache-proxy's peer-listen=) */
   unsigned peer_fanout;         /* fscache-peer-fanout: askers per
                                  * range and member, 0: flat */
+  unsigned peer_stripes;        /* fscache-peer-stripes: trees per
+                                 * object, 0: one per range */
   unsigned peer_max_inbound;    /* fscache-peer-max-inbound: peers'
                                  * connections served at once */
   char *manifest_file;          /* fscache-manifest, absolute, or NULL */

@@ -28,7 +28,10 @@
  * position p asks the one at (p - 1) / K, so that a member serves each
  * range to at most K others, in log_K N hops.  A peer's connection
  * asks upward as a client's does.  K = 0, or N <= K + 1: the flat
- * fleet, where every node asks the owner.
+ * fleet, where every node asks the owner.  The ranges share
+ * fscache-peer-stripes trees (T3: a node's parents, and so its links,
+ * at most that many per object whatever N), range r the tree of stripe
+ * r mod S.
  *
  * No loops (invariant T1 of core/base/peertree.c).  A node asks only a
  * member whose score for the range is strictly above its own, so a
@@ -110,10 +113,23 @@
 #define MAX_PEER_TRIES 2        /* peers tried for one range */
 #define DEFAULT_TIMEOUT_MS 10000
 
+/* The origin fallbacks of one export in flight at once (issue 41):
+ * when a parent dies, every read in flight on its ranges fails over
+ * to the origin at the same moment, on every node that asked it; a
+ * client's queue depth of them per node, N nodes at once, is the surge
+ * that takes an origin down.  Past the budget a fallback waits for one
+ * to finish, at most the peer timeout (then it goes anyway: a client
+ * is never failed for the budget), counted in peer_fallbacks_waited.
+ * A fallback is one range at most: one origin read (pool.c splits only
+ * reads over 1 MiB).  Broken by test-fscache-peers-tree.sh, part 4.
+ */
+#define FALLBACK_BUDGET 4
+
 static struct {
   char *psk_user;               /* the PSK file's first user name */
   struct fsc_cache *cache;      /* for the prober's counters */
   uint64_t self_seed;           /* fscache-peer-self's hash: our score */
+  int timeout_ms;               /* the peer timeout: a fallback's wait */
 } fleet;
 
 struct peer_export {
@@ -126,7 +142,10 @@ struct peer_export {
   uint64_t key_lo, key_hi;
   uint64_t identity;
   bool written;                 /* atomic */
-  pthread_mutex_t lock;         /* links, by_member, members */
+  pthread_mutex_t lock;         /* links, by_member, members,
+                                 * fallbacks */
+  pthread_cond_t fallback_done;
+  unsigned fallbacks;           /* origin fallbacks in flight */
   struct peer_link *links;
   struct members *members;      /* by_member is for this snapshot */
   struct peer_link **by_member;
@@ -261,6 +280,7 @@ peers_start (void)
    */
   const char *t = getenv ("NBD_FSCACHE_TEST_PEER_TIMEOUT_MS");
   int timeout_ms = t && atoi (t) > 0 ? atoi (t) : DEFAULT_TIMEOUT_MS;
+  fleet.timeout_ms = timeout_ms;
   if (params.peer_psk &&
       (fleet.psk_user = psk_user (params.peer_psk)) == NULL) {
     nbdkit_error ("fscache-peer-tls-psk=%s: cannot read a user name "
@@ -398,6 +418,7 @@ peers_export_get (const char *exportname, const void *key, size_t klen,
   pe->key_hi = hi;
   pe->identity = identity;
   pthread_mutex_init (&pe->lock, NULL);
+  pthread_cond_init (&pe->fallback_done, NULL);
   pe->next = exports;
   exports = pe;
   pthread_mutex_unlock (&exports_lock);
@@ -428,6 +449,7 @@ peers_export_put (struct peer_export *pe)
   }
   members_put (pe->members);
   free (pe->by_member);
+  pthread_cond_destroy (&pe->fallback_done);
   pthread_mutex_destroy (&pe->lock);
   free (pe->exportname);
   free (pe->peer_name);
@@ -480,14 +502,16 @@ follow (struct peer_export *pe, struct members *ms)
 
 /* Whom to ask for range R among MS's members (core/base/peertree.c: the
  * tree of askers), leaving out ourselves, links set aside and the
- * NSKIP links of SKIP (tried already): an index, or -1 for the origin.
- * SC and IX are scratch of MS->n entries.
+ * NSKIP links of SKIP (tried already): an index, or -1 for the origin;
+ * *HOPS then our depth in the range's tree (the hops from us to its
+ * origin reader, peer_hops).  SC and IX are scratch of MS->n entries.
  */
 static long
 parent_of (struct peer_export *pe, struct members *ms, struct peer_link **bm,
            uint64_t r, int64_t now, struct peer_link *const *skip,
-           int nskip, uint64_t *sc, size_t *ix)
+           int nskip, uint64_t *sc, size_t *ix, unsigned *hops)
 {
+  const uint64_t s = fsc_peer_stripe (r, params.peer_stripes);
   size_t m = 0;
   for (size_t i = 0; i < ms->n; ++i) {
     if ((long) i == ms->self || !peer_link_usable (bm[i], now))
@@ -497,14 +521,19 @@ parent_of (struct peer_export *pe, struct members *ms, struct peer_link **bm,
       skipped |= bm[i] == skip[k];
     if (skipped)
       continue;
-    sc[m] = fsc_peer_score (pe->key_lo, pe->key_hi, r, ms->m[i].seed);
+    sc[m] = fsc_peer_score (pe->key_lo, pe->key_hi, s, ms->m[i].seed);
     ix[m++] = i;
   }
-  long p = fsc_peer_parent (sc, m,
-                            fsc_peer_score (pe->key_lo, pe->key_hi, r,
-                                            fleet.self_seed),
-                            params.peer_fanout);
-  return p < 0 ? -1 : (long) ix[p];
+  const uint64_t self = fsc_peer_score (pe->key_lo, pe->key_hi, s,
+                                       fleet.self_seed);
+  long p = fsc_peer_parent (sc, m, self, params.peer_fanout);
+  if (p < 0)
+    return -1;
+  uint64_t pos = 0;             /* ours: the members above us */
+  for (size_t i = 0; i < m; ++i)
+    pos += sc[i] > self;
+  *hops = fsc_peer_depth (pos, params.peer_fanout);
+  return (long) ix[p];
 }
 
 /*----------------------------------------------------------------------
@@ -554,6 +583,41 @@ read_checked (struct peer_export *pe, struct peer_link *l, const char *dial,
   return r;
 }
 
+/* Read [POS, POS + N) from the origin for a range whose peers failed,
+ * within PE's FALLBACK_BUDGET (see there).
+ */
+static int
+fallback (struct peer_export *pe, struct fsc_object *obj,
+          peers_origin_fn *origin, void *opaque, char *dst, uint64_t n,
+          uint64_t pos, int *err)
+{
+  fsc_object_count_peer (obj, FSC_PEER_FALLBACKS, 1);
+  struct timespec until;
+  clock_gettime (CLOCK_REALTIME, &until);
+  until.tv_sec += fleet.timeout_ms / 1000;
+  until.tv_nsec += (long) (fleet.timeout_ms % 1000) * 1000000;
+  if (until.tv_nsec >= 1000000000) {
+    until.tv_sec++;
+    until.tv_nsec -= 1000000000;
+  }
+  pthread_mutex_lock (&pe->lock);
+  if (pe->fallbacks >= FALLBACK_BUDGET) {
+    fsc_object_count_peer (obj, FSC_PEER_FALLBACKS_WAITED, 1);
+    while (pe->fallbacks >= FALLBACK_BUDGET &&
+           pthread_cond_timedwait (&pe->fallback_done, &pe->lock,
+                                   &until) != ETIMEDOUT)
+      ;
+  }
+  pe->fallbacks++;
+  pthread_mutex_unlock (&pe->lock);
+  int r = origin (opaque, dst, n, pos, err);
+  pthread_mutex_lock (&pe->lock);
+  pe->fallbacks--;
+  pthread_cond_signal (&pe->fallback_done);
+  pthread_mutex_unlock (&pe->lock);
+  return r;
+}
+
 int
 peers_pread (struct peer_export *pe, struct fsc_object *obj, void *buf,
              uint32_t count, uint64_t offset, peers_origin_fn *origin,
@@ -597,9 +661,10 @@ peers_pread (struct peer_export *pe, struct fsc_object *obj, void *buf,
     struct peer_link *skip[MAX_PEER_TRIES];
     bool got = false;
     int skip_n = 0;             /* peers tried for this range */
+    unsigned hops = 0;
     for (int t = 0; t < MAX_PEER_TRIES && !got; ++t) {
       long i = parent_of (pe, ms, links, rix, peer_now_ms (), skip, t, sc,
-                          ix);
+                          ix, &hops);
       if (i < 0)
         break;
       /* Ours before it: the origin run ends here. */
@@ -615,10 +680,19 @@ peers_pread (struct peer_export *pe, struct fsc_object *obj, void *buf,
       skip[t] = links[i];
       skip_n = t + 1;
     }
-    if (got)
+    if (got) {
       run = seg_end;
-    else if (skip_n > 0)
-      fsc_object_count_peer (obj, FSC_PEER_FALLBACKS, 1);
+      fsc_object_count_peer (obj, FSC_PEER_HOPS, hops);
+    }
+    else if (skip_n > 0) {
+      /* The origin run before POS was read before the first try. */
+      if (fallback (pe, obj, origin, opaque, p + (pos - offset),
+                    seg_end - pos, pos, err) == -1) {
+        r = -1;
+        goto out;
+      }
+      run = seg_end;
+    }
     pos = seg_end;
   }
   if (run < end && origin (opaque, p + (run - offset), end - run, run,

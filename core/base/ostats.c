@@ -55,6 +55,10 @@ fsc_cache_count_peer (struct fsc_cache *cache, enum fsc_peer_stat which,
     FSC_STAT_ADD (st, peer_probes_failed, delta);
     break;
   case FSC_PEER_BAD_DATA: FSC_STAT_ADD (st, peer_bad_data, delta); break;
+  case FSC_PEER_HOPS: FSC_STAT_ADD (st, peer_hops, delta); break;
+  case FSC_PEER_FALLBACKS_WAITED:
+    FSC_STAT_ADD (st, peer_fallbacks_waited, delta);
+    break;
   }
 }
 

@@ -15,6 +15,22 @@
  * same ranking, so nothing more is agreed on than a flat fleet
  * agrees on, and with N <= K + 1 it is the flat fleet.
  *
+ * Stripes (issue 41's "per-node fds and threads flat in N").  A tree
+ * per range ranks the members afresh for every range, so over an
+ * image a node's parent is, range after range, nearly every other
+ * member: each node ends up holding a connection to, and serving one
+ * from, most of the fleet (measured: 176, 201, 282 descriptors at 8,
+ * 16 and 32 nodes).  So the ranges share S trees, as SplitStream's
+ * stripes do: range r uses the ranking of stripe r mod S (the score is
+ * taken of the stripe, not the range).  A node then has at most S
+ * parents per object and, on average, S children, whatever N; the
+ * ranges of one stripe are spread through the image, so each stripe's
+ * root reads 1/S of it from the origin and the roots of successive
+ * ranges differ.  The price is balance in small fleets: S stripes
+ * over N > S / 4 members give some members more roots than others
+ * (S 16 over 8 members: a member roots 2 on average, up to 5 or so).
+ * S 0: a tree per range, as before.
+ *
  * Invariants:
  *   T1  a node asks only a member whose score for the range is
  *       strictly above its own.  So no chain of asks loops, whatever
@@ -25,6 +41,12 @@
  *       reaches position 0 within ceil(log_K N) hops, and each member
  *       is asked by at most K others per range.  Broken by
  *       tests/unit/unit-peertree.c, "depth" and "fan-in".
+ *   T3  with S stripes, the members a node asks over all the ranges of
+ *       an object (each range's parent) are at most S, whatever N: a
+ *       node's links to peers, and the connections each peer serves,
+ *       do not grow with the fleet.  Broken by
+ *       tests/unit/unit-peertree.c, "neighbours" (with S 0 a node of
+ *       600 asks hundreds).
  *
  * A member set aside (it failed) is left out of SCORES by the caller:
  * the positions below it move up one, so its children go to a member

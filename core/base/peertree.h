@@ -13,6 +13,17 @@
 extern uint64_t fsc_peer_score (uint64_t lo, uint64_t hi, uint64_t r,
                                 uint64_t seed);
 
+/* The tree that range R uses, of STRIPES trees per object (invariant
+ * T3 of peertree.c): R mod STRIPES, or R itself with STRIPES 0 (a tree
+ * per range).  The score of a member for range R is its score for this
+ * stripe.
+ */
+static inline uint64_t
+fsc_peer_stripe (uint64_t r, unsigned stripes)
+{
+  return stripes ? r % stripes : r;
+}
+
 /* Whom a node asks for a range (invariants T1, T2 in peertree.c).
  *
  * SCORES[0..N) are the scores of the members this node may ask (not

@@ -80,6 +80,8 @@
                            * fscache-peer-max-inbound; asked: skipped) */\
   X (peer_fallbacks)      /* ranges read from the origin after every peer
                            * asked for them failed */                   \
+  X (peer_fallbacks_waited) /* of which waited for the export's budget
+                           * of fallbacks in flight (peers.c) */        \
   X (peer_tree_depth)     /* hops from the deepest node of a range's tree
                            * to the origin's reader (a gauge) */       \
   X (peers_aside)         /* peers set aside now (a gauge) */           \
@@ -87,7 +89,9 @@
                            * before their time was up */                \
   X (peer_probes_failed)  /* of which found still down: set aside
                            * again, no client read paying for it */    \
-  X (peer_bad_data)       /* peers' answers that failed the manifest */
+  X (peer_bad_data)       /* peers' answers that failed the manifest */ \
+  X (peer_hops)           /* of peer_reads, the hops from this node to
+                           * the range's origin reader, summed */
 
 struct fsc_stats {
 #define FSC_STATS_DECL(name) uint64_t name;

@@ -7,17 +7,22 @@
 #  1. 24 nodes with 1024 descriptors each (soft and hard, set once
 #     each has started: the filter raises the soft limit to the hard
 #     one, so this is the real budget),
-#     fscache-peer-fanout=3, copy the image at once: every
+#     fscache-peer-fanout=3 and fscache-peer-stripes=4, copy the
+#     image at once: every
 #     copy is the image; the origin sent it about once (at most 1.1
 #     times, the coherency samples aside); and no node served any 1 MiB range to more than 3 askers
 #     (a log filter in front of each node: the asker's node id is in
 #     each peer connection's export name).  A flat fleet serves each
-#     range to the 19 others.  The origin accepted at most 4
+#     range to the 19 others.  No node asked more than 4 others over
+#     the whole image (T3 of core/base/peertree.c: 4 trees for the 16
+#     ranges; a tree per range, PART1_STRIPES=0, asks up to 16).  The
+#     origin accepted at most 4
 #     connections per node (the peers' connections to a node share one
 #     context of its own on the origin: it was one per peer
 #     connection, 174 at 8 nodes).  No node ran out of descriptors
 #     (at 24 nodes, 1024 of them, every node used to).  Each node's
-#     descriptors and threads at the end of the copy are printed.
+#     descriptors and threads at the end of the copy are printed, and
+#     the peer reads' hops (peer_hops) are 1 to 3 each.
 #  2. An interior node killed: 12 nodes, fanout 3, the origin
 #     rate-limited, node 5 killed (-9) once a quarter of the image has
 #     left the origin: the others finish, identical, the origin under
@@ -31,7 +36,9 @@
 #     read (nbdkit's error filter) once node 2 has its object open
 #     (held by a client): node 1's copy is the image (its own origin),
 #     and node 1 set node 2 aside never (peer_backoffs 0): an error
-#     node 2 answers is not node 2's failure.
+#     node 2 answers is not node 2's failure.  Node 1's fallbacks to
+#     its origin (the ranges it asked node 2 for, from node 2's log)
+#     were never more than 4 in flight at once (the origin's log).
 #  5. A restarted peer: node 1 reads half the image (through several
 #     connections to node 2), node 2 is killed and started again on its
 #     cache, node 1 reads the rest at once: right data, and no
@@ -64,7 +71,10 @@
 #     quarter has left the origin: the others' copies are the image (no
 #     node went down with it); on such an nbdkit no peer connection
 #     carried two reads at once, elsewhere no asker held more than 2
-#     connections to a node.  b. The multiplexed links forced
+#     connections to a node.  On such an nbdkit node 8 is not killed:
+#     the node serving it can go down even with one read in flight
+#     (TLS closed by one thread while another sends: seen once here),
+#     a bug of nbdkit's the filter cannot reach.  b. The multiplexed links forced
 #     (NBD_FSCACHE_TEST_PEER_DEPTH=64), 8 nodes, nobody killed: the
 #     copies are the image, no asker held more than 2 peer connections
 #     to a node at once (8 before issue 41), and some connection
@@ -157,12 +167,14 @@ fresh () { rm -rf "$TMP"/c[0-9]* "$TMP"/s[0-9]* "$TMP"/out[0-9]*; }
 
 # fan_in LOG...: the most distinct askers of one 1 MiB range at one
 # node, from the nodes' logs (a peer connection's export name holds the
-# asker's node id: fscache-peer:2:IDENTITY:NODE+TOKEN:EXPORT).
+# asker's node id: fscache-peer:2:IDENTITY:NODE+TOKEN:EXPORT); then the
+# most distinct nodes one asker read from, over the whole image.
 fan_in ()
 {
   "$PYTHON" - "$@" <<'EOF'
 import re, sys, collections
 most = 0
+parents = collections.defaultdict(set)
 for path in sys.argv[1:]:
     asker = {}
     ranges = collections.defaultdict(set)
@@ -176,9 +188,10 @@ for path in sys.argv[1:]:
             off, n = int(m.group(2), 16), int(m.group(3), 16)
             for r in range(off >> 20, (off + n - 1 >> 20) + 1):
                 ranges[r].add(asker[m.group(1)])
+            parents[asker[m.group(1)]].add(path)
     for r, s in ranges.items():
         most = max(most, len(s))
-print(most)
+print(most, max([len(p) for p in parents.values()] + [0]))
 EOF
 }
 
@@ -187,7 +200,8 @@ N=24
 origin o1
 for i in $(seq 1 $N); do self "$i"; done > "$TMP/peers"
 for i in $(seq 1 $N); do
-  node "$i" o1 "$TMP/peers" fscache-peer-fanout=3
+  node "$i" o1 "$TMP/peers" fscache-peer-fanout=3 \
+    fscache-peer-stripes="${PART1_STRIPES-4}"
   prlimit --pid "$(cat "$TMP/n$i.pid")" --nofile=1024:1024
   [ "$(awk '/^Max open files/ { print $5 }' "/proc/$(cat "$TMP/n$i.pid")/limits")" = 1024 ] ||
     fail "part 1: node $i's descriptor limit is not 1024 (test bug?)"
@@ -208,18 +222,30 @@ stop_nodes $(seq 1 $N)
 got=$(fill_bytes "$TMP/o1.log")
 all=$(log_read_bytes "$TMP/o1.log")
 conns=$(grep -c ' Connect ' "$TMP/o1.log")
-most=$(fan_in $(for i in $(seq 1 $N); do echo "$TMP/n$i.log"; done))
+read -r most parents < <(fan_in $(for i in $(seq 1 $N); do echo "$TMP/n$i.log"; done))
 echo "part 1: $N nodes, fanout 3: origin sent $got bytes of fills for" \
      "$size ($all with the coherency samples); the" \
-     "most askers of one range at one node: $most; at the end of the copy" \
+     "most askers of one range at one node: $most; the most nodes one" \
+     "node asked: $parents (4 stripes); at the end of the copy" \
      "the most descriptors of a node $maxfd, threads $maxth; the origin" \
      "accepted $conns connections"
 [ "$got" -le $((size * 11 / 10)) ] ||
   fail "part 1: the origin sent $got bytes of fills, over 1.1 times the image"
 [ "$most" -ge 1 ] || fail "part 1: no peer read was logged (test bug?)"
 [ "$most" -le 3 ] || fail "part 1: a node served one range to $most askers"
+[ "$parents" -le 4 ] ||
+  fail "part 1: a node asked $parents nodes, over the 4 stripes' parents"
 depth=$(stat_value "$TMP/s1" peer_tree_depth)
 [ "$depth" = 3 ] || fail "part 1: peer_tree_depth $depth, not 3 (24 nodes, K=3)"
+# peer_hops: each peer read from 1 to 3 hops below its range's root.
+reads=0 hops=0
+for i in $(seq 1 $N); do
+  reads=$((reads + $(stat_value "$TMP/s$i" peer_reads)))
+  hops=$((hops + $(stat_value "$TMP/s$i" peer_hops)))
+done
+echo "part 1: $reads peer reads, $hops hops"
+[ "$reads" -ge 1 ] && [ "$hops" -ge "$reads" ] && [ "$hops" -le $((3 * reads)) ] ||
+  fail "part 1: peer_hops $hops for $reads peer reads, not 1 to 3 each"
 if grep -l "Too many open files" "$TMP"/n*.err; then
   fail "part 1: a node ran out of descriptors"
 fi
@@ -281,7 +307,7 @@ img=$img16
 
 # ---- 4. an origin error behind an owner ----
 fresh
-origin o4a
+origin o4a delay rdelay=20ms   # slow: the fallbacks overlap
 origin o4b error error-pread=EIO error-pread-rate=100% \
   error-pread-file="$TMP/o4b-fails"
 { self 1; self 2; } > "$TMP/p4"
@@ -302,6 +328,44 @@ echo "part 4: node 2's origin failing: node 1 counted $pe errors answered," \
 [ "$bo" = 0 ] || fail "part 4: node 1 set node 2 aside for its origin's error"
 fb=$(stat_value "$TMP/s1" peer_fallbacks)
 [ "$fb" -gt 0 ] || fail "part 4: no peer_fallbacks counted"
+# The fallbacks' budget: of node 1's reads at its origin, those in the
+# ranges it asked node 2 for (node 2's log) were at most 4 in flight
+# at once (the origin's log filter: each read's start and end).
+flight=$("$PYTHON" - "$TMP/n2.log" "$TMP/o4a.log" <<'EOF'
+import re, sys
+asked = set()
+peer = set()
+for line in open(sys.argv[1]):
+    m = re.search(r'connection=(\d+) Connect export=fscache-peer:', line)
+    if m:
+        peer.add(m.group(1))
+    m = re.search(r'connection=(\d+) Read id=\d+ offset=(0x[0-9a-f]+) count=(0x[0-9a-f]+)', line)
+    if m and m.group(1) in peer:
+        off, n = int(m.group(2), 16), int(m.group(3), 16)
+        asked.update(range(off >> 20, ((off + n - 1) >> 20) + 1))
+now = most = 0
+open_ids = set()
+for line in open(sys.argv[2]):
+    m = re.search(r'connection=(\d+) Read id=(\d+) offset=(0x[0-9a-f]+) count=(0x[0-9a-f]+)', line)
+    if m and "...Read" not in line and int(m.group(4), 16) > 4096 and \
+       (int(m.group(3), 16) >> 20) in asked:
+        open_ids.add((m.group(1), m.group(2)))
+        now += 1
+        most = max(most, now)
+        continue
+    m = re.search(r'connection=(\d+) \.\.\.Read id=(\d+)', line)
+    if m and (m.group(1), m.group(2)) in open_ids:
+        open_ids.discard((m.group(1), m.group(2)))
+        now -= 1
+print(len(asked), most)
+EOF
+)
+read -r nasked most <<<"$flight"
+echo "part 4: $fb fallbacks ($(stat_value "$TMP/s1" peer_fallbacks_waited)" \
+     "waited) over $nasked ranges: at most $most in flight at the origin"
+[ "$nasked" -ge 1 ] || fail "part 4: node 2 was asked for no range (test bug?)"
+[ "$most" -le 4 ] ||
+  fail "part 4: $most of node 1's fallbacks in flight at once, over the budget of 4"
 stop_nbdkit "$TMP/o4a.pid"; stop_nbdkit "$TMP/o4b.pid"
 
 # ---- 5. a restarted peer ----
@@ -523,15 +587,24 @@ for i in $(seq 1 $N); do
 done
 quarter8 () { [ "$(log_read_bytes "$TMP/o8.log")" -ge $((size / 4)) ]; }
 wait_until quarter8 || fail "part 8a: the origin never sent a quarter"
-kill9_nbdkit "$TMP/n8.pid"
+# On an nbdkit that breaks, killing an asker can take down the node
+# serving it even with one read on the connection: the thread that
+# finds the client gone closes the TLS session (gnutls_bye) while
+# another still sends the reply, and nettle asserts (seen in this part
+# at node 1 on 1.32.5).  Not the filter's to prevent: there node 8
+# lives, and the part checks the links alone.
+[ "$breaks" = 1 ] || kill9_nbdkit "$TMP/n8.pid"
 for i in $(seq 1 $N); do
-  [ "$i" = 8 ] && { wait "${pids[$((i - 1))]}" || true; continue; }
+  [ "$i" = 8 ] && [ "$breaks" = 0 ] && { wait "${pids[$((i - 1))]}" || true; continue; }
   wait "${pids[$((i - 1))]}" || fail "part 8a: node $i's copy failed"
   cmp "$img" "$TMP/out$i" || fail "part 8a: node $i's copy differs"
 done
 stop_nodes 1 2 3 4 5 6 7
+[ "$breaks" = 1 ] && stop_nodes 8
 read -r conns depth < <(conns_depth "$TMP"/n[1-7].log)
-echo "part 8a: TLS, node 8 killed (nbdkit $v): the most peer connections" \
+killed="node 8 killed"
+[ "$breaks" = 1 ] && killed="node 8 not killed"
+echo "part 8a: TLS, $killed (nbdkit $v): the most peer connections" \
      "of one asker at one node at once: $conns; the most reads on one: $depth"
 [ "$conns" -ge 1 ] || fail "part 8a: no peer connection was logged (test bug?)"
 if [ "$breaks" = 1 ]; then

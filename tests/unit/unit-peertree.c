@@ -10,6 +10,10 @@
  *  fan-in   (T2) the same: each member is asked by at most K others
  *           per range, and by exactly min(K, ...) as the tree fills.
  *  flat     fanout 0, and N <= K + 1: every node asks the top member.
+ *  neighbours (T3) 600 members, fanout 8: over 4,096 ranges each node
+ *           asks at most S distinct members with S stripes (16, 4),
+ *           and with S 0 (a tree per range) the busiest asks many more:
+ *           the control, the growth T3 removes.
  *  parent   against a sort: the returned member is the one at
  *           position (p - 1) / K of the ranking, for positions deep in
  *           a large fleet too (the bisection's path).
@@ -154,6 +158,53 @@ test_tree (void)
   printf ("depth, fan-in: ok\n");
 }
 
+/* The distinct members node SELF asks over R ranges, with STRIPES. */
+static size_t
+neighbours (size_t n, size_t self, unsigned k, unsigned stripes, uint64_t nr)
+{
+  static bool seen[NMAX];
+  size_t distinct = 0;
+  for (size_t i = 0; i < n; ++i)
+    seen[i] = false;
+  for (uint64_t r = 0; r < nr; ++r) {
+    uint64_t st = fsc_peer_stripe (r, stripes);
+    uint64_t me = fsc_peer_score (1, 2, st, seeds[self]);
+    size_t m = scores_of (seeds, lists[self], n, self, st, sc, idx);
+    long p = fsc_peer_parent (sc, m, me, k);
+    if (p >= 0 && !seen[idx[p]]) {
+      seen[idx[p]] = true;
+      distinct++;
+    }
+  }
+  return distinct;
+}
+
+static void
+test_neighbours (void)
+{
+  const size_t n = 600;
+  for (size_t i = 0; i < n; ++i) {
+    seeds[i] = rnd ();
+    for (size_t j = 0; j < n; ++j)
+      lists[i][j] = true;
+  }
+  size_t most16 = 0, most4 = 0, most0 = 0;
+  for (size_t self = 0; self < n; self += 37) {
+    size_t a = neighbours (n, self, 8, 16, 4096);
+    size_t b = neighbours (n, self, 8, 4, 4096);
+    size_t c = neighbours (n, self, 8, 0, 4096);
+    CHECK (a <= 16);                              /* T3 */
+    CHECK (b <= 4);
+    most16 = a > most16 ? a : most16;
+    most4 = b > most4 ? b : most4;
+    most0 = c > most0 ? c : most0;
+  }
+  CHECK (most0 > 64);           /* the control: a tree per range */
+  printf ("neighbours: 600 members, fanout 8, 4096 ranges: at most %zu "
+          "parents with 16 stripes, %zu with 4, %zu with a tree per "
+          "range: ok\n", most16, most4, most0);
+}
+
 static int
 cmp_desc (const void *a, const void *b)
 {
@@ -209,5 +260,6 @@ main (void)
   test_chains ();
   test_tree ();
   test_parent_against_sort ();
+  test_neighbours ();
   return 0;
 }

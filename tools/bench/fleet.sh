@@ -18,8 +18,12 @@
 #   alone   no fscache-peers: every node reads the whole image upstream
 #   peers   fscache-peers: each 1 MiB range read once by its owner, in
 #           the range's tree (fscache-peer-fanout, FANOUT, default 8)
-#   flat    the same with fscache-peer-fanout=0: every node asks the
-#           range's owner (the design before issue 41)
+#   ranges  peers with fscache-peer-stripes=0: a tree per range, so
+#           that over the image a node asks nearly every other (the
+#           default shares 16 trees among the ranges: at most 16
+#           parents per node, core/base/peertree.c T3)
+#   flat    fscache-peer-fanout=0 and fscache-peer-stripes=0: every
+#           node asks the range's owner (the design before issue 41)
 #   manifest  peers, each node checking every peer's block against
 #           the image's manifest (fscache-manifest, nbd-fscache
 #           manifest, written once at the start)
@@ -127,7 +131,8 @@ run () {
                                   fscache-peer-self="nbd+unix:///?socket=$d/n$i.sock"
                                   fscache-peer-fanout="$FANOUT"
                                   fscache-generation=1)
-    [ "$cfg" = flat ] && extra+=(fscache-peer-fanout=0)
+    [ "$cfg" = flat ] && extra+=(fscache-peer-fanout=0 fscache-peer-stripes=0)
+    [ "$cfg" = ranges ] && extra+=(fscache-peer-stripes=0)
     [ "$cfg" = manifest ] && extra+=(fscache-manifest="$OUT/manifest")
     [ "$cfg" = tls ] && extra+=(--tls=on --tls-psk="$OUT/psk"
                                 fscache-peer-tls-psk="$OUT/psk")
