@@ -112,6 +112,13 @@ extern uint64_t fsc_cache_io_calls (struct fsc_cache *cache, int op,
 /* For tests: call FN after every write and sync of a cache file (see
  * io.h).  Set it before any I/O is under way.
  */
+/* The latency guard (core/ops/guard.c): hits read upstream while the
+ * cache disk is slower than the upstream.  ON only where the upstream
+ * holds every block the cache does (no write-back data: G1).  Set
+ * before the first read; off by default.
+ */
+extern void fsc_cache_set_guard (struct fsc_cache *cache, bool on);
+
 extern void fsc_cache_set_trace (struct fsc_cache *cache,
                                  fsc_io_trace_fn *fn, void *opaque);
 

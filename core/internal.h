@@ -33,6 +33,27 @@
 
 struct fsc_share_hooks;
 
+/* The latency guard's state (core/ops/guard.c). */
+/* Per cache: the cache disk's side. */
+struct fsc_guard {
+  bool enabled;                 /* fsc_cache_set_guard, before use */
+  uint64_t hit_ns;              /* moving average of a small hit's
+                                 * time (relaxed atomics) */
+  uint64_t hit_n;               /* small hits timed */
+};
+
+/* Per object: its upstream's side, and the object's route. */
+struct fsc_guard_obj {
+  uint64_t up_ns;               /* moving average of a small upstream
+                                 * read's time */
+  uint64_t up_n;
+  bool rerouting;               /* hits go upstream now */
+  uint64_t switched_ms;         /* monotonic ms of the last switch */
+  uint64_t tick;                /* hits seen: every PROBE_EVERY-th
+                                 * takes the other path */
+  uint64_t probed_ms;           /* the last upstream probe */
+};
+
 struct fsc_cache {
   int dirfd;                    /* the cache directory */
   int objdirfd;                 /* its objects/ subdirectory */
@@ -97,6 +118,7 @@ struct fsc_cache {
                                          * atomics; fsc_upstream_remote) */
   struct fsc_meter fill_meter;          /* fills written (thread and
                                          * inline) and synced */
+  struct fsc_guard guard;               /* hits' latency (guard.c) */
 
   /* The free space floor (evict.c), checked at most every
    * SPACE_CHECK_MS: atomics, no lock.
@@ -278,6 +300,8 @@ struct fsc_object {
                                  * they make of it */
   struct fsc_pager pager;       /* the group table and its paging
                                  * (groups.c) */
+  struct fsc_guard_obj guard;   /* its upstream's latency and its
+                                 * hits' route (guard.c) */
 
   pthread_mutex_t lock;
   pthread_cond_t cond;          /* fetch done, commit done */

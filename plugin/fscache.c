@@ -146,6 +146,11 @@ fscache_config_complete (nbdkit_next_config_complete *next,
     }
     return -1;
   }
+  /* Not in writeback mode: there the cache holds blocks the upstream
+   * does not have yet (invariant G1 of core/ops/guard.c).
+   */
+  fsc_cache_set_guard (state.cache,
+                       params.latency_guard && params.mode != MODE_WRITEBACK);
   peers_bind (state.cache);
   return next (nxdata);
 }

@@ -67,6 +67,7 @@ struct fscache_params params = {
   .peer_stripes = 16,
   .peer_max_inbound = 256,
   .catchup = true,
+  .latency_guard = true,
 };
 
 const char params_help[] =
@@ -81,6 +82,9 @@ const char params_help[] =
   "fscache-upstream-connections=N  Contexts for a serial upstream (default 8, 16 over curl;\n"
   "                           given, over a parallel plugin too).\n"
   "fscache-catchup=BOOL       Fill skipped reads later, when idle (default true).\n"
+  "fscache-latency-guard=BOOL  Read hits upstream while the cache disk is\n"
+  "                           slower than the upstream (default true; not\n"
+  "                           in writeback mode).\n"
   "fscache-max-size=SIZE      Cap on each export's cached bytes (default none).\n"
   "fscache-min-free=N%        Cache nothing below N% free space (default 1%).\n"
   "fscache-min-free-inodes=N% The same for free inodes (default 1%).\n"
@@ -328,6 +332,18 @@ set_catchup (const char *k, const char *value)
     return -1;
   }
   params.catchup = r;
+  return 0;
+}
+
+static int
+set_latency_guard (const char *k, const char *value)
+{
+  int r = nbdkit_parse_bool (value);
+  if (r == -1) {
+    nbdkit_error ("fscache-latency-guard=%s: not a boolean", value);
+    return -1;
+  }
+  params.latency_guard = r;
   return 0;
 }
 
@@ -580,6 +596,7 @@ static const struct {
   { "fscache-verify", set_verify },
   { "fscache-readahead", set_readahead },
   { "fscache-catchup", set_catchup },
+  { "fscache-latency-guard", set_latency_guard },
   { "fscache-upstream-connections", set_upstream_connections },
   { "fscache-max-size", set_max_size },
   { "fscache-min-free", set_min_free },

@@ -13,6 +13,10 @@
 #define FSC_STATS_FIELDS(X)                                               \
   X (read_requests)       /* client reads */                              \
   X (hit_bytes)           /* bytes served from the cache */               \
+  X (hits_rerouted)       /* hits read upstream instead: the cache disk
+                           * slower than the upstream (guard.c) */      \
+  X (hits_rerouted_bytes) /* their bytes (not in hit_bytes) */          \
+  X (guard_switches)      /* objects' hit routes changed (guard.c) */   \
   X (miss_bytes)          /* bytes served from upstream */                \
   X (upstream_reads)      /* read requests sent upstream */               \
   X (upstream_read_bytes) /* bytes read upstream */                       \

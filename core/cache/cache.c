@@ -302,6 +302,12 @@ fsc_cache_io_calls (struct fsc_cache *cache, int op, int kind)
 }
 
 void
+fsc_cache_set_guard (struct fsc_cache *cache, bool on)
+{
+  cache->guard.enabled = on;
+}
+
+void
 fsc_cache_set_trace (struct fsc_cache *cache, fsc_io_trace_fn *fn,
                      void *opaque)
 {

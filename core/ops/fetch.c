@@ -13,6 +13,7 @@
 
 #include "internal.h"
 #include "fetch.h"
+#include "guard.h"
 #include "utils.h"
 
 /* Copy the part of [start, end) that lies in the client's window. */
@@ -48,10 +49,12 @@ fsc_up_pread (struct fsc_object *o, const struct fsc_upstream *up, void *dst,
   int e = errno;
   fsc_meter_end (m, r == 0 ? len : 0);
   clock_gettime (CLOCK_MONOTONIC, &t1);
-  if (r == 0)
-    fsc_upstream_latency (o->cache,
-                          (uint64_t) (t1.tv_sec - t0.tv_sec) * 1000000000 +
-                          (uint64_t) t1.tv_nsec - (uint64_t) t0.tv_nsec);
+  if (r == 0) {
+    uint64_t ns = (uint64_t) (t1.tv_sec - t0.tv_sec) * 1000000000 +
+      (uint64_t) t1.tv_nsec - (uint64_t) t0.tv_nsec;
+    fsc_upstream_latency (o->cache, ns);
+    fsc_guard_up_time (o, len, ns);
+  }
   errno = e;
   return r;
 }

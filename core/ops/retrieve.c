@@ -59,6 +59,7 @@
 #include "internal.h"
 #include "hit.h"
 #include "fetch.h"
+#include "guard.h"
 #include "utils.h"
 
 /* What read_pinned does with the run starting at a block, as classify
@@ -418,6 +419,39 @@ serve_hit (struct fsc_object *o, const struct read_ctx *rc, uint64_t b,
   return done;
 }
 
+/* Hit run R from B, or its bytes of the read from upstream if the
+ * latency guard says the cache disk is slower now (guard.c; a prefetch
+ * has nothing to serve); if that upstream read fails, from the disk
+ * after all.  Times the hits it serves for the guard.  Returns the
+ * blocks served.
+ */
+static uint64_t
+serve_hit_guarded (struct fsc_object *o, const struct read_ctx *rc,
+                   uint64_t b, struct run *r, const struct fsc_upstream *up)
+{
+  if (rc->buf == NULL)
+    return serve_hit (o, rc, b, r);
+  uint64_t lo = MAX (block_start (&o->geom, b), rc->offset);
+  uint64_t hi = MIN (block_end (&o->geom, b + r->n - 1), rc->end);
+  if (fsc_guard_reroute (o, hi - lo) &&
+      fsc_up_pread (o, up, (unsigned char *) rc->buf + (lo - rc->offset),
+                    hi - lo, lo) == 0) {
+    uint64_t g0 = GROUP_OF (b), g1 = GROUP_OF (b + r->n - 1);
+    for (uint64_t gi = g0; gi <= g1; ++gi)
+      __atomic_sub_fetch (&grp (o, gi)->readers, 1, __ATOMIC_RELEASE);
+    return r->n;
+  }
+  struct timespec t0, t1;
+  clock_gettime (CLOCK_MONOTONIC, &t0);
+  uint64_t done = serve_hit (o, rc, b, r);
+  clock_gettime (CLOCK_MONOTONIC, &t1);
+  if (done == r->n)
+    fsc_guard_hit_time (o, hi - lo,
+                        (uint64_t) (t1.tv_sec - t0.tv_sec) * 1000000000 +
+                        (uint64_t) t1.tv_nsec - (uint64_t) t0.tv_nsec);
+  return done;
+}
+
 /* Serve uncached run R from B: its bytes of the read from upstream,
  * stored nowhere (a prefetch reads nothing).  0 or -1.
  */
@@ -489,7 +523,7 @@ read_pinned (struct fsc_object *o, void *buf, uint32_t count,
       b++;
       break;
     case RUN_HIT:
-      b += serve_hit (o, &rc, b, &r);
+      b += serve_hit_guarded (o, &rc, b, &r, up);
       break;
     case RUN_MISS:
       if (fsc_fetch_run (o, b, r.n, buf, offset, count, up, r.epochs, flags,

@@ -1,0 +1,146 @@
+/* libfscache: the latency guard (issue 44).  A hit is supposed to be
+ * the fast path; but a cache disk saturated by fills, eviction, another
+ * tenant or a failing drive can take longer to read a block than the
+ * upstream takes to send it, and then the cache makes a client slower
+ * than no cache.  bcache routes reads around its cache device once the
+ * device's latency passes a threshold (2 ms for reads); so does this,
+ * comparing the two paths' measured latencies instead of one fixed
+ * figure.
+ *
+ * The measures: a moving average (1/8 per sample) of a small hit's
+ * time, per cache (one disk), and of a small upstream read's time, per
+ * object (each its own upstream: an HTTP origin at 20 ms, an nbd server
+ * at 100 us).  Small: at most FSC_GUARD_MAX_BYTES; bigger reads are
+ * bandwidth, not latency.
+ *
+ * The route, per object:
+ *   - to the disk while hits are fast (under HIT_SLOW_NS): nothing
+ *     else is done, nothing upstream is spent;
+ *   - hits slow and the upstream not measured yet: one hit in
+ *     PROBE_EVERY goes upstream, to measure it; measured, one a second
+ *     at most (misses measure it too);
+ *   - hits slow and over twice the upstream's time: reroute.  Hits go
+ *     upstream, but one in PROBE_EVERY still reads the disk, so that
+ *     its latency stays measured and the route comes back when the
+ *     disk recovers (its average under HIT_SLOW_NS / 2, or under the
+ *     upstream's).
+ *
+ * Invariants:
+ *   G1  a rerouted hit returns the upstream's bytes for blocks the
+ *       cache holds clean: only where the upstream holds the same
+ *       (the filter enables the guard for writethrough and writearound
+ *       caches, never for one with write-back data, whose only copy is
+ *       the cache).  Broken by tests/filter/test-fscache-guard.sh, which
+ *       compares every read with the image (cmp).
+ *   G2  no oscillation: an object's route changes at most once per
+ *       DWELL_MS, whatever the samples say, so route changes per second
+ *       are bounded by construction (guard_switches counts them).
+ *       Broken by the same test, which bounds guard_switches by the
+ *       seconds the reads took.
+ *
+ * Off with fscache-latency-guard=false.  No lock: the averages and the
+ * route are relaxed atomics, and a race between two samples loses one
+ * of them, which a moving average does not notice.
+ */
+#include <config.h>
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "internal.h"
+#include "guard.h"
+#include "utils.h"
+
+#define HIT_SLOW_NS 2000000     /* 2 ms: bcache's read threshold */
+#define PROBE_EVERY 8
+#define DWELL_MS 1000
+#define MIN_SAMPLES 4           /* of each side, before a switch */
+#define PROBE_UP_MS 1000        /* an upstream probe at most this often
+                                 * once measured */
+
+static void
+average (uint64_t *avg, uint64_t *n, uint64_t ns)
+{
+  uint64_t a = __atomic_load_n (avg, __ATOMIC_RELAXED);
+  uint64_t k = __atomic_add_fetch (n, 1, __ATOMIC_RELAXED);
+  a = k == 1 ? ns : a - a / 8 + ns / 8;
+  __atomic_store_n (avg, a, __ATOMIC_RELAXED);
+}
+
+void
+fsc_guard_hit_time (struct fsc_object *o, uint64_t bytes, uint64_t ns)
+{
+  struct fsc_guard *g = &o->cache->guard;
+  if (g->enabled && bytes <= FSC_GUARD_MAX_BYTES)
+    average (&g->hit_ns, &g->hit_n, ns);
+}
+
+void
+fsc_guard_up_time (struct fsc_object *o, uint64_t bytes, uint64_t ns)
+{
+  if (o->cache->guard.enabled && bytes <= FSC_GUARD_MAX_BYTES)
+    average (&o->guard.up_ns, &o->guard.up_n, ns);
+}
+
+/* Switch O's route to ON if DWELL_MS have passed since the last (G2). */
+static void
+maybe_switch (struct fsc_object *o, bool on)
+{
+  struct fsc_guard_obj *go = &o->guard;
+  uint64_t now = fsc_mono_ms ();
+  uint64_t last = __atomic_load_n (&go->switched_ms, __ATOMIC_RELAXED);
+  if (last != 0 && now - last < DWELL_MS)
+    return;
+  if (!__atomic_compare_exchange_n (&go->switched_ms, &last, now, false,
+                                    __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+    return;                     /* another thread switched it */
+  __atomic_store_n (&go->rerouting, on, __ATOMIC_RELAXED);
+  FSC_STAT_ADD (&o->cache->stats, guard_switches, 1);
+}
+
+bool
+fsc_guard_reroute (struct fsc_object *o, uint64_t bytes)
+{
+  struct fsc_guard *g = &o->cache->guard;
+  struct fsc_guard_obj *go = &o->guard;
+  if (!g->enabled || bytes > FSC_GUARD_MAX_BYTES)
+    return false;
+  uint64_t hit = __atomic_load_n (&g->hit_ns, __ATOMIC_RELAXED);
+  uint64_t hn = __atomic_load_n (&g->hit_n, __ATOMIC_RELAXED);
+  uint64_t up = __atomic_load_n (&go->up_ns, __ATOMIC_RELAXED);
+  uint64_t un = __atomic_load_n (&go->up_n, __ATOMIC_RELAXED);
+  bool on = __atomic_load_n (&go->rerouting, __ATOMIC_RELAXED);
+  bool probe = __atomic_add_fetch (&go->tick, 1, __ATOMIC_RELAXED)
+    % PROBE_EVERY == 0;
+
+  if (on) {
+    if (hit < HIT_SLOW_NS / 2 || hit < up)
+      maybe_switch (o, false);
+    else if (!probe)
+      goto reroute;
+    return false;               /* a probe of the disk */
+  }
+  if (hit < HIT_SLOW_NS || hn < MIN_SAMPLES)
+    return false;               /* the common case: hits are fast */
+  if (un >= MIN_SAMPLES && hit > 2 * up) {
+    maybe_switch (o, true);
+    if (__atomic_load_n (&go->rerouting, __ATOMIC_RELAXED))
+      goto reroute;
+  }
+  /* A probe of the upstream (its time is measured by the read): while
+   * it is unmeasured, one hit in PROBE_EVERY; then at most one a
+   * second, so that a slower upstream costs the clients next to
+   * nothing.
+   */
+  uint64_t now = fsc_mono_ms ();
+  uint64_t last = __atomic_load_n (&go->probed_ms, __ATOMIC_RELAXED);
+  if (un < MIN_SAMPLES ? !probe : now - last < PROBE_UP_MS)
+    return false;
+  if (!__atomic_compare_exchange_n (&go->probed_ms, &last, now, false,
+                                    __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+    return false;
+ reroute:
+  FSC_STAT_ADD (&o->cache->stats, hits_rerouted, 1);
+  FSC_STAT_ADD (&o->cache->stats, hits_rerouted_bytes, bytes);
+  return true;
+}
