@@ -40,6 +40,7 @@ struct fsc_guard {
   uint64_t hit_ns;              /* moving average of a small hit's
                                  * time (relaxed atomics) */
   uint64_t hit_n;               /* small hits timed */
+  uint64_t last_hit_ns;         /* the last one's time */
 };
 
 /* Per object: its upstream's side, and the object's route. */
@@ -52,6 +53,9 @@ struct fsc_guard_obj {
   uint64_t tick;                /* hits seen: every PROBE_EVERY-th
                                  * takes the other path */
   uint64_t probed_ms;           /* the last upstream probe */
+  uint64_t probed_disk_ms;      /* the last disk probe, rerouted */
+  uint64_t seen_hit_n;          /* the guard's hit_n at the last look */
+  uint64_t fast_probes;         /* fast disk probes in a row */
 };
 
 struct fsc_cache {
