@@ -152,6 +152,9 @@ struct fsc_object_params {
   const char *label;            /* what it caches, for people (no
                                  * secrets), or NULL; at most
                                  * FSC_LABEL_MAX bytes are kept */
+  bool no_mrc;                  /* keep no miss-ratio curve (mrc.c):
+                                 * its hash and tree on every client
+                                 * read saved */
 };
 
 /* Groups kept in memory by default: about 760 bytes each, 12 MiB. */

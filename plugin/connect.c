@@ -670,6 +670,7 @@ fscache_prepare (nbdkit_next *next, void *handle, int readonly)
     .verify = params.verify, .validate = params.validate,
     .generation = params.generation, .max_size = params.max_size,
     .resident_groups = params.resident_groups, .label = label,
+    .no_mrc = !params.mrc,
   };
   if (!upstream_available (h->u))
     return prepare_offline (h, &p);

@@ -68,6 +68,7 @@ struct fscache_params params = {
   .peer_max_inbound = 256,
   .catchup = true,
   .latency_guard = true,
+  .mrc = true,
 };
 
 const char params_help[] =
@@ -82,6 +83,8 @@ const char params_help[] =
   "fscache-upstream-connections=N  Contexts for a serial upstream (default 8, 16 over curl;\n"
   "                           given, over a parallel plugin too).\n"
   "fscache-catchup=BOOL       Fill skipped reads later, when idle (default true).\n"
+  "fscache-mrc=BOOL           Keep each export's miss-ratio curve, for\n"
+  "                           nbd-fscache advise (default true).\n"
   "fscache-latency-guard=BOOL  Read hits upstream while the cache disk is\n"
   "                           slower than the upstream (default true; not\n"
   "                           in writeback mode).\n"
@@ -332,6 +335,18 @@ set_catchup (const char *k, const char *value)
     return -1;
   }
   params.catchup = r;
+  return 0;
+}
+
+static int
+set_mrc (const char *k, const char *value)
+{
+  int r = nbdkit_parse_bool (value);
+  if (r == -1) {
+    nbdkit_error ("fscache-mrc=%s: not a boolean", value);
+    return -1;
+  }
+  params.mrc = r;
   return 0;
 }
 
@@ -597,6 +612,7 @@ static const struct {
   { "fscache-readahead", set_readahead },
   { "fscache-catchup", set_catchup },
   { "fscache-latency-guard", set_latency_guard },
+  { "fscache-mrc", set_mrc },
   { "fscache-upstream-connections", set_upstream_connections },
   { "fscache-max-size", set_max_size },
   { "fscache-min-free", set_min_free },

@@ -55,6 +55,8 @@ struct fscache_params {
   uint64_t trace_max;           /* fscache-trace-max, bytes */
   uint64_t dirty_max;           /* fscache-dirty-max, bytes */
   unsigned writeback_drain;     /* fscache-writeback-drain, seconds */
+  bool mrc;                     /* fscache-mrc: keep the miss-ratio
+                                 * curve (nbd-fscache advise) */
   bool latency_guard;           /* fscache-latency-guard: hits read
                                  * upstream while the cache disk is the
                                  * slower path (core/ops/guard.c) */

@@ -125,7 +125,7 @@ new_object (struct fsc_cache *c, const struct fsc_object_params *p)
   }
   memcpy (o->key, p->key, p->key_len);
   /* The curve is statistics: without memory for it, none. */
-  o->mrc = fsc_mrc_new ();
+  o->mrc = p->no_mrc ? NULL : fsc_mrc_new ();
   o->mrc_since = fsc_wall_ms () / 1000;
   o->key_len = p->key_len;
   return o;

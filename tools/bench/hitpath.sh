@@ -10,6 +10,10 @@
 #           (no eviction), but every hit does the policy's bookkeeping
 #           (the reference bit, probation, the unread bit)
 #
+# Or any other second configuration: --b-name=NAME --b-args="PARAMS"
+# (e.g. --b-name=nomrc --b-args=fscache-mrc=false: what the miss-ratio
+# curve costs a hit).
+#
 # Then fio random 4k reads (randread-4k.fio: each 4 KiB block at most
 # once, RUNTIME seconds) at IODEPTH 1 and 8, alternating nocap and cap,
 # ROUNDS times each (default 5), and prints the median IOPS of each
@@ -26,13 +30,16 @@ BENCH_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 : "${top_builddir:=$top_srcdir}"
 FILTER="${FSCACHE_FILTER:-$top_builddir/plugin/.libs/nbdkit-fscache-filter.so}"
 SIZE="${SIZE:-512M}" RUNTIME="${RUNTIME:-5}" ROUNDS="${ROUNDS:-5}" OUT="${OUT:-}"
+B_NAME="${B_NAME:-cap}" B_ARGS="${B_ARGS:-}"
 for a in "$@"; do
   case "$a" in
     --size=*) SIZE="${a#*=}" ;;
     --runtime=*) RUNTIME="${a#*=}" ;;
     --rounds=*) ROUNDS="${a#*=}" ;;
     --out=*) OUT="${a#*=}" ;;
-    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
+    --b-name=*) B_NAME="${a#*=}" ;;
+    --b-args=*) B_ARGS="${a#*=}" ;;
+    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
     *) echo "hitpath.sh: unknown option: $a" >&2; exit 2 ;;
   esac
 done
@@ -51,7 +58,10 @@ bytes=$(numfmt --from=iec "$SIZE")
 head -c "$bytes" /dev/urandom > "$OUT/img"
 for cfg in nocap cap; do
   extra=()
-  [ "$cfg" = cap ] && extra=(fscache-max-size=$((2 * bytes)))
+  if [ "$cfg" = cap ]; then
+    extra=(fscache-max-size=$((2 * bytes)))
+    [ -n "$B_ARGS" ] && read -r -a extra <<<"$B_ARGS"
+  fi
   rm -f "$OUT/$cfg.sock"
   nbdkit -f -U "$OUT/$cfg.sock" --filter="$FILTER" --filter=log file "$OUT/img" \
     logfile="$OUT/raw/$cfg.log" fscache-dir="$OUT/cache-$cfg" \
@@ -83,7 +93,7 @@ for cfg in nocap cap; do
     echo "hitpath.sh: $cfg read $up bytes upstream, not $bytes: not all hits" >&2
 done
 
-python3 - "$OUT" "$ROUNDS" <<'PYEOF' | tee "$OUT/table.md"
+python3 - "$OUT" "$ROUNDS" "$B_NAME" <<'PYEOF' | tee "$OUT/table.md"
 import json, statistics, sys
 out, rounds = sys.argv[1], int(sys.argv[2])
 def iops(cfg, qd):
@@ -92,7 +102,8 @@ def iops(cfg, qd):
         j = json.load(open("%s/raw/%s-qd%d-%d.json" % (out, cfg, qd, r)))
         v.append(j["jobs"][0]["read"]["iops"])
     return v
-print("| warm random 4k | no cap IOPS | cap IOPS | cap / no cap |")
+b = sys.argv[3]
+print("| warm random 4k | no cap IOPS | %s IOPS | %s / no cap |" % (b, b))
 print("|---|---:|---:|---:|")
 for qd in (1, 8):
     a, b = iops("nocap", qd), iops("cap", qd)
