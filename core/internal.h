@@ -326,6 +326,10 @@ struct fsc_object {
                                  * atomic read, set under lock */
   bool unclean_marking;         /* under lock: a thread is writing it */
   bool data_dirty;              /* data written since the last sync */
+  uint64_t gauge_ms;            /* the last gauges' walk (live.c), its
+                                 * present blocks and cached bytes;
+                                 * under lock */
+  uint64_t gauge_blocks, gauge_bytes;
   bool written;                 /* saw a write: fingerprint stale */
   int withdraw_err;             /* errno that withdrew it */
   unsigned pending_fills;       /* queued on the cache's fill thread */
@@ -393,6 +397,13 @@ fsc_note_use (struct fsc_object *o)
  */
 extern void fsc_ostats_snapshot (struct fsc_object *obj,
                                  struct fsc_ostats *out);
+
+/* live.c: the same, but the gauges may be up to a second old (those of
+ * the last walk): for the superblocks of commits, which come every 256
+ * dirty groups while the cache fills.
+ */
+extern void fsc_ostats_snapshot_recent (struct fsc_object *obj,
+                                        struct fsc_ostats *out);
 
 /* live.c: rewrite NAME.stats (OPEN: the object is still open) if it
  * is due, or always if FORCE.  Failing costs only the statistics.

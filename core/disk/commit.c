@@ -93,7 +93,10 @@ write_sb (struct fsc_object *o, uint32_t set_flags, uint32_t clear_flags,
   unsigned char buf[FSC_SB_SIZE];
   struct fsc_ostats ost;
 
-  fsc_ostats_snapshot (o, &ost);
+  if (set_flags & FSC_SB_CLEAN)
+    fsc_ostats_snapshot (o, &ost);      /* the last word: exact */
+  else
+    fsc_ostats_snapshot_recent (o, &ost);
   pthread_mutex_lock (&o->lock);
   if (o->state == FSC_OBJ_WITHDRAWN) {
     pthread_mutex_unlock (&o->lock);
