@@ -298,16 +298,23 @@ set_validate (const char *k, const char *value)
   return 0;
 }
 
+/* KEY=VALUE, a boolean, into *OUT. */
 static int
-set_verify (const char *k, const char *value)
+set_bool (const char *k, const char *value, bool *out)
 {
   int r = nbdkit_parse_bool (value);
   if (r == -1) {
-    nbdkit_error ("fscache-verify=%s: not a boolean", value);
+    nbdkit_error ("%s=%s: not a boolean", k, value);
     return -1;
   }
-  params.verify = r;
+  *out = r;
   return 0;
+}
+
+static int
+set_verify (const char *k, const char *value)
+{
+  return set_bool (k, value, &params.verify);
 }
 
 static int
@@ -329,37 +336,19 @@ set_readahead (const char *k, const char *value)
 static int
 set_catchup (const char *k, const char *value)
 {
-  int r = nbdkit_parse_bool (value);
-  if (r == -1) {
-    nbdkit_error ("fscache-catchup=%s: not a boolean", value);
-    return -1;
-  }
-  params.catchup = r;
-  return 0;
+  return set_bool (k, value, &params.catchup);
 }
 
 static int
 set_mrc (const char *k, const char *value)
 {
-  int r = nbdkit_parse_bool (value);
-  if (r == -1) {
-    nbdkit_error ("fscache-mrc=%s: not a boolean", value);
-    return -1;
-  }
-  params.mrc = r;
-  return 0;
+  return set_bool (k, value, &params.mrc);
 }
 
 static int
 set_latency_guard (const char *k, const char *value)
 {
-  int r = nbdkit_parse_bool (value);
-  if (r == -1) {
-    nbdkit_error ("fscache-latency-guard=%s: not a boolean", value);
-    return -1;
-  }
-  params.latency_guard = r;
-  return 0;
+  return set_bool (k, value, &params.latency_guard);
 }
 
 static int
@@ -456,25 +445,13 @@ set_min_free (const char *k, const char *value)
 static int
 set_peer_only (const char *k, const char *value)
 {
-  int r = nbdkit_parse_bool (value);
-  if (r == -1) {
-    nbdkit_error ("fscache-peer-only=%s: not a boolean", value);
-    return -1;
-  }
-  params.peer_only = r;
-  return 0;
+  return set_bool (k, value, &params.peer_only);
 }
 
 static int
 set_offline (const char *k, const char *value)
 {
-  int r = nbdkit_parse_bool (value);
-  if (r == -1) {
-    nbdkit_error ("fscache-offline=%s: not a boolean", value);
-    return -1;
-  }
-  params.offline = r;
-  return 0;
+  return set_bool (k, value, &params.offline);
 }
 
 static int
