@@ -33,21 +33,8 @@ requires test -r "$trace_xz"
 
 xzcat "$trace_xz" > "$TMP/trace"
 BS=4096
-read -r footprint accesses size < <("$PYTHON" - "$TMP/trace" "$BS" <<'PY'
-import sys
-bs = int(sys.argv[2])
-seen = set(); acc = 0; end = 0
-for line in open(sys.argv[1]):
-    o, n, op = line.split()
-    if op != "R":
-        continue
-    o, n = int(o), int(n)
-    for b in range(o // bs, (o + n - 1) // bs + 1):
-        seen.add(b); acc += 1
-    end = max(end, o + n)
-print(len(seen), acc, (end + (1 << 20)) & ~((1 << 20) - 1))
-PY
-)
+info="$top_srcdir/tools/bench/trace-info.py"
+read -r footprint accesses size < <("$PYTHON" "$info" footprint "$TMP/trace" "$BS")
 echo "trace: $accesses block accesses, footprint $footprint blocks"
 export NBD_FSCACHE_TEST_BUDGET=0
 
@@ -72,20 +59,7 @@ statsfile=$(ls "$TMP"/free/c/objects/*/*.stats)
 grep -q '^mrc ' "$statsfile" || fail "part 1: no curve in $statsfile"
 predict ()                      # BLOCKS: the predicted hit ratio
 {
-  "$PYTHON" - "$statsfile" "$(( $1 * BS ))" <<'PY'
-import math, sys
-pts = [(int(l.split()[1]), float(l.split()[2]))
-       for l in open(sys.argv[1]) if l.startswith("mrc ")]
-x = int(sys.argv[2])
-for i in range(1, len(pts)):
-    if x <= pts[i][0]:
-        a, b = math.log(pts[i - 1][0]), math.log(pts[i][0])
-        t = (math.log(x) - a) / (b - a)
-        print("%.4f" % (pts[i - 1][1] + t * (pts[i][1] - pts[i - 1][1])))
-        break
-else:
-    print("%.4f" % pts[-1][1])
-PY
+  "$PYTHON" "$info" predict "$statsfile" "$(( $1 * BS ))"
 }
 for f in 0.05 0.25 0.50; do
   blocks=$("$PYTHON" -c "print(round($f * $footprint))")

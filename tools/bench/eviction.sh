@@ -36,21 +36,8 @@ case "$TRACE" in
 esac
 # The footprint (distinct blocks read), the block accesses, the export's
 # size (past the last byte read).
-read -r footprint accesses size < <(python3 - "$OUT/trace" "$BS" <<'PY'
-import sys
-bs = int(sys.argv[2])
-seen = set(); acc = 0; end = 0
-for line in open(sys.argv[1]):
-    o, n, op = line.split()
-    if op != "R":
-        continue
-    o, n = int(o), int(n)
-    for b in range(o // bs, (o + n - 1) // bs + 1):
-        seen.add(b); acc += 1
-    end = max(end, o + n)
-print(len(seen), acc, (end + (1 << 20)) & ~((1 << 20) - 1))
-PY
-)
+read -r footprint accesses size < <(python3 "$BENCH_DIR/trace-info.py" \
+  footprint "$OUT/trace" "$BS")
 echo "trace: $TRACE: $accesses block accesses, footprint $footprint blocks of $BS"
 sim="$OUT/simulate.txt"
 python3 "$SIMULATE" "$OUT/trace" --block-size "$BS" \

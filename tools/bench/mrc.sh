@@ -32,21 +32,8 @@ done
 mkdir -p "$OUT"
 xzcat "$top_srcdir/tests/data/cloudphysics-sample.trace.xz" > "$OUT/trace"
 BS=4096
-read -r footprint accesses size < <(python3 - "$OUT/trace" "$BS" <<'PY'
-import sys
-bs = int(sys.argv[2])
-seen = set(); acc = 0; end = 0
-for line in open(sys.argv[1]):
-    o, n, op = line.split()
-    if op != "R":
-        continue
-    o, n = int(o), int(n)
-    for b in range(o // bs, (o + n - 1) // bs + 1):
-        seen.add(b); acc += 1
-    end = max(end, o + n)
-print(len(seen), acc, (end + (1 << 20)) & ~((1 << 20) - 1))
-PY
-)
+read -r footprint accesses size < <(python3 "$BENCH_DIR/trace-info.py" \
+  footprint "$OUT/trace" "$BS")
 export NBD_FSCACHE_TEST_BUDGET=0
 run ()                          # run NAME [CAP]: prints the miss ratio
 {
@@ -64,23 +51,7 @@ run ()                          # run NAME [CAP]: prints the miss ratio
 }
 run free > /dev/null
 stats=$(ls "$OUT"/free/c/objects/*/*.stats)
-predict ()
-{
-  python3 - "$stats" "$1" <<'PY'
-import math, sys
-pts = [(int(l.split()[1]), float(l.split()[2]))
-       for l in open(sys.argv[1]) if l.startswith("mrc ")]
-x = int(sys.argv[2])
-for i in range(1, len(pts)):
-    if x <= pts[i][0]:
-        a, b = math.log(pts[i - 1][0]), math.log(pts[i][0])
-        t = (math.log(x) - a) / (b - a)
-        print("%.4f" % (pts[i - 1][1] + t * (pts[i][1] - pts[i - 1][1])))
-        break
-else:
-    print("%.4f" % pts[-1][1])
-PY
-}
+predict () { python3 "$BENCH_DIR/trace-info.py" predict "$stats" "$1"; }
 echo "# bytes,hit_ratio (measured)" > "$OUT/measured.csv"
 printf '| cap (share of footprint) | bytes | predicted hits | measured hits | error |\n|---:|---:|---:|---:|---:|\n' | tee "$OUT/table.md"
 for f in $CAPS; do
