@@ -41,6 +41,8 @@ struct fsc_guard {
                                  * time (relaxed atomics) */
   uint64_t hit_n;               /* small hits timed */
   uint64_t last_hit_ns;         /* the last one's time */
+  uint64_t slow_share;          /* the share of them over 2 ms, of
+                                 * 1024, a moving average */
 };
 
 /* Per object: its upstream's side, and the object's route. */
@@ -52,7 +54,6 @@ struct fsc_guard_obj {
   uint64_t switched_ms;         /* monotonic ms of the last switch */
   uint64_t tick;                /* hits seen: every PROBE_EVERY-th
                                  * takes the other path */
-  uint64_t probed_ms;           /* the last upstream probe */
   uint64_t probed_disk_ms;      /* the last disk probe, rerouted */
   uint64_t seen_hit_n;          /* the guard's hit_n at the last look */
   uint64_t fast_probes;         /* fast disk probes in a row */
