@@ -593,13 +593,7 @@ fallback (struct peer_export *pe, struct fsc_object *obj,
 {
   fsc_object_count_peer (obj, FSC_PEER_FALLBACKS, 1);
   struct timespec until;
-  clock_gettime (CLOCK_REALTIME, &until);
-  until.tv_sec += fleet.timeout_ms / 1000;
-  until.tv_nsec += (long) (fleet.timeout_ms % 1000) * 1000000;
-  if (until.tv_nsec >= 1000000000) {
-    until.tv_sec++;
-    until.tv_nsec -= 1000000000;
-  }
+  deadline_ms (&until, (uint64_t) fleet.timeout_ms);
   pthread_mutex_lock (&pe->lock);
   if (pe->fallbacks >= FALLBACK_BUDGET) {
     fsc_object_count_peer (obj, FSC_PEER_FALLBACKS_WAITED, 1);

@@ -42,16 +42,13 @@ fsc_up_pread (struct fsc_object *o, const struct fsc_upstream *up, void *dst,
               uint64_t len, uint64_t offset)
 {
   struct fsc_meter *m = &o->cache->up_meter;
-  struct timespec t0, t1;
-  clock_gettime (CLOCK_MONOTONIC, &t0);
+  const uint64_t t0 = fsc_mono_ns ();
   fsc_meter_begin (m);
   int r = up->pread (up->opaque, dst, len, offset);
   int e = errno;
   fsc_meter_end (m, r == 0 ? len : 0);
-  clock_gettime (CLOCK_MONOTONIC, &t1);
   if (r == 0) {
-    uint64_t ns = (uint64_t) (t1.tv_sec - t0.tv_sec) * 1000000000 +
-      (uint64_t) t1.tv_nsec - (uint64_t) t0.tv_nsec;
+    const uint64_t ns = fsc_mono_ns () - t0;
     fsc_upstream_latency (o->cache, ns);
     fsc_guard_up_time (o, len, ns);
   }

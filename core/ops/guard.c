@@ -136,8 +136,6 @@ fsc_guard_reroute (struct fsc_object *o, uint64_t bytes)
   uint64_t up = __atomic_load_n (&go->up_ns, __ATOMIC_RELAXED);
   uint64_t un = __atomic_load_n (&go->up_n, __ATOMIC_RELAXED);
   bool on = __atomic_load_n (&go->rerouting, __ATOMIC_RELAXED);
-  bool probe = __atomic_add_fetch (&go->tick, 1, __ATOMIC_RELAXED)
-    % PROBE_EVERY == 0;
 
   if (on) {
     /* The disk's recovery is judged by its last probe, not the
@@ -185,7 +183,8 @@ fsc_guard_reroute (struct fsc_object *o, uint64_t bytes)
    * warm pass on a loaded machine (test-fscache-clients.sh: 4 KiB
    * upstream where none was due).
    */
-  if (un >= MIN_SAMPLES || !probe)
+  if (un >= MIN_SAMPLES ||
+      __atomic_add_fetch (&go->tick, 1, __ATOMIC_RELAXED) % PROBE_EVERY != 0)
     return false;
  reroute:
   FSC_STAT_ADD (&o->cache->stats, hits_rerouted, 1);

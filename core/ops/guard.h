@@ -15,6 +15,15 @@
  */
 #define FSC_GUARD_MAX_BYTES (256 * 1024)
 
+/* Is the guard on for O's cache (fsc_cache_set_guard)?  Off, nothing
+ * is timed on the hit path.
+ */
+static inline bool
+fsc_guard_enabled (const struct fsc_object *o)
+{
+  return o->cache->guard.enabled;
+}
+
 /* Should a hit of BYTES on O be read upstream instead of from the
  * cache disk?  Counts it (hits_rerouted) if so.
  */

@@ -134,6 +134,15 @@ struct read_ctx {
   uint64_t waited;              /* the block last waited for */
 };
 
+/* The bytes [*LO, *HI) of the read's window that N blocks from B hold. */
+static void
+run_window (const struct fsc_object *o, const struct read_ctx *rc,
+            uint64_t b, uint64_t n, uint64_t *lo, uint64_t *hi)
+{
+  *lo = MAX (block_start (&o->geom, b), rc->offset);
+  *hi = MIN (block_end (&o->geom, b + n - 1), rc->end);
+}
+
 /* One run, as classify found it, for its serving. */
 struct run {
   enum run_kind kind;
@@ -290,8 +299,8 @@ classify_absent (struct fsc_object *o, struct read_ctx *rc, uint64_t b,
      */
     const uint64_t epoch = g->epoch;
     pthread_mutex_unlock (&o->lock);
-    const uint64_t lo = MAX (block_start (&o->geom, b), rc->offset);
-    const uint64_t hi = MIN (block_end (&o->geom, b), rc->end);
+    uint64_t lo, hi;
+    run_window (o, rc, b, 1, &lo, &hi);
     if (fsc_fill_copy (o->cache, o, b, epoch, lo, hi,
                        (unsigned char *) rc->buf + (lo - rc->offset))) {
       FSC_STAT_ADD (st, hit_bytes, hi - lo);
@@ -429,10 +438,10 @@ static uint64_t
 serve_hit_guarded (struct fsc_object *o, const struct read_ctx *rc,
                    uint64_t b, struct run *r, const struct fsc_upstream *up)
 {
-  if (rc->buf == NULL)
+  if (rc->buf == NULL || !fsc_guard_enabled (o))
     return serve_hit (o, rc, b, r);
-  uint64_t lo = MAX (block_start (&o->geom, b), rc->offset);
-  uint64_t hi = MIN (block_end (&o->geom, b + r->n - 1), rc->end);
+  uint64_t lo, hi;
+  run_window (o, rc, b, r->n, &lo, &hi);
   if (fsc_guard_reroute (o, hi - lo) &&
       fsc_up_pread (o, up, (unsigned char *) rc->buf + (lo - rc->offset),
                     hi - lo, lo) == 0) {
@@ -441,14 +450,10 @@ serve_hit_guarded (struct fsc_object *o, const struct read_ctx *rc,
       __atomic_sub_fetch (&grp (o, gi)->readers, 1, __ATOMIC_RELEASE);
     return r->n;
   }
-  struct timespec t0, t1;
-  clock_gettime (CLOCK_MONOTONIC, &t0);
+  const uint64_t t0 = fsc_mono_ns ();
   uint64_t done = serve_hit (o, rc, b, r);
-  clock_gettime (CLOCK_MONOTONIC, &t1);
   if (done == r->n)
-    fsc_guard_hit_time (o, hi - lo,
-                        (uint64_t) (t1.tv_sec - t0.tv_sec) * 1000000000 +
-                        (uint64_t) t1.tv_nsec - (uint64_t) t0.tv_nsec);
+    fsc_guard_hit_time (o, hi - lo, fsc_mono_ns () - t0);
   return done;
 }
 
@@ -463,8 +468,8 @@ serve_uncached (struct fsc_object *o, const struct read_ctx *rc, uint64_t b,
   struct fsc_stats *st = &o->cache->stats;
   if (rc->buf == NULL)
     return 0;
-  uint64_t lo = MAX (block_start (&o->geom, b), rc->offset);
-  uint64_t hi = MIN (block_end (&o->geom, b + r->n - 1), rc->end);
+  uint64_t lo, hi;
+  run_window (o, rc, b, r->n, &lo, &hi);
   int ret = fsc_up_pread (o, up, (unsigned char *) rc->buf + (lo - rc->offset),
                       hi - lo, lo);
   FSC_STAT_ADD (st, upstream_reads, 1);
