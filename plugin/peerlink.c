@@ -31,7 +31,7 @@
  * when its last user leaves.
  *
  * Every call is bounded (invariant P3 of peers.c): the connect (in
- * libnbd's opt mode, so that the export name is ours, not the URI's)
+ * peerdial.c: libnbd's opt mode, the export name ours)
  * and each read run under one deadline.  A failure is retried once on
  * a fresh connection; a second sets the peer aside for BACKOFF_MIN
  * seconds, doubling to BACKOFF_MAX while it keeps failing, and a
@@ -70,6 +70,7 @@
 #include "fscache.h"
 #include "utils.h"
 
+#include "peerdial.h"
 #include "peerhealth.h"
 #include "peerlink.h"
 #include "say.h"
@@ -130,8 +131,6 @@ static const char *cfg_self_uri = "";    /* fscache-peer-self, for messages */
 
 static struct {
   int timeout_ms;
-  const char *psk_file, *psk_user;
-  const char *cert_dir;         /* fscache-peer-tls-certificates */
   pthread_mutex_t lock;         /* err_said, err_unsaid */
   time_t err_said;
   unsigned err_unsaid;
@@ -180,9 +179,7 @@ peer_link_configure (int timeout_ms, const char *psk_file,
                 "%u read(s) in flight on each", max_conns, depth);
   cfg_self_uri = self_uri;
   cfg.timeout_ms = timeout_ms;
-  cfg.psk_file = psk_file;
-  cfg.psk_user = psk_user;
-  cfg.cert_dir = cert_dir;
+  peer_dial_configure (psk_file, psk_user, cert_dir);
   while (node_id == 0)
     if (getrandom (&node_id, sizeof node_id, 0) != sizeof node_id)
       node_id = ((uint64_t) getpid () << 32) ^ (uint64_t) time (NULL);
@@ -263,114 +260,6 @@ peer_link_mark_bad (struct peer_link *l)
   return !__atomic_test_and_set (&l->bad, __ATOMIC_RELAXED);
 }
 
-/* Wait on NBD until DONE says 1 (0) or -1 (-1), or the deadline
- * (-1, ETIMEDOUT).  DONE says 0 to go on waiting.
- */
-static int
-wait_for (struct nbd_handle *nbd, int64_t deadline,
-          int (*done) (struct nbd_handle *, int64_t), int64_t arg)
-{
-  for (;;) {
-    int d = done (nbd, arg);
-    if (d)
-      return d > 0 ? 0 : -1;
-    if (nbd_aio_is_dead (nbd) || nbd_aio_is_closed (nbd)) {
-      errno = ECONNRESET;
-      return -1;
-    }
-    int64_t left = deadline - peer_now_ms ();
-    if (left <= 0) {
-      errno = ETIMEDOUT;
-      return -1;
-    }
-    if (nbd_poll (nbd, left > 1000 ? 1000 : (int) left) == -1) {
-      errno = nbd_get_errno () ? nbd_get_errno () : EIO;
-      return -1;
-    }
-  }
-}
-
-static int
-negotiating (struct nbd_handle *nbd, int64_t unused)
-{
-  return nbd_aio_is_negotiating (nbd) || nbd_aio_is_ready (nbd);
-}
-
-static int
-go_done (struct nbd_handle *nbd, int64_t unused)
-{
-  if (nbd_aio_is_ready (nbd))
-    return 1;
-  if (nbd_aio_is_negotiating (nbd)) {
-    errno = EACCES;             /* the peer refused the export */
-    return -1;
-  }
-  return 0;
-}
-
-/* TLS on NBD as configured: the fleet's pre-shared key, or this node's
- * certificate (ca-cert.pem, client-cert.pem, client-key.pem and
- * ca-crl.pem in the directory, as libnbd reads them) with the peer's
- * verified against the fleet's CA and its revocation list; or none.
- * libnbd 1.14 verifies a peer's certificate only when the URI has a
- * host name (TCP), not over a Unix socket.
- */
-static int
-set_tls (struct nbd_handle *nbd)
-{
-  if (cfg.psk_file)
-    return nbd_set_tls (nbd, LIBNBD_TLS_REQUIRE) == -1 ||
-      nbd_set_tls_psk_file (nbd, cfg.psk_file) == -1 ||
-      nbd_set_tls_username (nbd, cfg.psk_user) == -1 ? -1 : 0;
-  if (cfg.cert_dir)
-    return nbd_set_tls (nbd, LIBNBD_TLS_REQUIRE) == -1 ||
-      nbd_set_tls_certificates (nbd, cfg.cert_dir) == -1 ||
-      nbd_set_tls_verify_peer (nbd, true) == -1 ? -1 : 0;
-  return 0;
-}
-
-/* NBD connected to URI (opt mode, TLS as set) up to the options by
- * DEADLINE, a dial's and a probe's start: 0, or -1 with errno.
- */
-static int
-reach_options (struct nbd_handle *nbd, const char *uri, int64_t deadline)
-{
-  return nbd_set_opt_mode (nbd, true) == -1 || set_tls (nbd) == -1 ||
-    nbd_aio_connect_uri (nbd, uri) == -1 ||
-    wait_for (nbd, deadline, negotiating, 0) == -1 ? -1 : 0;
-}
-
-/* A new connection to URI for the export EXPORT_NAME, ready by
- * DEADLINE, or NULL with errno.
- */
-static struct nbd_handle *
-dial (const char *export_name, const char *uri, int64_t deadline)
-{
-  struct nbd_handle *nbd = nbd_create ();
-  if (nbd == NULL) {
-    errno = nbd_get_errno () ? nbd_get_errno () : ENOMEM;
-    return NULL;
-  }
-  if (reach_options (nbd, uri, deadline) == -1)
-    goto fail;
-  if (nbd_aio_is_negotiating (nbd) &&
-      (nbd_set_export_name (nbd, export_name) == -1 ||
-       nbd_aio_opt_go (nbd, NBD_NULL_COMPLETION) == -1 ||
-       wait_for (nbd, deadline, go_done, 0) == -1))
-    goto fail;
-  if ((cfg.psk_file || cfg.cert_dir) && nbd_get_tls_negotiated (nbd) != 1) {
-    errno = EPROTO;
-    goto fail;
-  }
-  return nbd;
- fail:;
-  int e = errno ? errno : EIO;
-  nbdkit_debug ("fscache: peer %s: %s", uri, nbd_get_error ()
-                ? nbd_get_error () : strerror (e));
-  nbd_close (nbd);
-  errno = e;
-  return NULL;
-}
 
 /* A connection of L with room for one more read, reserved, and a
  * reference the caller gives back with conn_put: the least busy open
@@ -430,7 +319,7 @@ conn_get (struct peer_link *l, const char *ident, const char *exportname,
     e = ENOMEM;
   else if ((c->wakefd = eventfd (0, EFD_CLOEXEC | EFD_NONBLOCK)) == -1)
     e = errno;
-  else if ((c->nbd = dial (name, dial_uri, deadline)) == NULL) {
+  else if ((c->nbd = peer_dial (name, dial_uri, deadline)) == NULL) {
     e = errno;
     close (c->wakefd);
   }
@@ -542,6 +431,13 @@ read_answered (void *opaque, int *error)
   pthread_mutex_lock (&l->lock);
   r->done = true;
   r->err = *error;
+  /* ENOTCONN is no server's error: libnbd aborts the reads in flight
+   * with it when the connection dies.  Out of the link before the
+   * reservation is given back, or another read takes the dead one and
+   * fails (EINVAL), a restarted peer's second failure (peers-tree 5).
+   */
+  if (*error == ENOTCONN)
+    conn_break_locked (l, r->conn);
   r->conn->inflight--;
   r->conn->idle_since = peer_now_ms ();
   pthread_cond_broadcast (&l->changed);
@@ -643,9 +539,12 @@ conn_pread (struct conn *c, void *buf, uint32_t count, uint64_t offset,
       pthread_mutex_lock (&l->lock);
       c->polling = false;
       pthread_cond_broadcast (&l->changed);   /* the turn is free */
-      if (p == -1 && !r->done) {
-        err = nbd_get_errno () ? nbd_get_errno () : ECONNRESET;
-        break;
+      if (p == -1) {
+        conn_break_locked (l, c);   /* never the last: we hold one */
+        if (!r->done) {
+          err = nbd_get_errno () ? nbd_get_errno () : ECONNRESET;
+          break;
+        }
       }
     }
     else {
@@ -789,12 +688,5 @@ peer_link_pread (struct peer_link *l, const char *ident,
 bool
 peer_link_probe (const char *uri)
 {
-  int64_t deadline = peer_now_ms () + cfg.timeout_ms;
-  struct nbd_handle *nbd = nbd_create ();
-  if (nbd == NULL)
-    return false;
-  bool up = reach_options (nbd, uri, deadline) == 0 &&
-    nbd_aio_is_negotiating (nbd);
-  nbd_close (nbd);
-  return up;
+  return peer_dial_probe (uri, peer_now_ms () + cfg.timeout_ms);
 }
