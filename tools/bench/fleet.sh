@@ -40,6 +40,16 @@
 # Peers talk over Unix sockets (as TCP on a LAN would, less the
 # network).  The image is random; every copy is compared with it.
 #
+# --egress=BITS (EGRESS): each node's uplink.  Its peers then reach it
+# through a relay of its own (nbdkit's rate filter, rate=BITS, over
+# the nbd plugin with the askers' export names passed on), so that
+# everything a node serves its peers shares BITS, as a host's NIC
+# would: in a lockstep boot the flat design's owner of a hot range
+# serves every other node through it, a tree's node at most K
+# (issue 41's 64-node target).  --threads=T (THREADS): nbdkit's -t for
+# the nodes (default nbdkit's, 16 per connection; 64 nodes with
+# dozens of peer connections each reach this machine's pid_max).
+#
 # One machine has one disk and a few cores for all N nodes, where a
 # fleet has N of each: with --rundir=/dev/shm the nodes' caches and
 # copies live in memory, so that the disk the simulated hosts share
@@ -50,7 +60,8 @@
 # (ROUNDS, default 3), --configs="alone peers kill" (CONFIGS),
 # --out=DIR (OUT), --rundir=DIR (RUNDIR, default OUT: where caches
 # and copies go), ALONE_MAX=N (run "alone" only up to N nodes: it
-# takes N times one node's time).
+# takes N times one node's time), KEEP=1 (keep each run's directory:
+# the nodes' stats and logs).
 
 set -euo pipefail
 BENCH_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -59,7 +70,8 @@ BENCH_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 FILTER="${FSCACHE_FILTER:-$top_builddir/plugin/.libs/nbdkit-fscache-filter.so}"
 NODES="${NODES:-1 4 8}" SIZE="${SIZE:-128M}" RATE="${RATE:-200M}"
 ROUNDS="${ROUNDS:-3}" CONFIGS="${CONFIGS:-alone peers kill}" OUT="${OUT:-}"
-RUNDIR="${RUNDIR:-}" FANOUT="${FANOUT:-8}"
+RUNDIR="${RUNDIR:-}" FANOUT="${FANOUT:-8}" EGRESS="${EGRESS:-}"
+THREADS="${THREADS:-}"
 for a in "$@"; do
   case "$a" in
     --nodes=*) NODES="${a#*=}" ;;
@@ -69,7 +81,9 @@ for a in "$@"; do
     --configs=*) CONFIGS="${a#*=}" ;;
     --out=*) OUT="${a#*=}" ;;
     --rundir=*) RUNDIR="${a#*=}" ;;
-    -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
+    --egress=*) EGRESS="${a#*=}" ;;
+    --threads=*) THREADS="${a#*=}" ;;
+    -h|--help) sed -n '2,60p' "$0"; exit 0 ;;
     *) echo "fleet.sh: unknown option: $a" >&2; exit 2 ;;
   esac
 done
@@ -98,7 +112,7 @@ stop_all () {
   for p in "${pids[@]}"; do while kill -0 "$p" 2>/dev/null; do sleep 0.05; done; done
   pids=()
 }
-trap 'stop_all; for c in "${cleanup_dirs[@]}"; do rm -rf "$c"; done' EXIT
+trap 'stop_all; [ -n "${KEEP:-}" ] || for c in "${cleanup_dirs[@]}"; do rm -rf "$c"; done' EXIT
 
 origin_bytes () {
   awk 'function hex(s,  i, c, v) { v = 0; s = tolower (substr (s, 3))
@@ -122,13 +136,18 @@ run () {
   pids+=($!)
   wait_pid "$d/origin.pid"
   : > "$d/peers"
+  # A node's peer address: its own socket, or its relay's (--egress).
+  local pl=n
+  [ -n "$EGRESS" ] && [ "$cfg" != alone ] && pl=p
   for i in $(seq "$n"); do
-    echo "nbd+unix:///?socket=$d/n$i.sock" >> "$d/peers"
+    echo "nbd+unix:///?socket=$d/$pl$i.sock" >> "$d/peers"
   done
+  local topt=()
+  [ -n "$THREADS" ] && topt=(-t "$THREADS")
   for i in $(seq "$n"); do
     local extra=()
     [ "$cfg" != alone ] && extra=(fscache-peers="$d/peers"
-                                  fscache-peer-self="nbd+unix:///?socket=$d/n$i.sock"
+                                  fscache-peer-self="nbd+unix:///?socket=$d/$pl$i.sock"
                                   fscache-peer-fanout="$FANOUT"
                                   fscache-generation=1)
     [ "$cfg" = flat ] && extra+=(fscache-peer-fanout=0 fscache-peer-stripes=0)
@@ -139,12 +158,24 @@ run () {
     mkdir -m 700 "$d/c$i"
     local env=()
     [ "$cfg" = mux ] && env=(NBD_FSCACHE_TEST_PEER_DEPTH=64)
-    env "${env[@]}" nbdkit -f -U "$d/n$i.sock" -P "$d/n$i.pid" --filter="$FILTER" \
+    env "${env[@]}" nbdkit -f "${topt[@]}" -U "$d/n$i.sock" -P "$d/n$i.pid" \
+      --filter="$FILTER" \
       nbd socket="$d/origin.sock" fscache-dir="$d/c$i" \
       fscache-stats="$d/s$i" "${extra[@]}" 2>>"$d/n$i.err" &
     pids+=($!)
+    if [ "$pl" = p ]; then
+      # The node's uplink: one rate for all it serves (rate= is the
+      # whole server's), each asker's export name passed on.
+      nbdkit -f "${topt[@]}" -U "$d/p$i.sock" -P "$d/p$i.pid" --filter=rate \
+        nbd socket="$d/n$i.sock" dynamic-export=true rate="$EGRESS" \
+        burstiness=0.1 2>>"$d/p$i.err" &
+      pids+=($!)
+    fi
   done
-  for i in $(seq "$n"); do wait_pid "$d/n$i.pid"; done
+  for i in $(seq "$n"); do
+    wait_pid "$d/n$i.pid"
+    [ "$pl" = n ] || wait_pid "$d/p$i.pid"
+  done
   local t0 cp=()
   t0=$(date +%s.%N)
   for i in $(seq "$n"); do
@@ -205,7 +236,7 @@ print(t[-1], pct(0.50), pct(0.99))' "$t0" "${times[@]}")
   cpu=$($PY -c "print($cpu / $(getconf CLK_TCK))")
   stop_all
   echo "$slow $p50 $p99 $cpu $(origin_bytes "$d/origin.log") $(grep -c ' Connect ' "$d/origin.log") $(awk '$1 > f { f = $1 } $2 > t { t = $2 } END { print f + 0, t + 0 }' "$d/res")"
-  rm -rf "$d"
+  [ -n "${KEEP:-}" ] || rm -rf "$d"
 }
 
 median () { $PY -c 'import sys, statistics; print(statistics.median(float(x) for x in sys.argv[1:]))' "$@"; }
