@@ -41,6 +41,8 @@ check_packages=(
   systemd man-db git debhelper lintian
   # test-fscache-peers-mtls.sh: a fleet CA, certificates and a CRL.
   openssl
+  # test-fscache-peers-dns.sh: a DNS server with the fleet's SRV records.
+  dnsmasq-base
 )
 packages=("${build_packages[@]}")
 

@@ -10,8 +10,9 @@
  * a new inode (a file renamed over the old one, as a writer that means
  * it to be read whole does) is taken at once; a file changed in place
  * only once two stats at least CHECK_MS apart saw it the same and its
- * last line ends, so that a half-written file is not taken.  fscache-peers=dns:NAME:PORT takes
- * the members from NAME's addresses instead (below).  The list in use
+ * last line ends, so that a half-written file is not taken.
+ * fscache-peers=dns:NAME:PORT or dns:NAME takes the members from a
+ * name's addresses or SRV records instead (memberdns.c).  The list in use
  * is a reference-counted snapshot, replaced whole.
  *
  * Locks: the membership's lock guards the snapshot pointer, the
@@ -20,16 +21,12 @@
  */
 #include <config.h>
 
-#include <arpa/inet.h>
 #include <errno.h>
-#include <netdb.h>
-#include <netinet/in.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
 
 #define NBDKIT_API_VERSION 2
@@ -39,6 +36,7 @@
 #include "peertree.h"
 #include "xxh.h"
 
+#include "memberdns.h"
 #include "members.h"
 #include "params.h"
 #include "peerlink.h"
@@ -189,86 +187,12 @@ tree_depth (const struct members *ms)
   return n ? fsc_peer_depth (n - 1, params.peer_fanout) : 0;
 }
 
-/* fscache-peers=dns:NAME:PORT.  The members are NAME's addresses
- * (A and AAAA records, through the system's resolver: /etc/hosts, DNS,
- * whatever NSS says), each as nbd://ADDRESS:PORT, sorted, so that a
- * Kubernetes headless Service or a Consul name lists the fleet and
- * drops the members that fail its health checks.  Resolved again every
- * DNS_MS (NBD_FSCACHE_TEST_PEER_DNS_MS for tests), from the reads that
- * need it; a new snapshot only if the list changed.  A failed lookup
- * keeps the last list.
+/* fscache-peers=dns:...: the members from the name system
+ * (memberdns.c), resolved again every DNS_MS (NBD_FSCACHE_TEST_PEER_
+ * DNS_MS for tests), from the reads that need it; a new snapshot only
+ * if the list changed.  A failed lookup keeps the last list.
  */
 #define DNS_MS 5000
-
-static int
-cmp_str (const void *a, const void *b)
-{
-  return strcmp (*(char *const *) a, *(char *const *) b);
-}
-
-/* NAME's members as the text of a peers file, or NULL with errno. */
-static char *
-resolve_members (const char *spec)
-{
-  const char *name = spec + 4, *colon = strrchr (name, ':');
-  char host[1024];
-  size_t hl = colon - name;
-  if (hl >= sizeof host) {
-    errno = ENAMETOOLONG;
-    return NULL;
-  }
-  memcpy (host, name, hl);
-  host[hl] = 0;
-  struct addrinfo hints = { .ai_socktype = SOCK_STREAM,
-                            .ai_family = AF_UNSPEC }, *res;
-  int r = getaddrinfo (host, colon + 1, &hints, &res);
-  if (r != 0) {
-    nbdkit_debug ("fscache-peers=%s: %s", spec, gai_strerror (r));
-    errno = r == EAI_SYSTEM ? errno : ENOENT;
-    return NULL;
-  }
-  size_t n = 0, cap = 0;
-  char **uris = NULL;
-  for (struct addrinfo *a = res; a; a = a->ai_next) {
-    char addr[INET6_ADDRSTRLEN], *u;
-    const void *in = a->ai_family == AF_INET6
-      ? (const void *) &((struct sockaddr_in6 *) a->ai_addr)->sin6_addr
-      : (const void *) &((struct sockaddr_in *) a->ai_addr)->sin_addr;
-    if ((a->ai_family != AF_INET && a->ai_family != AF_INET6) ||
-        inet_ntop (a->ai_family, in, addr, sizeof addr) == NULL)
-      continue;
-    if (asprintf (&u, a->ai_family == AF_INET6 ? "nbd://[%s]:%s"
-                  : "nbd://%s:%s", addr, colon + 1) == -1)
-      continue;
-    if (n == cap) {
-      cap = cap ? 2 * cap : 16;
-      char **b = realloc (uris, cap * sizeof *uris);
-      if (b == NULL) {
-        free (u);
-        break;
-      }
-      uris = b;
-    }
-    uris[n++] = u;
-  }
-  freeaddrinfo (res);
-  qsort (uris, n, sizeof *uris, cmp_str);
-  char *text = NULL;
-  size_t len = 0;
-  FILE *fp = open_memstream (&text, &len);
-  for (size_t i = 0; i < n; ++i) {
-    if (fp && (i == 0 || strcmp (uris[i], uris[i - 1]) != 0))
-      fprintf (fp, "%s\n", uris[i]);
-    free (uris[i]);
-  }
-  free (uris);
-  if (fp == NULL || fclose (fp) == EOF) {
-    free (text);
-    errno = ENOMEM;
-    return NULL;
-  }
-  return text;
-}
 
 /* Take the members of TEXT (a peers file's) as the snapshot, if they
  * differ from the last text taken (or FORCE).  Under fleet.lock.
@@ -302,7 +226,7 @@ static int
 reload_locked (bool force)
 {
   if (strncmp (params.peers_file, "dns:", 4) == 0) {
-    char *text = resolve_members (params.peers_file);
+    char *text = member_dns_text (params.peers_file);
     if (text == NULL)
       return -1;
     return take_text_locked (text, force);

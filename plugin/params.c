@@ -102,7 +102,7 @@ const char params_help[] =
   "                           to this long (default 30).\n"
   "fscache-peers=FILE         The fleet: one NBD URI per line, each a proxy\n"
   "                           of this filter; misses go to a range's owner.\n"
-  "fscache-peers=dns:NAME:PORT  The fleet: NAME's addresses (re-resolved).\n"
+  "fscache-peers=dns:NAME[:PORT] The fleet: NAME's addresses, or SRV records.\n"
   "fscache-peer-self=URI      This node's line in fscache-peers.\n"
   "fscache-peer-max-inbound=N  Peers' connections served at once (default\n"
   "                           256); more are answered busy.\n"
@@ -484,14 +484,17 @@ set_peers (const char *k, const char *value)
   char **p = strcmp (k, "fscache-peers") == 0 ? &params.peers_file
     : &params.peer_psk;
   free (*p);
-  /* dns:NAME:PORT is a name to resolve, not a path (peers.c). */
+  /* dns:NAME:PORT or dns:NAME (SRV) is a name to resolve, not a path
+   * (memberdns.c).
+   */
   if (p == &params.peers_file && strncmp (value, "dns:", 4) == 0) {
     const char *port = strrchr (value + 4, ':');
-    if (port == NULL || port == value + 4 || port[1] == 0 ||
-        strspn (port + 1, "0123456789") != strlen (port + 1)) {
+    if (value[4] == 0 || value[4] == ':' ||
+        (port && (port[1] == 0 ||
+                  strspn (port + 1, "0123456789") != strlen (port + 1)))) {
       nbdkit_error ("fscache-peers=%s: dns: takes NAME:PORT (the fleet's "
                     "name, whose addresses are its members, and the port "
-                    "they serve on)", value);
+                    "they serve on) or NAME (its SRV records)", value);
       *p = NULL;
       return -1;
     }

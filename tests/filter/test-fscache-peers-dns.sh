@@ -15,8 +15,16 @@
 #     sent it only the ranges it now ranks first for (rendezvous moves
 #     a third of them to the new member: under 0.7 of the image, and
 #     its peers at least 0.3, for 64 ranges whatever the scores).
+#  3. SRV records (fscache-peers=dns:_nbd._tcp.fleet.test, no port):
+#     three nodes, each on a port of its own, listed by a DNS server
+#     the test starts (dnsmasq on 127.0.0.153, the namespace's
+#     resolv.conf naming it), the targets' addresses from that server
+#     too: the copies are identical, each node knows the other two and
+#     read from them, the origin sent the image about once, and
+#     dnsmasq's log shows the nodes' SRV queries.
 #
-# Truth: the image (cmp), the origin's request log, the counters.
+# Truth: the image (cmp), the origin's request log, the counters,
+# dnsmasq's query log.
 
 if [ -z "${FSCACHE_DNS_NS:-}" ]; then
   if ! command -v unshare >/dev/null ||
@@ -35,6 +43,7 @@ requires nbdkit nbd --dump-plugin
 requires nbdkit --filter=log null --dump-plugin
 requires test -r "$FILTER"
 requires getent --version
+requires dnsmasq --version
 
 MiB=$((1024 * 1024))
 size=$((64 * MiB))      # 64 ranges: the new member's share varies little
@@ -106,4 +115,59 @@ echo "part 2: node 4 read $pr bytes from peers and knows $known; the" \
   fail "part 2: node 4 read only $pr bytes from its peers"
 [ "$got" -le $((size * 7 / 10)) ] ||
   fail "part 2: the origin sent node 4 $got bytes, over 0.7 of the image"
+
+# ---- 3. SRV records ----
+rm -rf "$TMP"/c[0-9] "$TMP"/s[0-9] "$TMP"/out[0-9]
+before=$(log_read_bytes "$TMP/o.log")
+declare -A P
+srv=()
+for i in 2 3 4; do
+  P[$i]=$(free_port)
+  srv+=(--srv-host="_nbd._tcp.fleet.test,n$i.fleet.test,${P[$i]},0,10"
+        --host-record="n$i.fleet.test,127.0.0.$i")
+done
+printf 'nameserver 127.0.0.153\noptions attempts:2 timeout:2\n' \
+  > "$TMP/resolv.conf"
+mount --bind "$TMP/resolv.conf" /etc/resolv.conf ||
+  fail "part 3: cannot bind-mount over /etc/resolv.conf"
+dnsmasq --keep-in-foreground --conf-file=/dev/null --no-resolv --no-hosts \
+  --listen-address=127.0.0.153 --bind-interfaces --port=53 --user=root \
+  --pid-file="$TMP/dns.pid" --log-queries --log-facility="$TMP/dns.log" \
+  "${srv[@]}" 2>"$TMP/dns.err" &
+cleanup_fn "kill $! 2>/dev/null"
+wait_until test -s "$TMP/dns.pid" || fail "part 3: dnsmasq did not start"
+wait_until getent hosts n4.fleet.test >/dev/null ||
+  fail "part 3: the test's DNS server does not answer"
+srv_node ()                     # I: on 127.0.0.I, port P[I]
+{
+  mkdir -p -m 700 "$TMP/c$1"
+  NBDKIT_STDERR="$TMP/n$1.err" start_nbdkit -P "$TMP/n$1.pid" \
+    -i "127.0.0.$1" -p "${P[$1]}" --filter="$FILTER" \
+    nbd socket="$TMP/o.sock" fscache-key=img fscache-dir="$TMP/c$1" \
+    fscache-stats="$TMP/s$1" fscache-peers="dns:_nbd._tcp.fleet.test" \
+    fscache-peer-self="nbd://127.0.0.$1:${P[$1]}" fscache-generation=1
+}
+srv_node 2; srv_node 3; srv_node 4
+pids=()
+for i in 2 3 4; do
+  timeout 120 nbdcopy "nbd://127.0.0.$i:${P[$i]}" "$TMP/out$i" & pids+=($!)
+done
+for p in "${pids[@]}"; do wait "$p" || fail "part 3: a copy failed"; done
+for i in 2 3 4; do stop_nbdkit "$TMP/n$i.pid"; done
+for i in 2 3 4; do
+  cmp "$img" "$TMP/out$i" || fail "part 3: node $i's copy differs"
+done
+got=$(( $(log_read_bytes "$TMP/o.log") - before ))
+echo "part 3: SRV: origin sent $got bytes for three copies of $size;" \
+     "peers read: $(for i in 2 3 4; do stat_value "$TMP/s$i" peer_read_bytes; done | tr '\n' ' ')"
+for i in 2 3 4; do
+  [ "$(stat_value "$TMP/s$i" peers_known)" = 2 ] ||
+    fail "part 3: node $i knows $(stat_value "$TMP/s$i" peers_known) peers, not 2"
+  [ "$(stat_value "$TMP/s$i" peer_read_bytes)" -gt 0 ] ||
+    fail "part 3: node $i read nothing from its peers"
+done
+[ "$got" -le $((size * 11 / 10)) ] ||
+  fail "part 3: the origin sent $got bytes, over 1.1 times the image"
+grep -q "query\[SRV\] _nbd._tcp.fleet.test" "$TMP/dns.log" ||
+  fail "part 3: dnsmasq saw no SRV query for the fleet's name"
 echo "$0: OK"
