@@ -21,8 +21,10 @@
 #     context of its own on the origin: it was one per peer
 #     connection, 174 at 8 nodes).  No node ran out of descriptors
 #     (at 24 nodes, 1024 of them, every node used to).  Each node's
-#     descriptors and threads at the end of the copy are printed, and
-#     the peer reads' hops (peer_hops) are 1 to 3 each.
+#     descriptors and threads at the end of the copy are within bounds
+#     computed from the stripes and K alone, not N (8 connections a
+#     link to 4 parents and from 12 askers: 168 descriptors, 1,568
+#     threads), and the peer reads' hops (peer_hops) are 1 to 3 each.
 #  2. An interior node killed: 12 nodes, fanout 3, the origin
 #     rate-limited, node 5 killed (-9) once a quarter of the image has
 #     left the origin: the others finish, identical, the origin under
@@ -250,6 +252,16 @@ echo "part 1: $reads peer reads, $hops hops"
 if grep -l "Too many open files" "$TMP"/n*.err; then
   fail "part 1: a node ran out of descriptors"
 fi
+# Bounds from S = 4 stripes and K = 3 alone, not N: at most S parents
+# and S K askers (invariant T3, a tree's fan-in), each link up to 8
+# connections (plugin/peerlink.c), nbdkit's 16 threads per connection
+# served; 40 descriptors and 32 threads of the node's own (its client,
+# cache files, upstream contexts, the filter's threads).
+S=4 K=3
+[ "$maxfd" -le $((40 + 8 * (S + S * K))) ] ||
+  fail "part 1: a node held $maxfd descriptors, over $((40 + 8 * (S + S * K)))"
+[ "$maxth" -le $((32 + 16 * (1 + 8 * S * K))) ] ||
+  fail "part 1: a node ran $maxth threads, over $((32 + 16 * (1 + 8 * S * K)))"
 # Per node: its client's, one shared by the peers' connections
 # (plugin/peerhost.c), and the catch-up's or the sample's at most.
 [ "$conns" -le $((4 * N)) ] ||
