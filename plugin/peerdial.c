@@ -22,7 +22,7 @@
 #include <nbdkit-filter.h>
 
 #include "peerdial.h"
-#include "peerlink.h"
+#include "utils.h"
 
 static struct {
   const char *psk_file, *psk_user;
@@ -53,7 +53,7 @@ wait_for (struct nbd_handle *nbd, int64_t deadline,
       errno = ECONNRESET;
       return -1;
     }
-    int64_t left = deadline - peer_now_ms ();
+    int64_t left = deadline - (int64_t) fsc_mono_ms ();
     if (left <= 0) {
       errno = ETIMEDOUT;
       return -1;

@@ -16,7 +16,7 @@ extern void peer_dial_configure (const char *psk_file, const char *psk_user,
                                  const char *cert_dir);
 
 /* A new connection to URI for the export EXPORT_NAME, ready for reads
- * by DEADLINE (peer_now_ms), or NULL with errno (EACCES: the peer
+ * by DEADLINE (fsc_mono_ms), or NULL with errno (EACCES: the peer
  * refused the export; EPROTO: no TLS where it was required).
  */
 extern struct nbd_handle *peer_dial (const char *export_name,
