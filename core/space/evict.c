@@ -53,6 +53,8 @@
  *     each evicted block that is not present or claimed again, in a
  *     group with no hit in flight (group.readers), is claimed for the
  *     punch and released after it.
+ *  d. The pages of hashes and index records left holding nothing are
+ *     punched too (trim.c): the file system frees whole pages only.
  *  Only then does fsc_make_room return and the new data get written.
  *  Blocks dropped by writes (store.c) are punched the same way.
  *
@@ -440,6 +442,7 @@ punch_queued (struct fsc_object *o)
       queue_punch (o, gi);
     pthread_mutex_unlock (&o->lock);
 
+    uint64_t punched = 0;
     while (todo && r == 0) {
       /* One run of consecutive blocks at a time. */
       unsigned i0 = __builtin_ctzll (todo);
@@ -460,6 +463,8 @@ punch_queued (struct fsc_object *o)
       uint64_t run = (i1 - i0 == 63) ? ~UINT64_C (0)
         : ((UINT64_C (1) << (i1 - i0 + 1)) - 1) << i0;
       todo &= ~run;
+      if (r == 0)
+        punched |= run;
       pthread_mutex_lock (&o->lock);
       g->fetching &= ~run;
       if (r == -1)
@@ -467,6 +472,7 @@ punch_queued (struct fsc_object *o)
       pthread_cond_broadcast (&o->cond);
       pthread_mutex_unlock (&o->lock);
     }
+    fsc_trim_meta (o, gi, punched);     /* step d (trim.c) */
     if (todo) {                         /* after a failure: release */
       pthread_mutex_lock (&o->lock);
       g->fetching &= ~todo;

@@ -48,6 +48,14 @@ extern void fsc_note_filled (struct fsc_object *o, uint64_t b,
  */
 extern void fsc_punch_pending (struct fsc_object *o);
 
+/* trim.c: after evict.c punched the blocks PUNCHED of group GI, punch
+ * the pages of hashes and records left holding nothing (T1, T2 of
+ * trim.c), so that a cap holds data, not empty metadata.  Without
+ * o->lock.
+ */
+extern void fsc_trim_meta (struct fsc_object *o, uint64_t gi,
+                           uint64_t punched);
+
 /* evict.c: the committer's look at O: take up a changed quota record
  * and shrink O to its budget.
  */

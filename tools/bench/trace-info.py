@@ -13,7 +13,12 @@ tests/tools/test-tool-advise.sh.
       prints the hit ratio STATS's "mrc BYTES HIT_RATIO" lines (an
       object's NAME.stats) predict at BYTES, interpolated on the log
       of the size; past the last point, the last.
+  trace-info.py lru TRACE BLOCK_SIZE BLOCKS
+      prints the hit ratio of an exact LRU cache of BLOCKS blocks over
+      TRACE's reads: what the curve (an LRU curve, sampled) predicts,
+      computed the plain way.
 """
+import collections
 import math
 import sys
 
@@ -33,6 +38,26 @@ def footprint(path, bs):
     print(len(seen), acc, (end + (1 << 20)) & ~((1 << 20) - 1))
 
 
+def lru(path, bs, cap):
+    cache = collections.OrderedDict()
+    acc = hits = 0
+    for line in open(path):
+        o, n, op = line.split()
+        if op != "R":
+            continue
+        o, n = int(o), int(n)
+        for b in range(o // bs, (o + n - 1) // bs + 1):
+            acc += 1
+            if b in cache:
+                hits += 1
+                cache.move_to_end(b)
+            else:
+                cache[b] = True
+                if len(cache) > cap:
+                    cache.popitem(last=False)
+    print("%.4f" % (hits / acc if acc else 0))
+
+
 def predict(stats, x):
     pts = [(int(l.split()[1]), float(l.split()[2]))
            for l in open(stats) if l.startswith("mrc ")]
@@ -50,5 +75,8 @@ if __name__ == "__main__":
         footprint(sys.argv[2], int(sys.argv[3]))
     elif sys.argv[1] == "predict":
         predict(sys.argv[2], int(sys.argv[3]))
+    elif sys.argv[1] == "lru":
+        lru(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
     else:
-        sys.exit("trace-info.py: footprint TRACE BS | predict STATS BYTES")
+        sys.exit("trace-info.py: footprint TRACE BS | predict STATS BYTES"
+                 " | lru TRACE BS BLOCKS")
