@@ -173,7 +173,7 @@ classify_hit (struct fsc_object *o, const struct read_ctx *rc, uint64_t b,
   /* The run spans at most two groups (n <= FSC_GROUP_BLOCKS):
    * count the hit in flight in each, so that eviction does not
    * punch what it reads (evict.c), and mark the blocks referenced
-   * unless a sequential stream reads them.
+   * but the one a sequential stream's last read left off in.
    */
   /* The end blocks read in part: their hashes, if cached. */
   r->es.have[0] = r->es.have[1] = false;
@@ -193,13 +193,29 @@ classify_hit (struct fsc_object *o, const struct read_ctx *rc, uint64_t b,
   for (uint64_t gi = GROUP_OF (b); gi <= GROUP_OF (b + n - 1); ++gi) {
     struct group *hg = grp (o, gi);
     hg->readers++;
-    if (rc->buf && !(rc->flags & FSC_READ_SEQUENTIAL)) {
+    if (rc->buf) {
       uint64_t lo = MAX (b, gi * FSC_GROUP_BLOCKS) - gi * FSC_GROUP_BLOCKS;
       uint64_t hi = MIN (b + n, (gi + 1) * FSC_GROUP_BLOCKS)
         - gi * FSC_GROUP_BLOCKS;
       uint64_t run = hi - lo == 64 ? ~UINT64_C (0)
         : ((UINT64_C (1) << (hi - lo)) - 1) << lo;
-      hg->referenced |= run & ~hg->unread;
+      uint64_t ref = run & ~hg->unread;
+      /* A stream's read starts where its last one ended: the block
+       * holding that point inside it was the last read's, and hitting
+       * it again is no reuse (4 KiB reads of a 64 KiB block hit it 15
+       * times in a row).  The blocks it begins afresh were cached
+       * before it came: a reuse.  (All of a stream's hits used to set
+       * no bit; on the CloudPhysics sample, where three quarters of
+       * the bytes read continue a stream and many are read again, the
+       * policy then lost to ARC by 4.4 points at a quarter of the
+       * footprint: issue 45.)
+       */
+      if ((rc->flags & FSC_READ_SEQUENTIAL) && rc->offset % o->geom.block_size) {
+        uint64_t sb = rc->offset / o->geom.block_size;
+        if (GROUP_OF (sb) == gi)
+          ref &= ~BIT_OF (sb);
+      }
+      hg->referenced |= ref;
       hg->unread &= ~run;
     }
   }
