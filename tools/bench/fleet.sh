@@ -49,6 +49,9 @@
 # (issue 41's 64-node target).  --threads=T (THREADS): nbdkit's -t for
 # the nodes (default nbdkit's, 16 per connection; 64 nodes with
 # dozens of peer connections each reach this machine's pid_max).
+# FANOUT=K and STRIPES=S (fscache-peer-fanout, fscache-peer-stripes)
+# for the tree configurations: a node has at most S parents and S K
+# askers, so its connections stop growing once N passes about S K.
 #
 # One machine has one disk and a few cores for all N nodes, where a
 # fleet has N of each: with --rundir=/dev/shm the nodes' caches and
@@ -71,6 +74,7 @@ FILTER="${FSCACHE_FILTER:-$top_builddir/plugin/.libs/nbdkit-fscache-filter.so}"
 NODES="${NODES:-1 4 8}" SIZE="${SIZE:-128M}" RATE="${RATE:-200M}"
 ROUNDS="${ROUNDS:-3}" CONFIGS="${CONFIGS:-alone peers kill}" OUT="${OUT:-}"
 RUNDIR="${RUNDIR:-}" FANOUT="${FANOUT:-8}" EGRESS="${EGRESS:-}"
+STRIPES="${STRIPES:-}"
 THREADS="${THREADS:-}"
 for a in "$@"; do
   case "$a" in
@@ -150,6 +154,8 @@ run () {
                                   fscache-peer-self="nbd+unix:///?socket=$d/$pl$i.sock"
                                   fscache-peer-fanout="$FANOUT"
                                   fscache-generation=1)
+    [ -n "$STRIPES" ] && [ "$cfg" != alone ] &&
+      extra+=(fscache-peer-stripes="$STRIPES")
     [ "$cfg" = flat ] && extra+=(fscache-peer-fanout=0 fscache-peer-stripes=0)
     [ "$cfg" = ranges ] && extra+=(fscache-peer-stripes=0)
     [ "$cfg" = manifest ] && extra+=(fscache-manifest="$OUT/manifest")
