@@ -89,6 +89,13 @@
 #     used to be enough): the member
 #     is not taken (peers_known 0, no peer error: it would have dialled
 #     the cut name), node 1 says so; once the line ends it is taken.
+# 10. 12 nodes over curl and nginx (fanout 3): the copies are the
+#     image, nginx sent it about once, and the HEAD requests it answered
+#     (the curl plugin sends one for each connection it opens: the
+#     clients' contexts, the pool's, the one the peers' connections
+#     share, the sample's) are within N (1 + pool), the pool 16 over
+#     curl (45 seen for 12 nodes); every peer connection used to open
+#     one of its own, a count that grows with the square of the fleet.
 #
 # Truth: the image (cmp and the readers' checks), the origin's request
 # log, the nodes' request logs and counters.
@@ -104,6 +111,8 @@ requires nbdkit --filter=error null --dump-plugin
 requires test -r "$FILTER"
 requires "$PYTHON" -c 'import nbd'
 requires prlimit --version
+requires nginx -v
+requires nbdkit curl --dump-plugin
 
 MiB=$((1024 * 1024))
 size=$((16 * MiB))   # the 20 coherency samples (32 KiB each) stay under 5%
@@ -689,5 +698,38 @@ taken ()
 wait_until taken || fail "part 9: node 1 never took the finished line"
 stop_nodes 1
 stop_nbdkit "$TMP/o9.pid"
+
+# ---- 10. 12 nodes over curl: nginx's HEADs ----
+fresh
+mkdir -p "$TMP/www"
+cp "$img" "$TMP/www/img"
+start_nginx "$TMP/www" '$request $status $body_bytes_sent'
+N=12
+for i in $(seq 1 $N); do self "$i"; done > "$TMP/p10"
+for i in $(seq 1 $N); do
+  mkdir -p -m 700 "$TMP/c$i"
+  NBDKIT_STDERR="$TMP/n$i.err" start_nbdkit -P "$TMP/n$i.pid" \
+    -U "$TMP/n$i.sock" --filter="$FILTER" \
+    curl "http://127.0.0.1:$PORT/img" fscache-dir="$TMP/c$i" \
+    fscache-stats="$TMP/s$i" fscache-peers="$TMP/p10" \
+    fscache-peer-self="$(self "$i")" fscache-peer-fanout=3 \
+    fscache-generation=1
+done
+copy $(seq 1 $N)
+for i in $(seq 1 $N); do
+  cmp "$img" "$TMP/out$i" || fail "part 10: node $i's copy differs"
+done
+stop_nodes $(seq 1 $N)
+heads=$(awk '$1 == "HEAD"' "$TMP/access.log" | wc -l)
+sent=$(awk '$1 == "GET" && $NF ~ /^[0-9]+$/ { s += $NF } END { print s + 0 }' \
+         "$TMP/access.log")
+echo "part 10: $N nodes over curl: nginx sent $sent bytes for $size and" \
+     "answered $heads HEAD requests"
+[ "$sent" -le $((size * 12 / 10)) ] ||
+  fail "part 10: nginx sent $sent bytes, over 1.2 times the image"
+[ "$heads" -ge "$N" ] || fail "part 10: $heads HEADs for $N nodes (test bug?)"
+# The issue's bound: N (1 + the pool), 16 contexts over curl by default.
+[ "$heads" -le $((N * (1 + 16))) ] ||
+  fail "part 10: nginx answered $heads HEADs, over $((N * 17)) (N (1 + pool))"
 
 echo "$0: OK"
