@@ -62,14 +62,14 @@ NBDKIT_STDERR="$TMP/o.err" start_nbdkit -P "$TMP/o.pid" -U "$TMP/o.sock" \
   --filter=log file "$img" logfile="$TMP/o.log"
 PORT=$(free_port)
 
-node ()                         # I: on 127.0.0.I
+node ()                         # I PORT PEERS: on 127.0.0.I:PORT
 {
   mkdir -p -m 700 "$TMP/c$1"
   NBDKIT_STDERR="$TMP/n$1.err" start_nbdkit -P "$TMP/n$1.pid" \
-    -i "127.0.0.$1" -p "$PORT" --filter="$FILTER" \
+    -i "127.0.0.$1" -p "$2" --filter="$FILTER" \
     nbd socket="$TMP/o.sock" fscache-key=img fscache-dir="$TMP/c$1" \
-    fscache-stats="$TMP/s$1" fscache-peers="dns:fleet.test:$PORT" \
-    fscache-peer-self="nbd://127.0.0.$1:$PORT" fscache-generation=1
+    fscache-stats="$TMP/s$1" fscache-peers="$3" \
+    fscache-peer-self="nbd://127.0.0.$1:$2" fscache-generation=1
 }
 copy ()
 {
@@ -85,7 +85,7 @@ copy ()
 }
 
 # ---- 1. two addresses ----
-node 2; node 3
+node 2 "$PORT" "dns:fleet.test:$PORT"; node 3 "$PORT" "dns:fleet.test:$PORT"
 copy 2 3
 stop_nbdkit "$TMP/n2.pid"; stop_nbdkit "$TMP/n3.pid"
 got=$(log_read_bytes "$TMP/o.log")
@@ -102,7 +102,7 @@ done
 # ---- 2. a third address ----
 before=$got
 echo '127.0.0.4 fleet.test' >> "$TMP/hosts"
-node 2; node 3; node 4
+for i in 2 3 4; do node "$i" "$PORT" "dns:fleet.test:$PORT"; done
 copy 4
 stop_nbdkit "$TMP/n2.pid"; stop_nbdkit "$TMP/n3.pid"; stop_nbdkit "$TMP/n4.pid"
 got=$(( $(log_read_bytes "$TMP/o.log") - before ))
@@ -138,16 +138,7 @@ cleanup_fn "kill $! 2>/dev/null"
 wait_until test -s "$TMP/dns.pid" || fail "part 3: dnsmasq did not start"
 wait_until getent hosts n4.fleet.test >/dev/null ||
   fail "part 3: the test's DNS server does not answer"
-srv_node ()                     # I: on 127.0.0.I, port P[I]
-{
-  mkdir -p -m 700 "$TMP/c$1"
-  NBDKIT_STDERR="$TMP/n$1.err" start_nbdkit -P "$TMP/n$1.pid" \
-    -i "127.0.0.$1" -p "${P[$1]}" --filter="$FILTER" \
-    nbd socket="$TMP/o.sock" fscache-key=img fscache-dir="$TMP/c$1" \
-    fscache-stats="$TMP/s$1" fscache-peers="dns:_nbd._tcp.fleet.test" \
-    fscache-peer-self="nbd://127.0.0.$1:${P[$1]}" fscache-generation=1
-}
-srv_node 2; srv_node 3; srv_node 4
+for i in 2 3 4; do node "$i" "${P[$i]}" dns:_nbd._tcp.fleet.test; done
 pids=()
 for i in 2 3 4; do
   timeout 120 nbdcopy "nbd://127.0.0.$i:${P[$i]}" "$TMP/out$i" & pids+=($!)

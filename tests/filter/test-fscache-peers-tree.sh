@@ -157,6 +157,14 @@ copy ()                         # I...: at once, each under 120 s
   done
 }
 stop_nodes () { for i in "$@"; do stop_nbdkit "$TMP/n$i.pid"; done; }
+copy_same ()                    # PART I...: copy, each the image
+{
+  local part=$1 i; shift
+  copy "$@"
+  for i in "$@"; do
+    cmp "$img" "$TMP/out$i" || fail "part $part: node $i's copy differs"
+  done
+}
 # fill_bytes LOG: the bytes the origin sent in reads over 4 KiB: the
 # fills, without the coherency samples (4 KiB reads, 32 KiB per object
 # open, taken again by each of a node's first connections that open the
@@ -218,10 +226,7 @@ for i in $(seq 1 $N); do
   [ "$(awk '/^Max open files/ { print $5 }' "/proc/$(cat "$TMP/n$i.pid")/limits")" = 1024 ] ||
     fail "part 1: node $i's descriptor limit is not 1024 (test bug?)"
 done
-copy $(seq 1 $N)
-for i in $(seq 1 $N); do
-  cmp "$img" "$TMP/out$i" || fail "part 1: node $i's copy differs"
-done
+copy_same 1 $(seq 1 $N)
 maxfd=0 maxth=0
 for i in $(seq 1 $N); do
   pid=$(cat "$TMP/n$i.pid")
@@ -538,10 +543,7 @@ for i in $(seq 1 $N); do self "$i"; done > "$TMP/p7"
 for i in $(seq 1 $N); do
   node "$i" o7 "$TMP/p7" fscache-peer-fanout=0 fscache-peer-max-inbound=1
 done
-copy $(seq 1 $N)
-for i in $(seq 1 $N); do
-  cmp "$img" "$TMP/out$i" || fail "part 7: node $i's copy differs"
-done
+copy_same 7 $(seq 1 $N)
 stop_nodes $(seq 1 $N)
 busy=0 bo=0 pr=0
 for i in $(seq 1 $N); do
@@ -643,10 +645,7 @@ origin o8b rate rate=64M
 for i in $(seq 1 $N); do
   NBD_FSCACHE_TEST_PEER_DEPTH=64 node "$i" o8b "$TMP/p8" fscache-peer-fanout=3
 done
-copy $(seq 1 $N)
-for i in $(seq 1 $N); do
-  cmp "$img" "$TMP/out$i" || fail "part 8b: node $i's copy differs"
-done
+copy_same 8b $(seq 1 $N)
 stop_nodes $(seq 1 $N)
 read -r conns depth < <(conns_depth "$TMP"/n[1-8].log)
 echo "part 8b: multiplexed links forced: the most peer connections of one" \
@@ -715,10 +714,7 @@ for i in $(seq 1 $N); do
     fscache-peer-self="$(self "$i")" fscache-peer-fanout=3 \
     fscache-generation=1
 done
-copy $(seq 1 $N)
-for i in $(seq 1 $N); do
-  cmp "$img" "$TMP/out$i" || fail "part 10: node $i's copy differs"
-done
+copy_same 10 $(seq 1 $N)
 stop_nodes $(seq 1 $N)
 heads=$(awk '$1 == "HEAD"' "$TMP/access.log" | wc -l)
 sent=$(awk '$1 == "GET" && $NF ~ /^[0-9]+$/ { s += $NF } END { print s + 0 }' \

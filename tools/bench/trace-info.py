@@ -23,38 +23,39 @@ import math
 import sys
 
 
-def footprint(path, bs):
-    seen = set()
-    acc = end = 0
+def blocks(path, bs):
+    """Each block TRACE's reads touch, in order, with the read's end."""
     for line in open(path):
         o, n, op = line.split()
         if op != "R":
             continue
         o, n = int(o), int(n)
         for b in range(o // bs, (o + n - 1) // bs + 1):
-            seen.add(b)
-            acc += 1
-        end = max(end, o + n)
+            yield b, o + n
+
+
+def footprint(path, bs):
+    seen = set()
+    acc = end = 0
+    for b, e in blocks(path, bs):
+        seen.add(b)
+        acc += 1
+        end = max(end, e)
     print(len(seen), acc, (end + (1 << 20)) & ~((1 << 20) - 1))
 
 
 def lru(path, bs, cap):
     cache = collections.OrderedDict()
     acc = hits = 0
-    for line in open(path):
-        o, n, op = line.split()
-        if op != "R":
-            continue
-        o, n = int(o), int(n)
-        for b in range(o // bs, (o + n - 1) // bs + 1):
-            acc += 1
-            if b in cache:
-                hits += 1
-                cache.move_to_end(b)
-            else:
-                cache[b] = True
-                if len(cache) > cap:
-                    cache.popitem(last=False)
+    for b, _ in blocks(path, bs):
+        acc += 1
+        if b in cache:
+            hits += 1
+            cache.move_to_end(b)
+        else:
+            cache[b] = True
+            if len(cache) > cap:
+                cache.popitem(last=False)
     print("%.4f" % (hits / acc if acc else 0))
 
 
