@@ -112,24 +112,24 @@ get16 (const unsigned char *p)
   return (uint16_t) (p[0] << 8 | p[1]);
 }
 
-/* NAME's SRV records, their targets' addresses added to U.  0, or -1
- * with errno (ENOENT: no such name or no records; EBADMSG: a malformed
- * answer).  A target that does not resolve is left out (said in the
+/* NAME's SRV records (the answer read into MSG, of CAP bytes), their
+ * targets' addresses added to U.  0, or -1 with errno (ENOENT: no such
+ * name or no records; EBADMSG: a malformed answer).  A target that does not resolve is left out (said in the
  * debug log): the others are still members.
  */
 static int
-add_srv (struct uris *u, const char *name)
+srv_answer (struct uris *u, const char *name, unsigned char *msg,
+            size_t cap)
 {
-  static __thread unsigned char msg[65536];
-  int len = res_query (name, ns_c_in, ns_t_srv, msg, sizeof msg);
+  int len = res_query (name, ns_c_in, ns_t_srv, msg, cap);
   if (len < 0) {
     nbdkit_debug ("fscache-peers=dns:%s: no SRV records (h_errno %d)",
                   name, h_errno);
     errno = ENOENT;
     return -1;
   }
-  if ((size_t) len > sizeof msg)       /* truncated by res_query */
-    len = sizeof msg;
+  if ((size_t) len > cap)       /* truncated by res_query */
+    len = cap;
   const unsigned char *end = msg + len, *p = msg + NS_HFIXEDSZ;
   if (len < NS_HFIXEDSZ) {
     errno = EBADMSG;
@@ -184,6 +184,20 @@ add_srv (struct uris *u, const char *name)
     return -1;
   }
   return 0;
+}
+
+static int
+add_srv (struct uris *u, const char *name)
+{
+  const size_t cap = 65536;     /* the largest DNS message */
+  unsigned char *msg = malloc (cap);
+  if (msg == NULL)
+    return -1;
+  int r = srv_answer (u, name, msg, cap);
+  int e = errno;
+  free (msg);
+  errno = e;
+  return r;
 }
 
 char *

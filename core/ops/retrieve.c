@@ -210,8 +210,9 @@ classify_hit (struct fsc_object *o, const struct read_ctx *rc, uint64_t b,
        * policy then lost to ARC by 4.4 points at a quarter of the
        * footprint: issue 45.)
        */
-      if ((rc->flags & FSC_READ_SEQUENTIAL) && rc->offset % o->geom.block_size) {
-        uint64_t sb = rc->offset / o->geom.block_size;
+      const uint32_t bs = o->geom.block_size;
+      if ((rc->flags & FSC_READ_SEQUENTIAL) && rc->offset % bs) {
+        uint64_t sb = rc->offset / bs;
         if (GROUP_OF (sb) == gi)
           ref &= ~BIT_OF (sb);
       }
