@@ -20,7 +20,8 @@
  * The result is the text of a peers file, one nbd://ADDRESS:PORT line
  * per member (IPv6 in brackets), sorted and without duplicates, so that
  * members.c compares it with the last and keeps its snapshot when the
- * name's answer only came back in another order.
+ * name's answer only came back in another order.  An answer with no
+ * member in it fails, as no answer does.
  *
  * Untrusted input: the DNS answer.  Every length in it is checked
  * against the message's end before it is read (dn_expand checks the
@@ -219,8 +220,17 @@ member_dns_text (const char *spec)
     host[hl] = 0;
     r = add_addresses (&u, host, colon + 1);
   }
+  /* An answer that leaves no member (only "." targets, no target that
+   * resolves) is taken as a failed lookup, which keeps the last
+   * members: the fleet is never emptied by one bad answer
+   * (test-fscache-peers-dns.sh part 4: it was).
+   */
+  if (r == 0 && u.n == 0) {
+    r = -1;
+    errno = ENOENT;
+  }
   int e = errno;
-  if (r == 0 && u.n)
+  if (r == 0)
     qsort (u.v, u.n, sizeof *u.v, cmp_str);
   char *text = NULL;
   size_t len = 0;

@@ -22,6 +22,17 @@
 #     too: the copies are identical, each node knows the other two and
 #     read from them, the origin sent the image about once, and
 #     dnsmasq's log shows the nodes' SRV queries.
+#  4. Hostile answers: node 2 takes its members from dnsmasq, then
+#     dnsmasq is replaced by a server (tests/dns-hostile.py) that
+#     answers each query with the next of eight malformed or useless
+#     answers (an answer count with no answer, a record past the
+#     message's end, SRV data too short, a pointer loop, a target
+#     pointing past the end, garbage, only ".", a target that does not
+#     resolve), nodes 3 and 4 stopped, node 2 resolving every 200 ms
+#     (its cap 1 MiB, so that its reads keep missing): copies from node
+#     2 until the server answered every variant once are the image,
+#     node 2 lives and keeps its two members (a failed lookup keeps the
+#     last list).
 #
 # Truth: the image (cmp), the origin's request log, the counters,
 # dnsmasq's query log.
@@ -62,14 +73,14 @@ NBDKIT_STDERR="$TMP/o.err" start_nbdkit -P "$TMP/o.pid" -U "$TMP/o.sock" \
   --filter=log file "$img" logfile="$TMP/o.log"
 PORT=$(free_port)
 
-node ()                         # I PORT PEERS: on 127.0.0.I:PORT
+node ()                         # I PORT PEERS [ARGS]: on 127.0.0.I:PORT
 {
   mkdir -p -m 700 "$TMP/c$1"
   NBDKIT_STDERR="$TMP/n$1.err" start_nbdkit -P "$TMP/n$1.pid" \
     -i "127.0.0.$1" -p "$2" --filter="$FILTER" \
     nbd socket="$TMP/o.sock" fscache-key=img fscache-dir="$TMP/c$1" \
     fscache-stats="$TMP/s$1" fscache-peers="$3" \
-    fscache-peer-self="nbd://127.0.0.$1:$2" fscache-generation=1
+    fscache-peer-self="nbd://127.0.0.$1:$2" fscache-generation=1 "${@:4}"
 }
 copy ()
 {
@@ -161,4 +172,31 @@ done
   fail "part 3: the origin sent $got bytes, over 1.1 times the image"
 grep -q "query\[SRV\] _nbd._tcp.fleet.test" "$TMP/dns.log" ||
   fail "part 3: dnsmasq saw no SRV query for the fleet's name"
+
+# ---- 4. hostile answers ----
+rm -rf "$TMP"/c[0-9] "$TMP"/s[0-9] "$TMP"/out[0-9]
+# A cap of 1 MiB: reads keep missing, and misses look the members up.
+node 2 "${P[2]}" dns:_nbd._tcp.fleet.test fscache-max-size=1M
+kill "$(cat "$TMP/dns.pid")"
+wait_until sh -c "! kill -0 $(cat "$TMP/dns.pid") 2>/dev/null" ||
+  fail "part 4: dnsmasq did not stop"
+"$PYTHON" "$top_srcdir/tests/dns-hostile.py" 127.0.0.153 "$TMP/hostile.n" \
+  2>"$TMP/hostile.err" &
+cleanup_fn "kill $! 2>/dev/null"
+answered () { [ "$(cat "$TMP/hostile.n" 2>/dev/null || echo 0)" -ge "$1" ]; }
+copies=0
+until answered 8; do
+  [ "$copies" -lt 20 ] ||
+    fail "part 4: $copies copies and the server answered under 8 queries"
+  timeout 120 nbdcopy "nbd://127.0.0.2:${P[2]}" "$TMP/out2" ||
+    fail "part 4: a copy from node 2 failed"
+  cmp "$img" "$TMP/out2" || fail "part 4: node 2's copy differs"
+  copies=$((copies + 1))
+done
+kill -0 "$(cat "$TMP/n2.pid")" || fail "part 4: node 2 died"
+stop_nbdkit "$TMP/n2.pid"
+echo "part 4: $copies copies, $(cat "$TMP/hostile.n") hostile answers; node 2 knew" \
+     "$(stat_value "$TMP/s2" peers_known) peers"
+[ "$(stat_value "$TMP/s2" peers_known)" = 2 ] ||
+  fail "part 4: node 2 knows $(stat_value "$TMP/s2" peers_known) peers, not its last 2"
 echo "$0: OK"
