@@ -8,7 +8,9 @@
  *    serving on PORT.  A Kubernetes headless Service's name, or a
  *    Consul service's, lists its ready members.
  *  - dns:NAME (no port): NAME's SRV records (RFC 2782), each a target
- *    host and a port, every target's addresses taken as above: a
+ *    host and a port, every target's addresses taken from the answer's
+ *    additional section where the server sent them (struct glue), else
+ *    looked up as above: a
  *    Kubernetes headless Service's _PORTNAME._tcp.SERVICE... name, or
  *    Consul's SERVICE.service.consul, where members may serve on ports
  *    of their own.  Every record is a member: priority and weight
@@ -41,6 +43,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/socket.h>
 
 #define NBDKIT_API_VERSION 2
@@ -49,6 +52,9 @@
 #include "memberdns.h"
 
 #define MAX_SRV 4096            /* records taken from one answer */
+#ifndef MIN
+#define MIN(a, b) ((a) < (b) ? (a) : (b))
+#endif
 
 struct uris {
   char **v;
@@ -113,10 +119,75 @@ get16 (const unsigned char *p)
   return (uint16_t) (p[0] << 8 | p[1]);
 }
 
+/* A target's addresses from the answer's additional section, as DNS
+ * servers that publish SRV records send them (CoreDNS for Kubernetes,
+ * Consul): with them a fleet's SRV answer needs no lookup per member,
+ * where a lookup each, one after the other under the membership's
+ * lock, made a read wait for as many round trips as there are members.
+ */
+struct glue {
+  char *name;
+  int family;
+  unsigned char addr[16];
+};
+
+/* Add TARGET's addresses from GLUE (N records) to U as
+ * nbd://ADDRESS:PORT; true if there were any.
+ */
+static bool
+add_glue (struct uris *u, const struct glue *glue, size_t n,
+          const char *target, const char *port)
+{
+  bool any = false;
+  for (size_t i = 0; i < n; ++i) {
+    char addr[INET6_ADDRSTRLEN], *s;
+    if (strcasecmp (glue[i].name, target) != 0 ||
+        inet_ntop (glue[i].family, glue[i].addr, addr, sizeof addr) == NULL)
+      continue;
+    if (asprintf (&s, glue[i].family == AF_INET6 ? "nbd://[%s]:%s"
+                  : "nbd://%s:%s", addr, port) != -1) {
+      uris_add (u, s);
+      any = true;
+    }
+  }
+  return any;
+}
+
+/* One resource record at *P (before END): its owner name into NAME,
+ * type, class and data (*RD, *RDLEN); *P moves past it.  0, or -1
+ * (EBADMSG) if it does not fit the message.
+ */
+static int
+next_rr (const unsigned char *msg, const unsigned char *end,
+         const unsigned char **p, char *name, size_t namelen,
+         unsigned *type, unsigned *class, const unsigned char **rd,
+         unsigned *rdlen)
+{
+  int n = dn_expand (msg, end, *p, name, namelen);
+  if (n < 0 || end - (*p + n) < NS_RRFIXEDSZ) {
+    errno = EBADMSG;
+    return -1;
+  }
+  const unsigned char *q = *p + n;
+  *type = get16 (q);
+  *class = get16 (q + 2);
+  *rdlen = get16 (q + 8);
+  q += NS_RRFIXEDSZ;
+  if (end - q < (ptrdiff_t) *rdlen) {
+    errno = EBADMSG;
+    return -1;
+  }
+  *rd = q;
+  *p = q + *rdlen;
+  return 0;
+}
+
 /* NAME's SRV records (the answer read into MSG, of CAP bytes), their
- * targets' addresses added to U.  0, or -1 with errno (ENOENT: no such
- * name or no records; EBADMSG: a malformed answer).  A target that does not resolve is left out (said in the
- * debug log): the others are still members.
+ * targets' addresses (from the additional section, else looked up)
+ * added to U.  0, or -1 with errno (ENOENT: no such name or no
+ * records; EBADMSG: a malformed answer).  A target that does not
+ * resolve is left out (said in the debug log): the others are still
+ * members.
  */
 static int
 srv_answer (struct uris *u, const char *name, unsigned char *msg,
@@ -131,12 +202,14 @@ srv_answer (struct uris *u, const char *name, unsigned char *msg,
   }
   if ((size_t) len > cap)       /* truncated by res_query */
     len = cap;
-  const unsigned char *end = msg + len, *p = msg + NS_HFIXEDSZ;
   if (len < NS_HFIXEDSZ) {
     errno = EBADMSG;
     return -1;
   }
-  unsigned qd = get16 (msg + 4), an = get16 (msg + 6);
+  const unsigned char *end = msg + len, *p = msg + NS_HFIXEDSZ;
+  unsigned qd = get16 (msg + 4);
+  unsigned nrr = get16 (msg + 6) + get16 (msg + 8) + get16 (msg + 10);
+  unsigned an = get16 (msg + 6);
   char host[NS_MAXDNAME];
   for (unsigned i = 0; i < qd; ++i) {
     int n = dn_expand (msg, end, p, host, sizeof host);
@@ -146,45 +219,78 @@ srv_answer (struct uris *u, const char *name, unsigned char *msg,
     }
     p += n + NS_QFIXEDSZ;
   }
-  unsigned taken = 0;
-  for (unsigned i = 0; i < an && taken < MAX_SRV; ++i) {
-    int n = dn_expand (msg, end, p, host, sizeof host);
-    if (n < 0 || end - (p + n) < NS_RRFIXEDSZ) {
-      errno = EBADMSG;
-      return -1;
+  /* Every record first: the SRV ones of the answer, the addresses of
+   * any section after it.  A record takes 11 bytes at least: the
+   * counts a hostile header claims are cut to what the message holds.
+   */
+  nrr = MIN (nrr, (unsigned) ((end - p) / 11));
+  an = MIN (an, nrr);
+  struct srv { char *target; unsigned port; } *srv =
+    calloc (an ? an : 1, sizeof *srv);
+  struct glue *glue = calloc (nrr ? nrr : 1, sizeof *glue);
+  size_t nsrv = 0, nglue = 0;
+  int r = srv && glue ? 0 : -1;
+  for (unsigned i = 0; r == 0 && i < nrr; ++i) {
+    unsigned type, class, rdlen;
+    const unsigned char *rd;
+    if (next_rr (msg, end, &p, host, sizeof host, &type, &class, &rd,
+                 &rdlen) == -1) {
+      r = -1;
+      break;
     }
-    p += n;
-    unsigned type = get16 (p), class = get16 (p + 2), rdlen = get16 (p + 8);
-    p += NS_RRFIXEDSZ;
-    if (end - p < (ptrdiff_t) rdlen) {
-      errno = EBADMSG;
-      return -1;
-    }
-    const unsigned char *rd = p;
-    p += rdlen;
-    /* Priority, weight, port, target; a CNAME in the answer is skipped
-     * (res_query followed it: the SRV records follow it).
-     */
-    if (type != ns_t_srv || class != ns_c_in)
+    if (class != ns_c_in)
       continue;
-    if (rdlen < 7 || dn_expand (msg, end, rd + 6, host, sizeof host) < 0) {
-      errno = EBADMSG;
-      return -1;
+    if (i < an && type == ns_t_srv) {
+      /* Priority, weight, port, target. */
+      char t[NS_MAXDNAME];
+      if (rdlen < 7 || dn_expand (msg, end, rd + 6, t, sizeof t) < 0) {
+        errno = EBADMSG;
+        r = -1;
+        break;
+      }
+      if ((srv[nsrv].target = strdup (t)) == NULL) {
+        r = -1;
+        break;
+      }
+      srv[nsrv++].port = get16 (rd + 4);
     }
+    else if (i >= an && ((type == ns_t_a && rdlen == 4) ||
+                         (type == ns_t_aaaa && rdlen == 16))) {
+      if ((glue[nglue].name = strdup (host)) == NULL) {
+        r = -1;
+        break;
+      }
+      glue[nglue].family = type == ns_t_a ? AF_INET : AF_INET6;
+      memcpy (glue[nglue++].addr, rd, rdlen);
+    }
+    /* Anything else (a CNAME res_query followed, an NS record): not
+     * ours.
+     */
+  }
+  for (size_t i = 0; r == 0 && i < nsrv && i < MAX_SRV; ++i) {
+    const char *t = srv[i].target;
     char port[8];
-    snprintf (port, sizeof port, "%u", get16 (rd + 4));
-    taken++;
-    if (host[0] == 0 || strcmp (host, ".") == 0)
+    snprintf (port, sizeof port, "%u", srv[i].port);
+    if (t[0] == 0 || strcmp (t, ".") == 0)
       continue;                 /* "no service here" */
-    if (add_addresses (u, host, port) == -1)
+    if (!add_glue (u, glue, nglue, t, port) &&
+        add_addresses (u, t, port) == -1)
       nbdkit_debug ("fscache-peers=dns:%s: target %s does not resolve",
-                    name, host);
+                    name, t);
   }
-  if (taken == 0) {
+  if (r == 0 && nsrv == 0) {
     errno = ENOENT;
-    return -1;
+    r = -1;
   }
-  return 0;
+  int e = errno;
+  for (size_t i = 0; srv && i < nsrv; ++i)
+    free (srv[i].target);
+  for (size_t i = 0; glue && i < nglue; ++i)
+    free (glue[i].name);
+  free (srv);
+  free (glue);
+  errno = e;
+  return r;
 }
 
 static int

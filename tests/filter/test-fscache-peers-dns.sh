@@ -21,7 +21,9 @@
 #     resolv.conf naming it), the targets' addresses from that server
 #     too: the copies are identical, each node knows the other two and
 #     read from them, the origin sent the image about once, and
-#     dnsmasq's log shows the nodes' SRV queries.
+#     dnsmasq's log shows the nodes' SRV queries and no lookup of a
+#     target's address (dnsmasq sends them with the SRV records, in the
+#     additional section, and the filter takes them from there).
 #  4. Hostile answers: node 2 takes its members from dnsmasq, then
 #     dnsmasq is replaced by a server (tests/dns-hostile.py) that
 #     answers each query with the next of eight malformed or useless
@@ -172,6 +174,11 @@ done
   fail "part 3: the origin sent $got bytes, over 1.1 times the image"
 grep -q "query\[SRV\] _nbd._tcp.fleet.test" "$TMP/dns.log" ||
   fail "part 3: dnsmasq saw no SRV query for the fleet's name"
+# The targets' addresses came with the SRV answers (the additional
+# section): no node looked one up (getent's, above, is n4's A only).
+looked=$(grep -c "query\[A*\] n[23].fleet.test" "$TMP/dns.log" || true)
+[ "$looked" = 0 ] ||
+  fail "part 3: $looked address lookups of targets the SRV answers held"
 
 # ---- 4. hostile answers ----
 rm -rf "$TMP"/c[0-9] "$TMP"/s[0-9] "$TMP"/out[0-9]
