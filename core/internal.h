@@ -462,6 +462,22 @@ _Static_assert (MAX_RUN_GROUPS <= FSC_FILL_MAX_GROUPS,
 #define BIT_OF(b) (UINT64_C (1) << ((b) % FSC_GROUP_BLOCKS))
 #define IDX_OF(b) ((b) % FSC_GROUP_BLOCKS)
 
+/* The bits of group GI's blocks within blocks [B0, B1] (0 if none). */
+static inline uint64_t
+group_span_bits (uint64_t gi, uint64_t b0, uint64_t b1)
+{
+  uint64_t lo = gi * FSC_GROUP_BLOCKS, hi = lo + FSC_GROUP_BLOCKS - 1;
+  if (b0 > lo)
+    lo = b0;
+  if (b1 < hi)
+    hi = b1;
+  if (lo > hi)
+    return 0;
+  unsigned n = hi - lo + 1;
+  return (n == FSC_GROUP_BLOCKS ? ~UINT64_C (0)
+          : (UINT64_C (1) << n) - 1) << IDX_OF (lo);
+}
+
 static inline uint64_t
 block_start (const struct fsc_geom *g, uint64_t b)
 {

@@ -194,11 +194,7 @@ classify_hit (struct fsc_object *o, const struct read_ctx *rc, uint64_t b,
     struct group *hg = grp (o, gi);
     hg->readers++;
     if (rc->buf) {
-      uint64_t lo = MAX (b, gi * FSC_GROUP_BLOCKS) - gi * FSC_GROUP_BLOCKS;
-      uint64_t hi = MIN (b + n, (gi + 1) * FSC_GROUP_BLOCKS)
-        - gi * FSC_GROUP_BLOCKS;
-      uint64_t run = hi - lo == 64 ? ~UINT64_C (0)
-        : ((UINT64_C (1) << (hi - lo)) - 1) << lo;
+      const uint64_t run = group_span_bits (gi, b, b + n - 1);
       uint64_t ref = run & ~hg->unread;
       /* A stream's read starts where its last one ended: the block
        * holding that point inside it was the last read's, and hitting
@@ -416,6 +412,16 @@ classify (struct fsc_object *o, struct read_ctx *rc, uint64_t b,
   return r->kind;
 }
 
+/* The N blocks of a hit run from B are no longer in flight (the
+ * readers classify_hit counted in their groups).
+ */
+static void
+hits_done (struct fsc_object *o, uint64_t b, uint64_t n)
+{
+  for (uint64_t gi = GROUP_OF (b); gi <= GROUP_OF (b + n - 1); ++gi)
+    __atomic_sub_fetch (&grp (o, gi)->readers, 1, __ATOMIC_RELEASE);
+}
+
 /* Serve hit run R from B: in sub-runs of zero blocks and of blocks with
  * data; the first block that fails ends the run (it is no longer
  * present).  Returns the blocks served; they are no longer in flight.
@@ -425,7 +431,6 @@ serve_hit (struct fsc_object *o, const struct read_ctx *rc, uint64_t b,
            struct run *r)
 {
   const uint64_t n = r->n;
-  uint64_t g0 = GROUP_OF (b), g1 = GROUP_OF (b + n - 1);
   uint64_t done = rc->buf ? 0 : n;
   while (done < n) {
     uint64_t k = done + 1;
@@ -440,8 +445,7 @@ serve_hit (struct fsc_object *o, const struct read_ctx *rc, uint64_t b,
     if (done < k)
       break;
   }
-  for (uint64_t gi = g0; gi <= g1; ++gi)
-    __atomic_sub_fetch (&grp (o, gi)->readers, 1, __ATOMIC_RELEASE);
+  hits_done (o, b, n);
   return done;
 }
 
@@ -462,9 +466,7 @@ serve_hit_guarded (struct fsc_object *o, const struct read_ctx *rc,
   if (fsc_guard_reroute (o, hi - lo) &&
       fsc_up_pread (o, up, (unsigned char *) rc->buf + (lo - rc->offset),
                     hi - lo, lo) == 0) {
-    uint64_t g0 = GROUP_OF (b), g1 = GROUP_OF (b + r->n - 1);
-    for (uint64_t gi = g0; gi <= g1; ++gi)
-      __atomic_sub_fetch (&grp (o, gi)->readers, 1, __ATOMIC_RELEASE);
+    hits_done (o, b, r->n);
     return r->n;
   }
   const uint64_t t0 = fsc_mono_ns ();

@@ -54,22 +54,6 @@
 
 #define META_PAGE 4096          /* the file system's page, as punched */
 
-/* The bits of group GI's blocks within [B0, B1]. */
-static uint64_t
-span_bits (uint64_t gi, uint64_t b0, uint64_t b1)
-{
-  uint64_t lo = gi * FSC_GROUP_BLOCKS, hi = lo + FSC_GROUP_BLOCKS - 1;
-  if (b0 > lo)
-    lo = b0;
-  if (b1 < hi)
-    hi = b1;
-  if (lo > hi)
-    return 0;
-  unsigned n = hi - lo + 1;
-  return (n == FSC_GROUP_BLOCKS ? ~UINT64_C (0)
-          : (UINT64_C (1) << n) - 1) << IDX_OF (lo);
-}
-
 /* Under o->lock: claim blocks B0..B1 (their groups pinned) if none has
  * data, a claim or space still to punch, and, with RECORDS, their
  * groups have no present block, no record that may name one, no
@@ -80,14 +64,14 @@ claim_quiet (struct fsc_object *o, uint64_t b0, uint64_t b1, bool records)
 {
   for (uint64_t gi = GROUP_OF (b0); gi <= GROUP_OF (b1); ++gi) {
     const struct group *g = grp (o, gi);
-    uint64_t m = span_bits (gi, b0, b1);
+    uint64_t m = group_span_bits (gi, b0, b1);
     if (g == NULL || g->loading || g->writers ||
         (((g->present & ~g->zero) | g->fetching | g->evicted) & m) ||
         (records && (g->present || g->disk_max || g->dirty || g->on_punch)))
       return false;
   }
   for (uint64_t gi = GROUP_OF (b0); gi <= GROUP_OF (b1); ++gi)
-    grp (o, gi)->fetching |= span_bits (gi, b0, b1);
+    grp (o, gi)->fetching |= group_span_bits (gi, b0, b1);
   return true;
 }
 
@@ -100,7 +84,7 @@ release (struct fsc_object *o, uint64_t b0, uint64_t b1, bool records)
   pthread_mutex_lock (&o->lock);
   for (uint64_t gi = GROUP_OF (b0); gi <= GROUP_OF (b1); ++gi) {
     struct group *g = grp (o, gi);
-    g->fetching &= ~span_bits (gi, b0, b1);
+    g->fetching &= ~group_span_bits (gi, b0, b1);
     if (records) {
       g->has_record = false;
       g->reserved = false;
