@@ -83,6 +83,22 @@ uris_add (struct uris *u, char *s)
   u->v[u->n++] = s;
 }
 
+/* The address IN (of FAMILY) on PORT added to U as nbd://ADDRESS:PORT
+ * (IPv6 in brackets).  False if it could not be (another family).
+ */
+static bool
+uris_add_addr (struct uris *u, int family, const void *in, const char *port)
+{
+  char addr[INET6_ADDRSTRLEN], *s;
+  if ((family != AF_INET && family != AF_INET6) ||
+      inet_ntop (family, in, addr, sizeof addr) == NULL ||
+      asprintf (&s, family == AF_INET6 ? "nbd://[%s]:%s" : "nbd://%s:%s",
+                addr, port) == -1)
+    return false;
+  uris_add (u, s);
+  return true;
+}
+
 /* HOST's addresses, each as nbd://ADDRESS:PORT, added to U.  0, or -1
  * with errno if HOST does not resolve.
  */
@@ -98,16 +114,10 @@ add_addresses (struct uris *u, const char *host, const char *port)
     return -1;
   }
   for (struct addrinfo *a = res; a; a = a->ai_next) {
-    char addr[INET6_ADDRSTRLEN], *s;
     const void *in = a->ai_family == AF_INET6
       ? (const void *) &((struct sockaddr_in6 *) a->ai_addr)->sin6_addr
       : (const void *) &((struct sockaddr_in *) a->ai_addr)->sin_addr;
-    if ((a->ai_family != AF_INET && a->ai_family != AF_INET6) ||
-        inet_ntop (a->ai_family, in, addr, sizeof addr) == NULL)
-      continue;
-    if (asprintf (&s, a->ai_family == AF_INET6 ? "nbd://[%s]:%s"
-                  : "nbd://%s:%s", addr, port) != -1)
-      uris_add (u, s);
+    uris_add_addr (u, a->ai_family, in, port);
   }
   freeaddrinfo (res);
   return 0;
@@ -139,17 +149,9 @@ add_glue (struct uris *u, const struct glue *glue, size_t n,
           const char *target, const char *port)
 {
   bool any = false;
-  for (size_t i = 0; i < n; ++i) {
-    char addr[INET6_ADDRSTRLEN], *s;
-    if (strcasecmp (glue[i].name, target) != 0 ||
-        inet_ntop (glue[i].family, glue[i].addr, addr, sizeof addr) == NULL)
-      continue;
-    if (asprintf (&s, glue[i].family == AF_INET6 ? "nbd://[%s]:%s"
-                  : "nbd://%s:%s", addr, port) != -1) {
-      uris_add (u, s);
-      any = true;
-    }
-  }
+  for (size_t i = 0; i < n; ++i)
+    if (strcasecmp (glue[i].name, target) == 0)
+      any |= uris_add_addr (u, glue[i].family, glue[i].addr, port);
   return any;
 }
 
