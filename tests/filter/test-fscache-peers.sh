@@ -7,7 +7,8 @@
 #  1. Four proxies over Unix sockets copy the image at once: every copy
 #     is the image (cmp), the origin's log shows each 1 MiB range read
 #     about once (the whole at most 1.1 times the image, no range more
-#     than twice), and every node fetched from peers and served them.
+#     than twice), every node fetched from peers, and the bytes served
+#     are the bytes fetched.
 #  2. Killed: the same with the origin rate-limited, and node 2 killed
 #     (-9) once a quarter of the image has left the origin.  The others
 #     finish, identical, without a client error; the origin's bytes
@@ -136,15 +137,26 @@ echo "part 1: origin read $got bytes for a $size-byte image; the most" \
   fail "part 1: the origin sent $got bytes, over 1.1 times the image"
 [ "$most" -le $((2 * MiB)) ] ||
   fail "part 1: one range was read $most bytes from the origin"
+# Every node reads from peers.  Serving depends on the ranking: the
+# ranges share fscache-peer-stripes (16) trees, and a node of four is
+# at the top of none of them with a chance of (3/4)^16, 1 %: some node
+# serves nothing about once in 25 runs (CI saw it).  What holds whatever the ranking: every
+# byte read from a peer was served by one, and more than one node
+# serves.
+sum_read=0 sum_served=0 servers=0
 for i in 1 2 3 4; do
   pr=$(stat_value "$TMP/s$i" peer_read_bytes)
   ps=$(stat_value "$TMP/s$i" peer_served_bytes)
   echo "part 1: node $i: $pr bytes from peers, $ps served to them"
-  [ "$pr" -gt 0 ] && [ "$ps" -gt 0 ] ||
-    fail "part 1: node $i did not take part (from peers $pr, served $ps)"
+  [ "$pr" -gt 0 ] || fail "part 1: node $i read nothing from peers"
   [ "$(stat_value "$TMP/s$i" peer_errors)" = 0 ] ||
     fail "part 1: node $i counted peer errors"
+  sum_read=$((sum_read + pr)) sum_served=$((sum_served + ps))
+  [ "$ps" -gt 0 ] && servers=$((servers + 1))
 done
+[ "$sum_read" -eq "$sum_served" ] ||
+  fail "part 1: $sum_read bytes read from peers, $sum_served served"
+[ "$servers" -ge 2 ] || fail "part 1: $servers node(s) served the others"
 # The object's own counters (nbd-fscache stat, and Prometheus).
 for i in 1 2 3 4; do
   ob=$(tool stat --dir "$TMP/c$i" | awk '$1 == "peer_bytes" { print $2 }')
