@@ -82,6 +82,8 @@ for f in "$filterdir/nbdkit-fscache-filter.so" \
          /lib/systemd/system/nbd-fscached.service \
          /lib/systemd/system/nbd-fscache-proxy@.service \
          /lib/systemd/system/nbd-fscache-proxy@.socket \
+         /lib/systemd/system/nbd-fscache-proxy-back@.service \
+         /lib/systemd/system/nbd-fscache-proxy-back@.socket \
          /etc/nbd-fscached.conf /etc/nbd-fscache/ \
          /usr/lib/sysusers.d/nbd-fscache.conf \
          /usr/lib/tmpfiles.d/nbd-fscache.conf; do

@@ -2,8 +2,9 @@
 # The systemd units and the proxy wrapper, as "make install" installs
 # them (into a DESTDIR):
 #
-#  - the three units (nbd-fscached.service, nbd-fscache-proxy@.service
-#    and .socket) are installed; every absolute path in their Exec*=
+#  - the five units (nbd-fscached.service, nbd-fscache-proxy@.service
+#    and .socket, nbd-fscache-proxy-back@.service and .socket) are
+#    installed; every absolute path in their Exec*=
 #    lines is installed too (or is /bin/kill); with those paths moved
 #    under the DESTDIR, "systemd-analyze verify" accepts the units and
 #    an instance of the proxy's pair, their man pages (Documentation=)
@@ -23,6 +24,11 @@
 #    the object, a later connection is served too, SIGTERM stops it
 #    with status 0;  a socket= that is not the socket systemd passed is
 #    refused (status 1, "FILE:LINE: socket=...");
+#  - a split proxy under its units (the back's socket held across the
+#    back's restarts, as systemd does; the front given the back's
+#    socket as its unit gives it): the back killed (-9) under a copy,
+#    the copy completes identical, the back started again, and the
+#    front started no back of its own;
 #  - without activation it listens on socket= itself, creating its
 #    directory and replacing a stale socket, and a second proxy on a
 #    socket being served is refused;
@@ -68,10 +74,14 @@ find_one ()              # NAME: the one installed file of that name
 }
 svc="$(find_one 'nbd-fscache-proxy@.service')"
 sock="$(find_one 'nbd-fscache-proxy@.socket')"
+bsvc="$(find_one 'nbd-fscache-proxy-back@.service')"
+bsock="$(find_one 'nbd-fscache-proxy-back@.socket')"
 dsvc="$(find_one 'nbd-fscached.service')"
 unitdir="$(dirname "$svc")"
-[ "$(dirname "$sock")" = "$unitdir" ] && [ "$(dirname "$dsvc")" = "$unitdir" ] ||
-  fail "the units are not installed in one directory: $svc $sock $dsvc"
+for u in "$sock" "$bsvc" "$bsock" "$dsvc"; do
+  [ "$(dirname "$u")" = "$unitdir" ] ||
+    fail "the units are not installed in one directory: $svc $u"
+done
 mandir="$(dirname "$(dirname "$(find_one nbd-fscache-proxy.8)")")"
 
 # relocate UNIT OUT: UNIT with each absolute path of its Exec*= lines
@@ -103,11 +113,14 @@ relocate ()
     printf '%s\n' "$line"
   done < "$1" > "$2"
 }
-for u in "$svc" "$sock" "$dsvc"; do
+for u in "$svc" "$sock" "$bsvc" "$bsock" "$dsvc"; do
   relocate "$u" "$units/$(basename "$u")"
 done
-cp "$units/nbd-fscache-proxy@.service" "$units/nbd-fscache-proxy@img1.service"
-cp "$units/nbd-fscache-proxy@.socket" "$units/nbd-fscache-proxy@img1.socket"
+for u in nbd-fscache-proxy nbd-fscache-proxy-back; do
+  for t in service socket; do
+    cp "$units/$u@.$t" "$units/$u@img1.$t"
+  done
+done
 
 # verify UNIT...: systemd-analyze verify must accept them and say
 # nothing about them (it warns about unknown keys and goes on); what
@@ -125,11 +138,14 @@ verify ()
   [ "$st" -eq 0 ] && ! grep -q 'nbd-fscache' "$TMP/verify.out"
 }
 verify "$units/nbd-fscached.service" "$units/nbd-fscache-proxy@.service" \
-  "$units/nbd-fscache-proxy@.socket" ||
+  "$units/nbd-fscache-proxy@.socket" "$units/nbd-fscache-proxy-back@.service" \
+  "$units/nbd-fscache-proxy-back@.socket" ||
   { cat "$TMP/verify.out" >&2; fail "systemd-analyze verify rejects the installed units"; }
 verify "$units/nbd-fscache-proxy@img1.socket" \
-  "$units/nbd-fscache-proxy@img1.service" ||
-  { cat "$TMP/verify.out" >&2; fail "systemd-analyze verify rejects nbd-fscache-proxy@img1.socket and .service"; }
+  "$units/nbd-fscache-proxy@img1.service" \
+  "$units/nbd-fscache-proxy-back@img1.socket" \
+  "$units/nbd-fscache-proxy-back@img1.service" ||
+  { cat "$TMP/verify.out" >&2; fail "systemd-analyze verify rejects the instances img1 of the proxy's units"; }
 echo "systemd-analyze verify: the units and an instance pass ($manopt)"
 # The same check fails on a unit whose program is missing.
 mkdir "$TMP/bad"
@@ -154,16 +170,33 @@ confined ()
   [ -n "$e" ] && awk -v e="$e" 'BEGIN { exit !(e <= 4.0) }' &&
     systemd-analyze security --offline=true --threshold=40 "$1" >/dev/null 2>&1
 }
-for u in nbd-fscached.service nbd-fscache-proxy@img1.service; do
+for u in nbd-fscached.service nbd-fscache-proxy@img1.service \
+         nbd-fscache-proxy-back@img1.service; do
   confined "$units/$u" ||
     { systemd-analyze security --offline=true "$units/$u" >&2
       fail "$u: exposure '$(exposure "$units/$u")', more than 4.0"; }
   grep -qx 'User=nbd-fscache' "$units/$u" || fail "$u: not run as nbd-fscache"
-  grep -qx 'CacheDirectory=nbd-fscache' "$units/$u" &&
-    grep -qx 'CacheDirectoryMode=0700' "$units/$u" ||
-    fail "$u: no CacheDirectory=nbd-fscache of mode 0700"
+  case $u in
+    nbd-fscache-proxy-back@*) ;;           # the plugin alone: no cache
+    *) grep -qx 'CacheDirectory=nbd-fscache' "$units/$u" &&
+         grep -qx 'CacheDirectoryMode=0700' "$units/$u" ||
+         fail "$u: no CacheDirectory=nbd-fscache of mode 0700" ;;
+  esac
   echo "$u: exposure $(exposure "$units/$u") (at most 4.0), user nbd-fscache"
 done
+# The back's socket: private to the user nbd-fscache, where the front's
+# unit tells the front to find it, and held across the back's restarts
+# (Restart=always), the back stopped with the front (PartOf=).
+blisten="$(sed -n 's/^ListenStream=//p' "$bsock")"
+grep -qx "Environment=NBD_FSCACHE_PROXY_BACK=$blisten" "$svc" ||
+  fail "nbd-fscache-proxy@.service does not name the back's socket $blisten"
+grep -qx 'Wants=nbd-fscache-proxy-back@%i.socket' "$svc" ||
+  fail "nbd-fscache-proxy@.service does not want the back's socket"
+grep -qx 'SocketMode=0600' "$bsock" && grep -qx 'SocketUser=nbd-fscache' "$bsock" ||
+  fail "nbd-fscache-proxy-back@.socket is not private to nbd-fscache"
+grep -qx 'Restart=always' "$bsvc" &&
+  grep -qx 'PartOf=nbd-fscache-proxy@%i.service' "$bsvc" ||
+  fail "nbd-fscache-proxy-back@.service: not Restart=always, PartOf= the front"
 # The check can fail: the proxy's unit without its confinement.
 sed '/^User=/,/^SystemCallArchitectures=/d' \
   "$units/nbd-fscache-proxy@img1.service" > "$TMP/bad/nbd-fscache-proxy@img1.service"
@@ -255,6 +288,65 @@ st=0; wait "$pid2" || st=$?
 [ "$st" -eq 1 ] || { cat "$TMP/px2.err" >&2; fail "wrong socket=: status $st, expected 1"; }
 grep -qF "nbd-fscache-proxy: $TMP/conf/img2.conf:$line: socket=$TMP/elsewhere.sock, but systemd passed the socket $TMP/px2.sock" "$TMP/px2.err" ||
   { cat "$TMP/px2.err" >&2; fail "wrong socket=: no clear message"; }
+
+# ---- A split proxy under its units: the back killed under a copy. ----
+# As systemd runs them: the back's ExecStart socket activated on the
+# back's socket, which stays while the back is started again after it
+# exits (Restart=always), and the front's ExecStart socket activated on
+# its own, with the back's socket in NBD_FSCACHE_PROXY_BACK as its unit
+# sets it.  The back is killed (-9) once it serves the copy's fills;
+# the copy goes on, identical, and the front started no back itself.
+read -r -a bexec <<< "$(sed -n 's/^ExecStart=//p' "$units/nbd-fscache-proxy-back@.service")"
+[ "${bexec[0]}" = "$proxy" ] && [ "${bexec[*]:1}" = "--back %i" ] ||
+  fail "nbd-fscache-proxy-back@.service: ExecStart=${bexec[*]}: expected $proxy --back %i"
+cat > "$TMP/conf/img4.conf" <<EOF
+plugin=nbd
+upstream=socket=$TMP/up.sock
+filter=log
+upstream=logfile=$TMP/img4-back.log
+filter=delay
+upstream=rdelay=5ms
+split=yes
+fscache-key=img4
+fscache-dir=$TMP/cache4
+fscache-readahead=0
+EOF
+"$proxy" --confdir "$TMP/conf" --back --dry-run img4 > "$TMP/img4.dry" ||
+  fail "--back --dry-run img4 failed"
+grep -q -- '--filter=log --filter=delay nbd socket=' "$TMP/img4.dry" ||
+  fail "--back --dry-run: $(cat "$TMP/img4.dry")"
+bsock4="$TMP/img4.back.sock"
+systemd-socket-activate -l "$bsock4" bash -c '
+  while :; do
+    (export LISTEN_PID=$BASHPID; exec "$@")
+    sleep 0.5
+  done' back "$proxy" --confdir "$TMP/conf" --back img4 2> "$TMP/back4.err" &
+bpid=$!
+cleanup_fn "pkill -9 -P $bpid; kill -9 $bpid 2>/dev/null"
+systemd-socket-activate -l "$TMP/px4.sock" -E NBD_FSCACHE_PROXY_BACK="$bsock4" \
+  "$proxy" --confdir "$TMP/conf" --filter "$FILTER" img4 2> "$TMP/px4.err" &
+fpid=$!
+cleanup_fn "pkill -9 -P $fpid; kill -9 $fpid 2>/dev/null"
+wait_until test -S "$TMP/px4.sock" -a -S "$bsock4" || fail "split units: no sockets"
+nbdcopy --requests=4 "nbd+unix:///?socket=$TMP/px4.sock" "$TMP/out4" &
+copy=$!
+fills4 () { grep -q ' Read id=.* count=0x[0-9a-f]\{5,\} ' "$TMP/img4-back.log" 2>/dev/null; }
+wait_until fills4 || fail "split units: the back served no fill"
+back4=$(pgrep -f -- "^nbdkit -f --filter=log --filter=delay nbd socket=$TMP/up.sock" | head -n 1)
+[ -n "$back4" ] || fail "split units: no back nbdkit"
+kill -9 "$back4"
+wait $copy ||
+  { cat "$TMP/px4.err" "$TMP/back4.err" >&2; fail "split units: the copy failed after the back was killed"; }
+cmp "$TMP/img" "$TMP/out4" || fail "split units: the copy differs"
+again4 () { local p; p=$(pgrep -f -- "^nbdkit -f --filter=log --filter=delay nbd socket=$TMP/up.sock" | head -n 1); [ -n "$p" ] && [ "$p" != "$back4" ]; }
+wait_until again4 || fail "split units: the back was not started again"
+[ "$(cat "/proc/$fpid/comm")" = nbdkit ] || fail "split units: the front is not nbdkit"
+! pgrep -P "$fpid" >/dev/null ||
+  fail "split units: the front started a process of its own: $(pgrep -a -P "$fpid")"
+kill -TERM "$fpid"; wait "$fpid" || true
+kill -TERM "$bpid" 2>/dev/null; pkill -9 -P "$bpid" 2>/dev/null || true
+wait "$bpid" 2>/dev/null || true
+echo "split units: the back killed under a copy, restarted on its socket; the copy identical"
 
 # ---- Without activation: -U socket=, its directory created, a
 # stale socket replaced. ----

@@ -17,6 +17,9 @@
 #     again, and the client's reads go on without an error (the
 #     front's connections to it reconnect).
 #  4. Stopping the proxy (SIGTERM to it) stops the back too.
+#  4b. The back down (killed, its supervisor stopped) for 12 s, longer
+#     than the front retries a connect: a client that opens meanwhile
+#     is served once the back is up again, the data right.
 #  5. Socket activated (systemd-socket-activate, as the service unit
 #     runs it): the activated process is the front nbdkit, the back
 #     does not hold the listening socket, and a copy under which the
@@ -130,12 +133,14 @@ echo "part 2: at most $most reads at once in the back"
 [ "$most" -ge 2 ] || fail "part 2: the back's reads never overlapped"
 
 # ---- 3. the back killed ----
-backpid=$(pgrep -f -- "^nbdkit -f --exit-with-parent -U $TMP/px.sock.back/sock" | head -n 1)
+# back_of LOG: the back process whose log filter writes LOG.
+back_of () { pgrep -f -- "^nbdkit -f --exit-with-parent .* logfile=$1( |\$)" | head -n 1; }
+backpid=$(back_of "$TMP/back.log")
 [ -n "$backpid" ] || fail "part 3: no back process"
 kill -9 "$backpid"
 back_again () {
   local p
-  p=$(pgrep -f -- "^nbdkit -f --exit-with-parent -U $TMP/px.sock.back/sock" | head -n 1)
+  p=$(back_of "$TMP/back.log")
   [ -n "$p" ] && [ "$p" != "$backpid" ]
 }
 wait_until back_again || fail "part 3: the back was not started again"
@@ -148,8 +153,49 @@ echo "part 3: the back was killed and started again; the reads went on"
 # ---- 4. stopping the proxy stops the back ----
 kill -TERM $px
 wait $px || true
-no_back () { ! pgrep -f -- "^nbdkit -f --exit-with-parent -U $TMP/px.sock.back/sock" >/dev/null; }
+no_back () { [ -z "$(back_of "$TMP/back.log")" ]; }
 wait_until no_back || fail "part 4: the back outlived the proxy"
+
+# ---- 4b. a client opens while the back is down ----
+# The back killed and kept down (its supervisor stopped) for 12 s,
+# longer than the front's nbd plugin tries to connect (retry=10, a
+# second apart): a client that opens meanwhile waits, in the back
+# socket's backlog, and is served once the back is up again.  When the
+# back's socket went with it (a loop that bound it again), that open
+# failed after the tenth refused connect.
+conf op plugin=curl "upstream=url=$url" filter=log \
+  "upstream=logfile=$TMP/op-back.log" fscache-key=op \
+  "fscache-dir=$TMP/cache-op" "socket=$TMP/op.sock" fscache-readahead=0
+"$proxy" --filter="$FILTER" --confdir "$TMP/conf" op 2>"$TMP/op.err" &
+op=$!
+cleanup_fn "pkill -9 -P $op; kill -9 $op 2>/dev/null"
+wait_until test -S "$TMP/op.sock" || fail "part 4b: the proxy did not start"
+# The back runs once a client has been served through it.
+$PYTHON -c 'import sys, nbd; h = nbd.NBD(); h.connect_uri(sys.argv[1]); h.pread(4096, 0)' \
+  "nbd+unix:///?socket=$TMP/op.sock" || fail "part 4b: the first client failed"
+opback=$(back_of "$TMP/op-back.log")
+[ -n "$opback" ] || fail "part 4b: no back process"
+supervisor=$(ps -o ppid= -p "$opback" | tr -d ' ')
+[ "$(cat "/proc/$supervisor/comm")" = perl ] ||
+  fail "part 4b: the back's parent is $(cat "/proc/$supervisor/comm"), not the supervisor"
+kill -STOP "$supervisor"
+kill -9 "$opback"
+$PYTHON - "nbd+unix:///?socket=$TMP/op.sock" "$TMP/www/img" <<'EOF' &
+import sys, nbd
+h = nbd.NBD()
+h.connect_uri(sys.argv[1])
+if h.pread(4096, 65536) != open(sys.argv[2], "rb").read()[65536:65536 + 4096]:
+    sys.exit("part 4b: wrong data")
+EOF
+opener=$!
+sleep 12                        # the back down: what is tested, not a wait
+kill -CONT "$supervisor"
+wait $opener ||
+  { cat "$TMP/op.err" >&2; fail "part 4b: a client's open failed while the back was down"; }
+kill -TERM $op
+wait $op || true
+echo "part 4b: a client opened while the back was down for 12 s: served once it was up"
+
 # ---- 5. socket activated, as the service runs it ----
 if ! command -v systemd-socket-activate >/dev/null; then
   echo "$0: SKIP: part 5 needs systemd-socket-activate (parts 1-4 passed)"
@@ -167,7 +213,7 @@ cleanup_fn "pkill -9 -P $sa; kill -9 $sa 2>/dev/null"
 wait_until test -S "$TMP/sa.sock" || fail "part 5: no socket"
 nbdcopy --requests=4 "nbd+unix:///?socket=$TMP/sa.sock" "$TMP/sa-copy" &
 copy=$!
-sa_back () { pgrep -f -- "^nbdkit -f --exit-with-parent -U $TMP/sa.sock.back/sock" | head -n 1; }
+sa_back () { back_of "$TMP/sa-back.log"; }
 has_back () { [ -n "$(sa_back)" ]; }
 wait_until has_back || fail "part 5: no back process"
 first=$(sa_back)
