@@ -10,16 +10,33 @@
 #   idle     nothing else
 #   fills    a second client copies "cold" through the same proxy
 #            (nbdcopy): the cache fills at the link's speed
+#   evict    the same copy through a proxy capped at WARM + CAP_EXTRA
+#            (fscache-max-size, default 256M more): every fill past
+#            the cap evicts (evicted_bytes says how much)
+#   drain    a writeback proxy (fscache-mode=writeback) of an image
+#            "wb" was just written WB (default 1G, the default
+#            fscache-dirty-max) at local speed: its writer drains it to
+#            the upstream through a link of DRAIN_RATE (default 400M
+#            bits/s) while "warm" is read through a second proxy on the
+#            same cache directory
 #
-# and, as the limit, the local file plugin (nbdkit file WARM-IMAGE, no
-# cache) idle and beside a writer that writes what the fills write (fio
-# sequential 1 MiB writes at the fills' measured rate, fdatasync every
-# 64 MiB, on the same file system).  Reports p50, p99 and p99.9 of
-# fio's completion latency (µs), medians of ROUNDS, and the ratios
-# fscache / local in the same condition.
+# The catch-up is not a condition: it works only once no client request
+# has been in flight for 100 ms (plugin/catchup.c), so it never runs
+# beside a client that reads.
+#
+# As the limit, the local file plugin (nbdkit file WARM-IMAGE, no
+# cache) idle and beside the same disk load: for fills and evict a
+# writer that writes what the fills wrote (fio sequential 1 MiB writes
+# at the fills' measured rate, fdatasync every 64 MiB, on the same file
+# system); for drain the same writer at the drain's measured rate (the
+# upstream's image is written at that rate on the same file system,
+# what the drain reads of the cache is mostly in the page cache).
+# Reports p50, p99 and p99.9 of fio's completion latency (µs), medians
+# of ROUNDS, and the ratios fscache / local in the same condition.
 #
 # Options (or environment): --rate=BITS, --warm=SIZE, --cold=SIZE,
-# --seconds=S (8), --rounds=N (3), --out=DIR.
+# --seconds=S (8), --rounds=N (3), --out=DIR, --conds="idle fills
+# evict drain", --cap-extra=SIZE, --wb=SIZE, --drain-rate=BITS.
 
 set -euo pipefail
 BENCH_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -28,6 +45,9 @@ BENCH_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 FILTER="${FSCACHE_FILTER:-$top_builddir/plugin/.libs/nbdkit-fscache-filter.so}"
 RATE="${RATE:-1600M}" WARM="${WARM:-256M}" COLD="${COLD:-2G}"
 SECONDS_="${SECONDS_:-8}" ROUNDS="${ROUNDS:-3}" OUT="${OUT:-}"
+CONDS="${CONDS:-idle fills evict drain}" CAP_EXTRA="${CAP_EXTRA:-256M}"
+WB="${WB:-1G}" DRAIN_RATE="${DRAIN_RATE:-400M}"
+TOOL="${TOOL:-$top_builddir/tools/nbd-fscache/nbd-fscache}"
 for a in "$@"; do
   case "$a" in
     --rate=*) RATE="${a#*=}" ;;
@@ -36,6 +56,10 @@ for a in "$@"; do
     --seconds=*) SECONDS_="${a#*=}" ;;
     --rounds=*) ROUNDS="${a#*=}" ;;
     --out=*) OUT="${a#*=}" ;;
+    --conds=*) CONDS="${a#*=}" ;;
+    --cap-extra=*) CAP_EXTRA="${a#*=}" ;;
+    --wb=*) WB="${a#*=}" ;;
+    --drain-rate=*) DRAIN_RATE="${a#*=}" ;;
     *) echo "$0: unknown option $a" >&2; exit 2 ;;
   esac
 done
@@ -43,6 +67,8 @@ done
 mkdir -p "$OUT/imgs"
 head -c "$(numfmt --from=iec "$WARM")" /dev/urandom > "$OUT/imgs/warm"
 head -c "$(numfmt --from=iec "$COLD")" /dev/urandom > "$OUT/imgs/cold"
+has () { case " $CONDS " in *" $1 "*) return 0 ;; esac; return 1; }
+has drain && head -c "$(numfmt --from=iec "$WB")" /dev/urandom > "$OUT/wbsrc"
 pids=()
 cleanup () { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; }
 trap cleanup EXIT
@@ -51,7 +77,8 @@ start ()                        # start NAME ARGS...: nbdkit on OUT/NAME.sock
 {
   local name=$1; shift
   rm -f "$OUT/$name.sock" "$OUT/$name.pid"
-  nbdkit -f -U "$OUT/$name.sock" -P "$OUT/$name.pid" "$@" 2>>"$OUT/nbdkit.err" &
+  nbdkit -f -U "$OUT/$name.sock" -P "$OUT/$name.pid" "$@" \
+    >/dev/null 2>>"$OUT/nbdkit.err" &
   pids+=($!)
   while [ ! -s "$OUT/$name.pid" ]; do sleep 0.05; done
 }
@@ -71,47 +98,109 @@ print("%.0f %.0f %.0f" % (p["50.000000"] / 1e3, p["99.000000"] / 1e3,
 PY
 }
 
-: > "$OUT/results"
-for r in $(seq "$ROUNDS"); do
-  rm -rf "$OUT/cache"; mkdir -m 700 "$OUT/cache"
-  start px --filter="$FILTER" --filter=rate file dir="$OUT/imgs" \
-    rate="$RATE" fscache-dir="$OUT/cache" fscache-stats="$OUT/px.stats"
-  warm="nbd+unix:///warm?socket=$OUT/px.sock"
-  cold="nbd+unix:///cold?socket=$OUT/px.sock"
-  nbdcopy "$warm" null:
-  nbdcopy "$warm" null:           # what the first skipped, if anything
-  for qd in 1 8; do
-    echo "fscache idle $qd $(fio_lat "$warm" $qd fi$qd-$r)" >> "$OUT/results"
-  done
-  # Fills: the cold copy runs through both measurements.
-  t0=$(date +%s.%N)
-  nbdcopy "$cold" null: & cp=$!
-  sleep 1
-  for qd in 1 8; do
-    echo "fscache fills $qd $(fio_lat "$warm" $qd ff$qd-$r)" >> "$OUT/results"
-  done
-  wait $cp
-  t1=$(date +%s.%N)
-  stop px
-  fill=$(awk '$1 == "fill_bytes" { print $2 }' "$OUT/px.stats")
-  warmb=$(numfmt --from=iec "$WARM")
-  # The fills' rate during the cold copy (what the local writer gets).
-  wrate=$(python3 -c "print(max(1, int(($fill - $warmb) / ($t1 - $t0) / 1048576)))")
-  echo "round $r: fills at $wrate MiB/s during the cold copy" >&2
-  start local file "$OUT/imgs/warm"
-  lw="nbd+unix:///?socket=$OUT/local.sock"
-  for qd in 1 8; do
-    echo "local idle $qd $(fio_lat "$lw" $qd li$qd-$r)" >> "$OUT/results"
-  done
-  fio --name=w --rw=write --bs=1M --rate="${wrate}m" --fdatasync=64 \
+# local_beside COND RATE R: the local file plugin's latencies beside a
+# writer of RATE MiB/s (the limit for COND in round R).
+local_beside ()
+{
+  local cond=$1 rate=$2 r=$3 wp qd
+  fio --name=w --rw=write --bs=1M --rate="${rate}m" --fdatasync=64 \
     --size=4G --time_based --runtime=$((2 * SECONDS_ + 2)) \
     --filename="$OUT/writer.dat" >/dev/null 2>&1 & wp=$!
   sleep 1
   for qd in 1 8; do
-    echo "local fills $qd $(fio_lat "$lw" $qd lf$qd-$r)" >> "$OUT/results"
+    echo "local $cond $qd $(fio_lat "$lw" $qd l$cond$qd-$r)" >> "$OUT/results"
   done
   kill $wp 2>/dev/null || true; wait $wp 2>/dev/null || true
   rm -f "$OUT/writer.dat"
+}
+
+# copy_cold NAME COND R [FILTER-ARGS...]: proxy NAME over the link, warm
+# read twice, then fio on warm at iodepth 1 and 8 while a client copies
+# cold; echoes the fills' rate (MiB/s) during the copy.
+copy_cold ()
+{
+  local name=$1 cond=$2 r=$3 qd cp t0 t1 fill warmb; shift 3
+  rm -rf "$OUT/cache-$name"; mkdir -m 700 "$OUT/cache-$name"
+  start "$name" --filter="$FILTER" --filter=rate file dir="$OUT/imgs" \
+    rate="$RATE" fscache-dir="$OUT/cache-$name" \
+    fscache-stats="$OUT/$name.stats" "$@"
+  local warm="nbd+unix:///warm?socket=$OUT/$name.sock"
+  local cold="nbd+unix:///cold?socket=$OUT/$name.sock"
+  nbdcopy "$warm" null:
+  nbdcopy "$warm" null:           # what the first skipped, if anything
+  if [ "$cond" = fills ] && has idle; then
+    for qd in 1 8; do
+      echo "fscache idle $qd $(fio_lat "$warm" $qd fi$qd-$r)" >> "$OUT/results"
+    done
+  fi
+  t0=$(date +%s.%N)
+  nbdcopy "$cold" null: & cp=$!
+  sleep 1
+  for qd in 1 8; do
+    echo "fscache $cond $qd $(fio_lat "$warm" $qd f$cond$qd-$r)" >> "$OUT/results"
+  done
+  wait $cp
+  t1=$(date +%s.%N)
+  stop "$name"
+  fill=$(awk '$1 == "fill_bytes" { print $2 }' "$OUT/$name.stats")
+  warmb=$(numfmt --from=iec "$WARM")
+  echo "round $r, $cond: evicted_bytes $(awk '$1 == "evicted_bytes" { print $2 }' "$OUT/$name.stats")" >&2
+  python3 -c "print(max(1, int(($fill - $warmb) / ($t1 - $t0) / 1048576)))"
+}
+
+: > "$OUT/results"
+for r in $(seq "$ROUNDS"); do
+  frate="" erate="" drate=""
+  if has fills || has idle; then
+    frate=$(copy_cold px fills "$r")
+    echo "round $r: fills at $frate MiB/s during the cold copy" >&2
+  fi
+  if has evict; then
+    cap=$(( $(numfmt --from=iec "$WARM") + $(numfmt --from=iec "$CAP_EXTRA") ))
+    erate=$(copy_cold pxe evict "$r" fscache-max-size="$cap")
+    echo "round $r: fills at $erate MiB/s under the cap of $cap bytes" >&2
+  fi
+  if has drain; then
+    # The writeback proxy has the image alone (file FILE): with dir=
+    # the filter opens no context of its own, so writeback is written
+    # through (plugin/ownctx.c).  "warm" is read through a second
+    # proxy on the same cache directory (the host's sharing), so the
+    # hits and the drain share the cache disk.
+    rm -rf "$OUT/cache-wb"; mkdir -m 700 "$OUT/cache-wb"
+    truncate -s "$(numfmt --from=iec "$WB")" "$OUT/wb.img"
+    start pxw --filter="$FILTER" --filter=rate file "$OUT/wb.img" \
+      rate="$DRAIN_RATE" fscache-dir="$OUT/cache-wb" fscache-mode=writeback \
+      fscache-key=wb
+    start pxr --filter="$FILTER" file dir="$OUT/imgs" \
+      fscache-dir="$OUT/cache-wb"
+    warm="nbd+unix:///warm?socket=$OUT/pxr.sock"
+    nbdcopy "$warm" null:
+    nbdcopy "$warm" null:
+    # WB written at local speed: the log takes it, the writer drains it.
+    nbdcopy --flush "$OUT/wbsrc" "nbd+unix:///?socket=$OUT/pxw.sock"
+    dirty0=$("$TOOL" --dir "$OUT/cache-wb" ls | awk '$1 == "wb" { print $6 }')
+    for qd in 1 8; do
+      echo "fscache drain $qd $(fio_lat "$warm" $qd fdrain$qd-$r)" >> "$OUT/results"
+    done
+    dirty1=$("$TOOL" --dir "$OUT/cache-wb" ls | awk '$1 == "wb" { print $6 }')
+    echo "round $r, drain: dirty $dirty0 after the writes, $dirty1 after the reads" >&2
+    # The drain's rate: what the link carries (the writer keeps it busy
+    # while anything is dirty).
+    drate=$(python3 -c "print(max(1, int($(numfmt --from=iec "$DRAIN_RATE") / 8 / 1048576)))")
+    stop pxr
+    stop pxw
+    rm -f "$OUT/wb.img"
+  fi
+  start local file "$OUT/imgs/warm"
+  lw="nbd+unix:///?socket=$OUT/local.sock"
+  if has idle; then
+    for qd in 1 8; do
+      echo "local idle $qd $(fio_lat "$lw" $qd li$qd-$r)" >> "$OUT/results"
+    done
+  fi
+  [ -z "$frate" ] || ! has fills || local_beside fills "$frate" "$r"
+  [ -z "$erate" ] || local_beside evict "$erate" "$r"
+  [ -z "$drate" ] || local_beside drain "$drate" "$r"
   stop local
 done
 python3 - "$OUT/results" <<'PY' | tee "$OUT/table.md"
@@ -122,8 +211,10 @@ for line in open(sys.argv[1]):
     rows[(cfg, cond, int(qd))].append([float(x) for x in v])
 print("| condition | iodepth | fscache p50/p99/p99.9 (µs) | local p50/p99/p99.9 (µs) | p99 ratio | p99.9 ratio |")
 print("|---|---:|---:|---:|---:|---:|")
-for cond in ("idle", "fills"):
+for cond in ("idle", "fills", "evict", "drain"):
     for qd in (1, 8):
+        if not rows[("fscache", cond, qd)] or not rows[("local", cond, qd)]:
+            continue
         f = [statistics.median(c) for c in zip(*rows[("fscache", cond, qd)])]
         l = [statistics.median(c) for c in zip(*rows[("local", cond, qd)])]
         print("| %s | %d | %.0f / %.0f / %.0f | %.0f / %.0f / %.0f | %.2f | %.2f |"
