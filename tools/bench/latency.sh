@@ -10,6 +10,9 @@
 #   idle     nothing else
 #   fills    a second client copies "cold" through the same proxy
 #            (nbdcopy): the cache fills at the link's speed
+#   nofill   the same copy with fills stopped (DIR/fscache.stop): what
+#            the copy itself costs the hits, beside nothing on the disk
+#            (its limit is the local file idle)
 #   evict    the same copy through a proxy capped at WARM + CAP_EXTRA
 #            (fscache-max-size, default 256M more): every fill past
 #            the cap evicts (evicted_bytes says how much)
@@ -128,6 +131,7 @@ copy_cold ()
   local cold="nbd+unix:///cold?socket=$OUT/$name.sock"
   nbdcopy "$warm" null:
   nbdcopy "$warm" null:           # what the first skipped, if anything
+  [ "$cond" != nofill ] || touch "$OUT/cache-$name/fscache.stop"
   if [ "$cond" = fills ] && has idle; then
     for qd in 1 8; do
       echo "fscache idle $qd $(fio_lat "$warm" $qd fi$qd-$r)" >> "$OUT/results"
@@ -154,6 +158,9 @@ for r in $(seq "$ROUNDS"); do
   if has fills || has idle; then
     frate=$(copy_cold px fills "$r")
     echo "round $r: fills at $frate MiB/s during the cold copy" >&2
+  fi
+  if has nofill; then
+    copy_cold pxn nofill "$r" > /dev/null
   fi
   if has evict; then
     cap=$(( $(numfmt --from=iec "$WARM") + $(numfmt --from=iec "$CAP_EXTRA") ))
@@ -211,12 +218,13 @@ for line in open(sys.argv[1]):
     rows[(cfg, cond, int(qd))].append([float(x) for x in v])
 print("| condition | iodepth | fscache p50/p99/p99.9 (µs) | local p50/p99/p99.9 (µs) | p99 ratio | p99.9 ratio |")
 print("|---|---:|---:|---:|---:|---:|")
-for cond in ("idle", "fills", "evict", "drain"):
+for cond in ("idle", "fills", "nofill", "evict", "drain"):
     for qd in (1, 8):
-        if not rows[("fscache", cond, qd)] or not rows[("local", cond, qd)]:
+        lc = "idle" if cond == "nofill" else cond
+        if not rows[("fscache", cond, qd)] or not rows[("local", lc, qd)]:
             continue
         f = [statistics.median(c) for c in zip(*rows[("fscache", cond, qd)])]
-        l = [statistics.median(c) for c in zip(*rows[("local", cond, qd)])]
+        l = [statistics.median(c) for c in zip(*rows[("local", lc, qd)])]
         print("| %s | %d | %.0f / %.0f / %.0f | %.0f / %.0f / %.0f | %.2f | %.2f |"
               % (cond, qd, *f, *l, f[1] / l[1], f[2] / l[2]))
 PY
