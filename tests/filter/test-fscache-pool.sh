@@ -236,35 +236,42 @@ echo "curl: $gets range GETs at nginx; at most $most upstream reads in" \
 [ "$gets" -gt 0 ] || fail "curl: nginx served no range request"
 [ "$most" -ge 2 ] || fail "curl: the upstream reads never overlapped"
 
-# ---- 5. the default pool over curl is 16 ---------------------------------
-start_nbdkit -P "$TMP/hd.pid" -U "$TMP/hd.sock" --filter="$FILTER" \
-  --filter=log --filter=delay curl "http://127.0.0.1:$PORT/img.raw" \
-  logfile="$TMP/curl16.log" rdelay=10ms fscache-dir="$TMP/cache-http16"
-# Four client connections, each reading 4 MiB in one request at the
-# same moment (a read is cut in 1 MiB chunks over the pool, at most 4
-# MiB at a time per request): 16 chunks at once with a pool of 16.
-qpids=()
-for q in 0 1 2 3; do
-  $PYTHON - "nbd+unix:///?socket=$TMP/hd.sock" "$img" $q "$TMP" <<'EOF' &
+# four_at_once SOCK WHAT: four client connections to SOCK, each
+# reading 4 MiB of the image in one request at the same moment (a read
+# is cut in 1 MiB chunks over the pool, at most 4 MiB at a time per
+# request: 16 chunks at once), each checked; 0 if all four read right.
+four_at_once ()
+{
+  local sock=$1 what=$2 q p bad=0 pids=()
+  rm -f "$TMP"/go[0-9] "$TMP/go"
+  for q in 0 1 2 3; do
+    $PYTHON - "nbd+unix:///?socket=$sock" "$img" $q "$TMP" <<'EOF' &
 import os, sys, time, nbd
 uri, img, q, tmp = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
 h = nbd.NBD()
 h.connect_uri(uri)
-open(os.path.join(tmp, "q%d" % q), "w").close()
-while not os.path.exists(os.path.join(tmp, "qgo")):
+open(os.path.join(tmp, "go%d" % q), "w").close()
+while not os.path.exists(os.path.join(tmp, "go")):
     time.sleep(0.01)
 o = q << 22
 if h.pread(1 << 22, o) != open(img, "rb").read()[o:o + (1 << 22)]:
-    sys.exit("curl, default pool: wrong data at %d" % o)
+    sys.exit("wrong data at %d" % o)
 EOF
-  qpids+=($!)
-done
-wait_until test -e "$TMP/q3" -a -e "$TMP/q2" -a -e "$TMP/q1" -a -e "$TMP/q0" ||
-  fail "curl, default pool: the readers did not connect"
-touch "$TMP/qgo"
-for p in "${qpids[@]}"; do
-  wait "$p" || fail "curl, default pool: a reader failed"
-done
+    pids+=($!)
+  done
+  wait_until test -e "$TMP/go3" -a -e "$TMP/go2" -a -e "$TMP/go1" \
+    -a -e "$TMP/go0" || fail "$what: the readers did not connect"
+  touch "$TMP/go"
+  for p in "${pids[@]}"; do wait "$p" || bad=1; done
+  return $bad
+}
+
+# ---- 5. the default pool over curl is 16 ---------------------------------
+start_nbdkit -P "$TMP/hd.pid" -U "$TMP/hd.sock" --filter="$FILTER" \
+  --filter=log --filter=delay curl "http://127.0.0.1:$PORT/img.raw" \
+  logfile="$TMP/curl16.log" rdelay=10ms fscache-dir="$TMP/cache-http16"
+four_at_once "$TMP/hd.sock" "curl, default pool" ||
+  fail "curl, default pool: a reader failed"
 stop_nbdkit "$TMP/hd.pid"
 most=$(log_reads_at_once "$TMP/curl16.log")
 echo "curl, default pool: at most $most upstream reads in flight at once"
@@ -272,9 +279,8 @@ echo "curl, default pool: at most $most upstream reads in flight at once"
   fail "curl, default pool: $most reads at once, not a pool of 16"
 
 # ---- 6. contexts of our own opened at once (invariant U1) ----------------
-# A fresh proxy's pool opens 16 contexts at once (four clients read 4
-# MiB each at the same moment, cut in 1 MiB chunks), through the
-# exportname and log filters, whose .open interns a string with no
+# A fresh proxy's pool opens 16 contexts at once (four_at_once), through
+# the exportname and log filters, whose .open interns a string with no
 # connection to hold it: nbdkit 1.32 appends it to one global vector
 # without a lock.  Opened in parallel, two reallocs of it raced and
 # nbdkit died (a double free: part 5 failed so in CI, over curl).
@@ -287,7 +293,7 @@ asan=$(gcc -print-file-name=libasan.so 2>/dev/null || true)
 [ -e "$asan" ] || fail "part 6: gcc's libasan.so not found"
 RACE_ROUNDS=${RACE_ROUNDS:-16}
 for round in $(seq 1 "$RACE_ROUNDS"); do
-  rm -rf "$TMP/cache-race" "$TMP/asan".* "$TMP"/r[0-9] "$TMP/rgo"
+  rm -rf "$TMP/cache-race" "$TMP/asan".*
   LD_PRELOAD="$asan" ASAN_OPTIONS="detect_leaks=0:log_path=$TMP/asan" \
   NBDKIT_STDERR="$TMP/race.err" start_nbdkit -P "$TMP/race.pid" \
     -U "$TMP/race.sock" --filter="$FILTER" --filter=exportname \
@@ -295,27 +301,8 @@ for round in $(seq 1 "$RACE_ROUNDS"); do
     fscache-dir="$TMP/cache-race" fscache-upstream-connections=16 \
     fscache-readahead=0
   rpid=$(cat "$TMP/race.pid")
-  rpids=()
-  for q in 0 1 2 3; do
-    $PYTHON - "nbd+unix:///?socket=$TMP/race.sock" "$img" $q "$TMP" <<'EOF' &
-import os, sys, time, nbd
-uri, img, q, tmp = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
-h = nbd.NBD()
-h.connect_uri(uri)
-open(os.path.join(tmp, "r%d" % q), "w").close()
-while not os.path.exists(os.path.join(tmp, "rgo")):
-    time.sleep(0.01)
-o = q << 22
-if h.pread(1 << 22, o) != open(img, "rb").read()[o:o + (1 << 22)]:
-    sys.exit("wrong data at %d" % o)
-EOF
-    rpids+=($!)
-  done
-  wait_until test -e "$TMP/r3" -a -e "$TMP/r2" -a -e "$TMP/r1" -a -e "$TMP/r0" ||
-    fail "opens at once, round $round: the readers did not connect"
-  touch "$TMP/rgo"
   bad=0
-  for p in "${rpids[@]}"; do wait "$p" || bad=1; done
+  four_at_once "$TMP/race.sock" "opens at once, round $round" || bad=1
   kill -TERM "$rpid" 2>/dev/null || true
   wait "$rpid" || true
   if [ "$bad" = 1 ] || ls "$TMP/asan".* >/dev/null 2>&1; then
