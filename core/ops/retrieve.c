@@ -636,6 +636,15 @@ fsc_local_prefetch (struct fsc_object *o, uint64_t offset, uint64_t count,
     return -1;
   }
   count = MIN (count, o->geom.size - offset);
+  /* Nothing new can be stored (fscache-min-free, DIR/fscache.stop): a
+   * prefetch would read the upstream only to drop the bytes, and the
+   * client then reads them again.  A stream from a fast NBD server read
+   * half as much again as it asked for so (readahead's 1.6 GB on top of
+   * its 2 GiB), and ran at 0.63 of the bare proxy (docs/benchmarks.md,
+   * stop 50).  Readahead, NBD_CMD_CACHE and the catch-up all come here.
+   */
+  if (fsc_space_low (o->cache))
+    return 0;
   while (count > 0) {
     /* A prefetch's fetch holds its bytes until they are queued or
      * written: 4 MiB per request thread added up (16 threads, 64 MiB,

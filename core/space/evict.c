@@ -580,6 +580,12 @@ shrink (struct fsc_object *o, uint64_t len, bool scan)
   }
 }
 
+bool
+fsc_space_low (struct fsc_cache *c)
+{
+  return space_low (c);
+}
+
 int
 fsc_make_room (struct fsc_object *o, uint64_t len, bool scan)
 {

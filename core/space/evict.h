@@ -29,6 +29,12 @@ struct group;
 extern int fsc_make_room (struct fsc_object *o, uint64_t len, bool scan);
 extern void fsc_room_done (struct fsc_object *o, uint64_t len);
 
+/* evict.c: is the cache's filesystem below its free space floor, or
+ * DIR/fscache.stop present (looked at every SPACE_CHECK_MS at most):
+ * then nothing new is stored.
+ */
+extern bool fsc_space_low (struct fsc_cache *c);
+
 /* evict.c: drop blocks that were invalidated and punch their space
  * when O has a budget (called with the groups' bits already cleared).
  * Caller holds o->lock.

@@ -10,7 +10,9 @@
 #     nothing new is cached), and the object does not grow (du);
 #   - hits of what was cached before keep working (0 bytes upstream);
 #   - removing the ballast lets caching resume (a read is then warm).
-# The same with the stop mark instead of the ballast.
+# The same with the stop mark instead of the ballast; and with it,
+# readahead on, a sequential read costs the upstream the image once
+# (no prefetch read only to be dropped).
 #
 # Truth: cmp against the image, the upstream's log, du of the object.
 
@@ -142,6 +144,21 @@ read_range 0 "$half" || fail "stop mark: read"
 [ $(( $(up_bytes) - b )) -eq $((2 * half)) ] ||
   fail "stop mark: reads were cached although fscache.stop exists"
 echo "stop mark: nothing cached while it exists"
+# Readahead on (the default, 4M): a sequential read costs the upstream
+# the image once.  Readahead's prefetches, which cannot be stored,
+# used to read ahead only to drop the bytes, which the stream then read
+# again.
+stop_nbdkit "$TMP/px.pid"
+start_nbdkit -P "$TMP/px.pid" -U "$TMP/px.sock" \
+  --filter="$FILTER" nbd socket="$TMP/up.sock" fscache-dir="$cache" \
+  fscache-key=floor fscache-validate=size \
+  fscache-min-free=0% fscache-stats="$TMP/px.stats"
+b=$(up_bytes)
+read_range 0 "$size" || fail "stop mark, readahead: read"
+ra=$(( $(up_bytes) - b ))
+echo "stop mark, readahead on: a sequential read of $size bytes read $ra upstream"
+[ "$ra" -eq "$size" ] ||
+  fail "stop mark, readahead on: $ra bytes upstream for a $size-byte read"
 rm "$cache/fscache.stop"
 resumes "stop mark removed"
 stop_nbdkit "$TMP/px.pid"

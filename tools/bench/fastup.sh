@@ -76,7 +76,8 @@ Usage: $0 [OPTIONS]
   --runtime=SECS       cap per run (default 120)
   --upstreams="A B"    subset of: null file nbd (default: null file)
   --phases="A B"       subset of: seq-1m rand-64k (default both)
-  --configs="A B"      subset of: nocache fscache nbdcache proxy, plus
+  --configs="A B"      subset of: nocache fscache nbdcache proxy nofill
+                       (fscache storing nothing: DIR/fscache.stop), plus
                        variants
                        (default: all three and every variant)
   --fscache-args="K=V" more fscache-* parameters for every fscache run
@@ -176,6 +177,10 @@ SOCK="$WORK/s.sock" PIDF="$WORK/s.pid"
 cp "$FILTER" "$WORK/fscache.so"
 VSO[fscache]="$WORK/fscache.so"
 VENV[fscache]=""
+# nofill: fscache with DIR/fscache.stop present, so that it stores
+# nothing: what the filter costs a stream without its fills.
+VSO[nofill]="$WORK/fscache.so"
+VENV[nofill]=""
 for v in $VNAMES; do
   cp "${VSO[$v]}" "$WORK/$v.so"
   VSO[$v]="$WORK/$v.so"
@@ -233,6 +238,10 @@ srv_start ()
   esac
   rm -rf "$WORK/cache" "$WORK/tmp" "$WORK/stats"
   mkdir -p "$WORK/tmp"
+  if [ "$config" = nofill ]; then
+    mkdir -m 700 "$WORK/cache"
+    touch "$WORK/cache/fscache.stop"
+  fi
   sync
   rm -f "$SOCK" "$PIDF"
   local cmd=()
