@@ -124,12 +124,19 @@ export NBD_FSCACHE_TEST_BUDGET=0
 # through one more filter if given.
 origin ()
 {
+  # --one-thread first: one thread per connection (-t 1), for the parts
+  # that kill a node: nbdkit 1.32.4 to 1.33.9 abort when a client hangs
+  # up with two replies queued on one connection (raw_send_socket:
+  # Assertion 'sock >= 0', fixed in 1.33.10); test-fscache-peers.sh's
+  # origin died so once in CI.  The origin is the test's, not the filter's.
+  local threads=()
+  [ "$1" = --one-thread ] && { threads=(-t 1); shift; }
   local name=$1 filter=()
   [ $# -ge 2 ] && filter=(--filter="$2")
   rm -f "$TMP/$name.log"
   NBDKIT_STDERR="$TMP/$name.err" start_nbdkit -P "$TMP/$name.pid" \
-    -U "$TMP/$name.sock" --filter=log "${filter[@]}" file "$img" \
-    logfile="$TMP/$name.log" "${@:3}"
+    "${threads[@]}" -U "$TMP/$name.sock" --filter=log "${filter[@]}" \
+    file "$img" logfile="$TMP/$name.log" "${@:3}"
 }
 self () { echo "nbd+unix:///?socket=$TMP/n$1.sock"; }
 # node I ORIGIN PEERFILE [ARGS...]: a log filter in front of the cache.
@@ -285,7 +292,7 @@ stop_nbdkit "$TMP/o1.pid"
 # ---- 2. an interior node killed ----
 fresh
 N=12
-origin o2 rate rate=64M
+origin --one-thread o2 rate rate=64M
 for i in $(seq 1 $N); do self "$i"; done > "$TMP/peers12"
 for i in $(seq 1 $N); do node "$i" o2 "$TMP/peers12" fscache-peer-fanout=3; done
 pids=()
@@ -397,7 +404,7 @@ stop_nbdkit "$TMP/o4a.pid"; stop_nbdkit "$TMP/o4b.pid"
 
 # ---- 5. a restarted peer ----
 fresh
-origin o5
+origin --one-thread o5
 { self 1; self 2; } > "$TMP/p5"
 node 1 o5 "$TMP/p5"; node 2 o5 "$TMP/p5"
 copy 2                          # node 2 holds its ranges (and asked 1)
@@ -598,7 +605,7 @@ N=8
 printf 'fleet:%s\n' "$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')" \
   > "$TMP/psk8"
 chmod 600 "$TMP/psk8"
-origin o8 rate rate=64M
+origin --one-thread o8 rate rate=64M
 for i in $(seq 1 $N); do self "$i"; done > "$TMP/p8"
 for i in $(seq 1 $N); do
   # On an nbdkit that breaks, one thread per connection (-t 1), as
