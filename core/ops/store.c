@@ -394,10 +394,7 @@ drop_locked (struct fsc_object *o, struct fsc_write *w, uint64_t b0,
   const uint64_t g0 = GROUP_OF (b0), g1 = GROUP_OF (b1);
   bool need_sync = false;
   for (uint64_t gi = g0; gi <= g1; ++gi) {
-    uint64_t lo = gi == g0 ? IDX_OF (b0) : 0;
-    uint64_t hi = gi == g1 ? IDX_OF (b1) : FSC_GROUP_BLOCKS - 1;
-    uint64_t mask = (hi - lo == 63) ? ~UINT64_C (0)
-      : ((UINT64_C (1) << (hi - lo + 1)) - 1) << lo;
+    uint64_t mask = group_span_bits (gi, b0, b1);
     struct group *g = grp (o, gi);
     if (g->writers > 0)
       *keep = false;            /* overlapping writes: order unknown */

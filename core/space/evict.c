@@ -104,8 +104,8 @@
 /* Below the free space floor, or stopped by the daemon?  Looks at most
  * every SPACE_CHECK_MS; between looks, the last answer.
  */
-static bool
-space_low (struct fsc_cache *c)
+bool
+fsc_space_low (struct fsc_cache *c)
 {
   uint64_t now = fsc_mono_ms ();
   uint64_t last = __atomic_load_n (&c->space_checked_ms, __ATOMIC_RELAXED);
@@ -460,8 +460,7 @@ punch_queued (struct fsc_object *o)
         r = -1;
         e = errno;
       }
-      uint64_t run = (i1 - i0 == 63) ? ~UINT64_C (0)
-        : ((UINT64_C (1) << (i1 - i0 + 1)) - 1) << i0;
+      uint64_t run = group_span_bits (gi, b0, b1);
       todo &= ~run;
       if (r == 0)
         punched |= run;
@@ -580,17 +579,11 @@ shrink (struct fsc_object *o, uint64_t len, bool scan)
   }
 }
 
-bool
-fsc_space_low (struct fsc_cache *c)
-{
-  return space_low (c);
-}
-
 int
 fsc_make_room (struct fsc_object *o, uint64_t len, bool scan)
 {
   struct fsc_cache *c = o->cache;
-  if (space_low (c)) {
+  if (fsc_space_low (c)) {
     FSC_STAT_ADD (&c->stats, lowspace_skips, 1);
     errno = EAGAIN;
     return -1;

@@ -195,8 +195,7 @@ reclaim_file (struct fsc_object *o, int fd, uint64_t base, bool sums,
     while (b < bend) {
       uint64_t gi = GROUP_OF (b);
       uint64_t gend = MIN (bend, (gi + 1) * FSC_GROUP_BLOCKS);
-      uint64_t range = (gend - b == 64 ? ~UINT64_C (0)
-                        : ((UINT64_C (1) << (gend - b)) - 1)) << IDX_OF (b);
+      uint64_t range = group_span_bits (gi, b, gend - 1);
       uint64_t skipped;
       if (reclaim_group (o, fd, base, sums, s, e, gi, range, &skipped) == -1)
         return -1;
