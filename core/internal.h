@@ -112,6 +112,10 @@ struct fsc_cache {
                                          * engaged whatever the rates,
                                          * 0 never (nor the full
                                          * queue's skip), -1 unset */
+  size_t direct_min;                    /* data writes from this size
+                                         * on bypass the page cache
+                                         * (data.c; FSC_DIRECT_MIN, or
+                                         * NBD_FSCACHE_TEST_DIRECT_MIN) */
   uint64_t budget_burst;                /* the bucket's size (fill.c);
                                          * NBD_FSCACHE_TEST_BURST sets
                                          * a smaller one for tests */
@@ -216,6 +220,11 @@ struct fsc_files {
   int fandirfd, ifd, sfd;       /* -1 when uncached */
   int *dfds;                    /* data segments (data.c); NULL when
                                  * uncached */
+  int *ddfds;                   /* the same opened O_DIRECT, for big
+                                 * writes (data.c); -1 where the file
+                                 * system refused it */
+  bool direct_off;              /* a direct write was refused: none
+                                 * more (data.c) */
   uint64_t nseg;
   unsigned char *seg_dirty;     /* written since the last sync */
 };

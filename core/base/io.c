@@ -19,6 +19,7 @@ parse_errno (const char *s)
   if (strcmp (s, "EROFS") == 0) return EROFS;
   if (strcmp (s, "EDQUOT") == 0) return EDQUOT;
   if (strcmp (s, "ENOMEM") == 0) return ENOMEM;
+  if (strcmp (s, "EINVAL") == 0) return EINVAL;
   return -1;
 }
 

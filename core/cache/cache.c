@@ -244,6 +244,11 @@ fsc_cache_open (const struct fsc_cache_config *config,
      */
     const char *tburst = getenv ("NBD_FSCACHE_TEST_BURST");
     c->budget_burst = tburst ? strtoull (tburst, NULL, 10) : 0;
+    /* Tests write every aligned block directly (0), or none (a size
+     * no write reaches), data.c.
+     */
+    const char *tdm = getenv ("NBD_FSCACHE_TEST_DIRECT_MIN");
+    c->direct_min = tdm ? strtoull (tdm, NULL, 10) : FSC_DIRECT_MIN;
   }
   fsc_meter_init (&c->up_meter, &c->stats.upstream_busy_us);
   fsc_meter_init (&c->fill_meter, &c->stats.fill_busy_us);

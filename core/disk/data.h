@@ -24,6 +24,13 @@ struct group;
  * written, punch, and count allocated bytes.  All return -1 with errno
  * on failure; pread returns the bytes read, which may be short.
  */
+/* Writes of at least FSC_DIRECT_MIN bytes, aligned to
+ * FSC_DIRECT_ALIGN in memory, offset and length, bypass the page
+ * cache (data.c says why and why not smaller ones).
+ */
+#define FSC_DIRECT_MIN ((size_t) 256 << 10)
+#define FSC_DIRECT_ALIGN 4096
+
 extern int fsc_data_open (struct fsc_object *o, bool *sizes_ok);
 extern int fsc_data_reset (struct fsc_object *o);
 extern void fsc_data_close (struct fsc_object *o);

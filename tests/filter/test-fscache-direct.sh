@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# nbd-fscache: big fills bypass the page cache (core/disk/data.c).
+#
+# 1. A cold copy in 1 MiB requests fills the cache with writes of
+#    1 MiB, which go through the data file's O_DIRECT descriptor: the
+#    page cache then holds (almost) none of the data file (fincore, the
+#    kernel's own count), where buffered fills leave every page of it
+#    there.  The data is right: a second copy through a new proxy reads
+#    nothing upstream and cmp's equal to the image, and nbd-fscache
+#    check verifies every block's checksum.
+# 2. A file system that refuses a direct write (EINVAL, injected with
+#    NBD_FSCACHE_FAULTS on the first data write) costs nothing: the
+#    write is made buffered, the object stays cached (a second copy
+#    reads nothing upstream), and its later fills are buffered (the
+#    data file's pages are in the page cache after the cold copy).
+#
+# Truth: the image (cmp), the upstream's request log (log filter), the
+# kernel's page cache residency (fincore, util-linux).
+
+source "${top_srcdir:-$(dirname "$0")/../..}/tests/functions.sh"
+
+requires nbdkit --version
+requires nbdcopy --version
+requires fincore --version
+requires nbdkit --filter=log null --dump-plugin
+requires nbdkit --filter="$FILTER" null --dump-plugin
+
+size=$((64 * 1024 * 1024))
+make_random "$TMP/img" "$size"
+start_nbdkit -P "$TMP/up.pid" -U "$TMP/up.sock" \
+  --filter=log file "$TMP/img" logfile="$TMP/up.log"
+
+# proxy NAME CACHE: a proxy of the upstream on $TMP/NAME.sock.
+proxy ()
+{
+  start_nbdkit -P "$TMP/$1.pid" -U "$TMP/$1.sock" \
+    --filter="$FILTER" nbd socket="$TMP/up.sock" \
+    fscache-dir="$TMP/$2" fscache-validate=size 2>"$TMP/$1.err"
+}
+copy ()
+{
+  rm -f "$TMP/out"
+  nbdcopy --request-size=1048576 "nbd+unix:///?socket=$TMP/$1.sock" "$TMP/out"
+  cmp "$TMP/img" "$TMP/out" || fail "$2: the copy differs from the image"
+}
+# resident CACHE: bytes of the object's data file in the page cache.
+resident ()
+{
+  local f
+  f=$(find "$TMP/$1" -name '*.data')
+  [ -n "$f" ] || fail "no data file in $TMP/$1"
+  fincore --bytes --noheadings --output=RES "$f" | tr -d ' '
+}
+
+# ---- 1. Direct fills. ----
+proxy p1 c1
+copy p1 "part 1, cold"
+stop_nbdkit "$TMP/p1.pid"
+res=$(resident c1)
+echo "part 1: after the cold copy, $res bytes of the $size-byte data file are in the page cache"
+[ "$res" -le $((size / 16)) ] ||
+  fail "part 1: $res bytes of the data file in the page cache: the fills were buffered"
+b0=$(log_read_bytes "$TMP/up.log")
+proxy p1 c1
+copy p1 "part 1, warm"
+stop_nbdkit "$TMP/p1.pid"
+b1=$(log_read_bytes "$TMP/up.log")
+[ "$b1" -eq "$b0" ] ||
+  fail "part 1: the warm copy read $((b1 - b0)) bytes upstream"
+tool check --dir "$TMP/c1" > "$TMP/check1.out" 2>&1 ||
+  { cat "$TMP/check1.out" >&2; fail "part 1: nbd-fscache check found problems"; }
+
+# ---- 2. A direct write refused. ----
+NBD_FSCACHE_FAULTS=write:data:1:EINVAL proxy p2 c2
+copy p2 "part 2, cold"
+stop_nbdkit "$TMP/p2.pid"
+res=$(resident c2)
+echo "part 2: after the cold copy, $res bytes of the data file are in the page cache"
+[ "$res" -ge $((size * 3 / 4)) ] ||
+  fail "part 2: only $res bytes in the page cache: fills went on direct after EINVAL"
+b0=$(log_read_bytes "$TMP/up.log")
+proxy p2 c2
+copy p2 "part 2, warm"
+stop_nbdkit "$TMP/p2.pid"
+b1=$(log_read_bytes "$TMP/up.log")
+[ "$b1" -eq "$b0" ] ||
+  fail "part 2: the warm copy read $((b1 - b0)) bytes upstream (the refused write withdrew the object?)"
+tool check --dir "$TMP/c2" > "$TMP/check2.out" 2>&1 ||
+  { cat "$TMP/check2.out" >&2; fail "part 2: nbd-fscache check found problems"; }
+echo "$0: PASS"
