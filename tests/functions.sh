@@ -57,6 +57,20 @@ set -euo pipefail
 FILTER="${FSCACHE_FILTER:-$top_builddir/plugin/.libs/nbdkit-fscache-filter.so}"
 export FILTER
 
+# The latency guard (core/ops/guard.c) is off by default in tests:
+# they count the bytes read upstream to see what the cache holds, and
+# the guard reads hits upstream whenever the cache disk answers
+# slower than the upstream, which the suite's own load on this
+# machine's disk makes happen (hits of what a fill wrote directly come
+# from the disk, core/disk/data.c).  test-fscache-guard.sh tests the
+# guard with its default restored; a test that passes
+# fscache-latency-guard gets what it passes (plugin/fscache.c).
+# Benchmarks (tools/bench/) measure the defaults, the guard included.
+case "$0" in
+  */tools/bench/*) unset NBD_FSCACHE_TEST_GUARD ;;
+  *) export NBD_FSCACHE_TEST_GUARD=0 ;;
+esac
+
 # Debian's python3 has the libnbd bindings (python3-libnbd); a python3
 # from pyenv or a venv earlier in PATH would not.  $PYTHON names it for
 # subshells and background jobs, which do not see the function.

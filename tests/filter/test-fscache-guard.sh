@@ -24,6 +24,8 @@
 #     40 reads, right, and no hit rerouted (every one from the disk).
 
 source "${top_srcdir:-$(dirname "$0")/../..}/tests/functions.sh"
+# The guard's default, on (tests/functions.sh turns it off elsewhere).
+unset NBD_FSCACHE_TEST_GUARD
 
 requires nbdkit --version
 requires python3 -c 'import nbd'
