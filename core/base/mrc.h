@@ -22,4 +22,10 @@ extern void fsc_mrc_access (struct fsc_mrc *m, uint64_t block);
 extern double fsc_mrc_hit_ratio (struct fsc_mrc *m, uint64_t size,
                                  uint64_t *refs);
 
+/* The sampling rate now: 1 while every block is kept, then the share
+ * of the hash space under the threshold, which is the largest hash
+ * kept (the blocks kept are those of the smallest hashes seen).
+ */
+extern double fsc_mrc_rate (struct fsc_mrc *m);
+
 #endif /* FSC_MRC_H */

@@ -82,10 +82,12 @@ for (( round=1; round<=ROUNDS; round++ )); do
   cmp_stats="$TMP/check.$round.stats"
 
   # ---- fill, and crash --------------------------------------------
-  start_nbdkit -P "$pid" -U "$sock" \
+  # Its messages kept (fail prints the last of them): in the
+  # background nbdkit would send them to syslog.
+  start_nbdkit -P "$pid" -U "$sock" --log=stderr \
     --filter="$FILTER" --filter=log --filter=rate \
     file "$up" fscache-dir="$cache" fscache-key="$key" \
-    logfile="$fill_log" rate=$RATE
+    logfile="$fill_log" rate=$RATE 2>>"$TMP/fill.err"
 
   if (( round % 2 )); then
     kind=sequential

@@ -84,6 +84,28 @@ loop (uint64_t w)
   fsc_mrc_free (m);
 }
 
+/* The kept blocks are those of the smallest hashes: after N distinct
+ * blocks the threshold is about the 8,192nd smallest of N uniform
+ * hashes, a rate of 8192 / N (the sample's size, mrc.c).  Evicting
+ * another block than the largest (a heap that lost its order) leaves
+ * the threshold elsewhere.
+ */
+static void
+test_rate (void)
+{
+  struct fsc_mrc *m = fsc_mrc_new ();
+  CHECK (m != NULL);
+  CHECK (fsc_mrc_rate (m) == 1.0);
+  const uint64_t n = 1000000;
+  for (uint64_t b = 0; b < n; ++b)
+    fsc_mrc_access (m, b);
+  double r = fsc_mrc_rate (m), want = 8192.0 / (double) n;
+  printf ("rate after %llu distinct blocks: %.6f (8192 / N = %.6f)\n",
+          (unsigned long long) n, r, want);
+  CHECK (r > want * 0.95 && r < want * 1.05);
+  fsc_mrc_free (m);
+}
+
 int
 main (void)
 {
@@ -95,6 +117,7 @@ main (void)
   fsc_mrc_free (m);
   printf ("empty: ok\n");
   test_memory ();
+  test_rate ();
   loop (2000);                  /* every block kept */
   loop (200000);                /* sampled */
   printf ("unit-mrc: ok\n");
