@@ -76,6 +76,13 @@ struct fsc_cache {
   struct fsc_object *objects;   /* open objects, linked by ->next */
   pthread_t committer;
   bool committer_running;
+  /* Reclaimer threads that closed their lingering object themselves,
+   * joined by fsc_cache_close (object.c, fsc_object_linger_done).
+   */
+  struct fsc_ended_thread {
+    pthread_t thread;
+    struct fsc_ended_thread *next;
+  } *ended;
   bool stopping;
   bool commit_wanted;
 

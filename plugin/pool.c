@@ -308,6 +308,20 @@ worker (void *arg)
  out:
   if (have)
     p->with_ctx--;
+  /* The context is closed while this worker still counts: pool_put
+   * waits for the count, and once it is 0 nothing may run here any
+   * more.  Closed after the count, as first written, the last
+   * connection's close went on (and at exit nbdkit unloaded this
+   * filter and the plugin) while a worker was still closing its
+   * context: nbdkit died of SIGSEGV at exit, in code no longer
+   * mapped (cores of test-fscache-crash.sh's read-back proxies).
+   * Unlocked: no lock is held across an upstream call.
+   */
+  if (have) {
+    pthread_mutex_unlock (&p->lock);
+    upstream_close (&u);
+    pthread_mutex_lock (&p->lock);
+  }
   p->workers--;
   /* The last worker gone with jobs queued (refused, or none could
    * start): their callers take them back (pool_pread).
@@ -317,8 +331,6 @@ worker (void *arg)
       pthread_cond_signal (q->wake);
   pthread_cond_broadcast (&p->done);
   pthread_mutex_unlock (&p->lock);
-  if (have)
-    upstream_close (&u);
   return NULL;
 }
 

@@ -541,6 +541,19 @@ fsc_cache_close (struct fsc_cache *cache)
       break;
     fsc_object_close (o);
   }
+  /* The reclaimers that closed their objects themselves: gone from the
+   * list above, and perhaps not yet out of close_object.
+   */
+  pthread_mutex_lock (&cache->lock);
+  struct fsc_ended_thread *ended = cache->ended;
+  cache->ended = NULL;
+  pthread_mutex_unlock (&cache->lock);
+  while (ended) {
+    struct fsc_ended_thread *next = ended->next;
+    pthread_join (ended->thread, NULL);
+    free (ended);
+    ended = next;
+  }
 
   fsc_buf_pool_free (cache);
   void *p = pthread_getspecific (cache->scratch_key);

@@ -430,9 +430,24 @@ fsc_object_linger_done (struct fsc_object *o)
   pthread_mutex_unlock (&c->lock);
   if (!mine)
     return;
-  /* This is the reclaimer thread: nobody joins it now. */
+  /* This is the reclaimer thread, and nobody joins it through the
+   * object, which it closes and frees: the cache does, at its close
+   * (fsc_cache_close).  Detached, as first written, it could still be
+   * on its way out of close_object when the cache was closed and the
+   * filter unloaded: nbdkit died of SIGSEGV at exit, in code no longer
+   * mapped.  (With no memory for the note: detached, as before.)
+   */
   o->reclaim.joinable = false;
-  pthread_detach (pthread_self ());
+  struct fsc_ended_thread *e = malloc (sizeof *e);
+  if (e) {
+    e->thread = pthread_self ();
+    pthread_mutex_lock (&c->lock);
+    e->next = c->ended;
+    c->ended = e;
+    pthread_mutex_unlock (&c->lock);
+  }
+  else
+    pthread_detach (pthread_self ());
   close_object (o);
 }
 

@@ -74,6 +74,31 @@ expect_stat ()           # STATS NAME OP VALUE
   fi
 }
 
+# A proxy in the foreground of a job of this shell (command: not the
+# nbdkit function of tests/functions.sh), so that its exit status is
+# seen, and its stop: SIGTERM, after which it must exit with 0.  It
+# once died of SIGSEGV at exit, in the unloaded filter, beside a disk
+# and CPU load (5 cores in 6 runs of this test): a pool worker closed
+# its upstream context after pool_put had stopped waiting for it
+# (plugin/pool.c), and a reclaimer that closed its lingering object
+# itself was detached, waited for by nobody (core/object/object.c).
+fg_proxy ()
+{
+  rm -f "$sock"
+  command nbdkit -f -U "$sock" "$@" 2>>"$TMP/proxy.err" &
+  fg_pid=$!
+  wait_until test -S "$sock" || fail "round $round: the proxy did not start"
+}
+term_proxy ()
+{
+  local st=0
+  kill -TERM "$fg_pid"
+  wait "$fg_pid" || st=$?
+  [ "$st" -eq 0 ] ||
+    fail "round $round: the proxy exited with status $st after SIGTERM" \
+         "(128 + the signal that killed it)"
+}
+
 prev_cached=0
 total_cached=0
 for (( round=1; round<=ROUNDS; round++ )); do
@@ -149,8 +174,7 @@ for (( round=1; round<=ROUNDS; round++ )); do
 
   # ---- restart: read everything back, without filling --------------
   NBD_FSCACHE_FAULTS=write:data:1+:ENOSPC \
-    start_nbdkit -P "$pid" -U "$sock" \
-      --filter="$FILTER" --filter=log \
+    fg_proxy --filter="$FILTER" --filter=log \
       file "$up" fscache-dir="$cache" fscache-key="$key" \
       logfile="$cmp_log" fscache-stats="$cmp_stats" fscache-readahead=0
   rm -f "$TMP/out.img"
@@ -158,7 +182,7 @@ for (( round=1; round<=ROUNDS; round++ )); do
     fail "round $round: client error reading back after the crash"
   cmp "$TMP/out.img" "$up" ||
     fail "round $round: data differs from upstream after the crash"
-  stop_nbdkit "$pid"
+  term_proxy
 
   expect_stat "$cmp_stats" objects_reused -ge 1
   expect_stat "$cmp_stats" objects_discarded -eq 0
@@ -205,28 +229,33 @@ done
 [ "$total_cached" -gt 0 ] || fail "nothing ever survived a crash"
 
 # ---- a normal restart completes the object, the next serves it all --
-start_nbdkit -P "$pid" -U "$sock" --filter="$FILTER" --filter=log \
-  file "$up" fscache-dir="$cache" fscache-key="$key" \
-  logfile="$TMP/final1.log" fscache-stats="$TMP/final1.stats" \
-  fscache-readahead=0
+# Every fill stored (NBD_FSCACHE_TEST_BUDGET=0): from this local file,
+# faster than the cache disk's direct writes, the fill budget would
+# skip some past its first 64 MiB (fill.c), and the next proxy read
+# them upstream (seen beside a disk load).
+round=final1
+NBD_FSCACHE_TEST_BUDGET=0 \
+  fg_proxy --filter="$FILTER" --filter=log \
+    file "$up" fscache-dir="$cache" fscache-key="$key" \
+    logfile="$TMP/final1.log" fscache-stats="$TMP/final1.stats" \
+    fscache-readahead=0
 rm -f "$TMP/out.img"
 nbdcopy "$uri" "$TMP/out.img"
 cmp "$TMP/out.img" "$up"
-stop_nbdkit "$pid"
-round=final1
+term_proxy
 expect_stat "$TMP/final1.stats" objects_reused -ge 1
 expect_stat "$TMP/final1.stats" unclean_opens -eq 0
 expect_stat "$TMP/final1.stats" hit_bytes -eq "$prev_cached"
 expect_stat "$TMP/final1.stats" withdrawals -eq 0
 
-start_nbdkit -P "$pid" -U "$sock" --filter="$FILTER" --filter=log \
+round=final2
+fg_proxy --filter="$FILTER" --filter=log \
   file "$up" fscache-dir="$cache" fscache-key="$key" \
   logfile="$TMP/final2.log" fscache-stats="$TMP/final2.stats"
 rm -f "$TMP/out.img"
 nbdcopy "$uri" "$TMP/out.img"
 cmp "$TMP/out.img" "$up"
-stop_nbdkit "$pid"
-round=final2
+term_proxy
 expect_stat "$TMP/final2.stats" hit_bytes -eq $SIZE
 expect_stat "$TMP/final2.stats" miss_bytes -eq 0
 nopen="$(stat_value "$TMP/final2.stats" objects_opened)"
