@@ -57,6 +57,23 @@ resident ()
   fincore --bytes --noheadings --output=RES "$f" | tr -d ' '
 }
 
+# warm_and_checked NAME CACHE PART: a new proxy's copy reads nothing
+# upstream (the object kept all it filled), and nbd-fscache check
+# verifies every block.
+warm_and_checked ()
+{
+  local b0 b1
+  b0=$(log_read_bytes "$TMP/up.log")
+  proxy "$1" "$2"
+  copy "$1" "$3, warm"
+  stop_nbdkit "$TMP/$1.pid"
+  b1=$(log_read_bytes "$TMP/up.log")
+  [ "$b1" -eq "$b0" ] ||
+    fail "$3: the warm copy read $((b1 - b0)) bytes upstream (the object withdrawn?)"
+  tool check --dir "$TMP/$2" > "$TMP/$2.check" 2>&1 ||
+    { cat "$TMP/$2.check" >&2; fail "$3: nbd-fscache check found problems"; }
+}
+
 # ---- 1. Direct fills. ----
 proxy p1 c1
 copy p1 "part 1, cold"
@@ -65,15 +82,7 @@ res=$(resident c1)
 echo "part 1: after the cold copy, $res bytes of the $size-byte data file are in the page cache"
 [ "$res" -le $((size / 16)) ] ||
   fail "part 1: $res bytes of the data file in the page cache: the fills were buffered"
-b0=$(log_read_bytes "$TMP/up.log")
-proxy p1 c1
-copy p1 "part 1, warm"
-stop_nbdkit "$TMP/p1.pid"
-b1=$(log_read_bytes "$TMP/up.log")
-[ "$b1" -eq "$b0" ] ||
-  fail "part 1: the warm copy read $((b1 - b0)) bytes upstream"
-tool check --dir "$TMP/c1" > "$TMP/check1.out" 2>&1 ||
-  { cat "$TMP/check1.out" >&2; fail "part 1: nbd-fscache check found problems"; }
+warm_and_checked p1 c1 "part 1"
 
 # ---- 2. A direct write refused. ----
 NBD_FSCACHE_FAULTS=write:data:1:EINVAL proxy p2 c2
@@ -83,13 +92,5 @@ res=$(resident c2)
 echo "part 2: after the cold copy, $res bytes of the data file are in the page cache"
 [ "$res" -ge $((size * 3 / 4)) ] ||
   fail "part 2: only $res bytes in the page cache: fills went on direct after EINVAL"
-b0=$(log_read_bytes "$TMP/up.log")
-proxy p2 c2
-copy p2 "part 2, warm"
-stop_nbdkit "$TMP/p2.pid"
-b1=$(log_read_bytes "$TMP/up.log")
-[ "$b1" -eq "$b0" ] ||
-  fail "part 2: the warm copy read $((b1 - b0)) bytes upstream (the refused write withdrew the object?)"
-tool check --dir "$TMP/c2" > "$TMP/check2.out" 2>&1 ||
-  { cat "$TMP/check2.out" >&2; fail "part 2: nbd-fscache check found problems"; }
+warm_and_checked p2 c2 "part 2"
 echo "$0: PASS"
