@@ -65,6 +65,19 @@
 
 struct filter_state state;
 
+/* Test knob: NBD_FSCACHE_TEST_GUARD=0 makes the latency guard's
+ * default off, for tests that count what is read upstream to see what
+ * the cache holds (tests/functions.sh says why).  Set before the
+ * parameters are parsed, so that a given fscache-latency-guard wins.
+ */
+static void
+fscache_load (void)
+{
+  const char *tg = getenv ("NBD_FSCACHE_TEST_GUARD");
+  if (tg && strcmp (tg, "0") == 0)
+    params.latency_guard = false;
+}
+
 static void
 fscache_unload (void)
 {
@@ -147,15 +160,10 @@ fscache_config_complete (nbdkit_next_config_complete *next,
     return -1;
   }
   /* Not in writeback mode: there the cache holds blocks the upstream
-   * does not have yet (invariant G1 of core/ops/guard.c).  Test knob:
-   * NBD_FSCACHE_TEST_GUARD=0 makes the default off, for tests that
-   * count what is read upstream to see what the cache holds
-   * (tests/functions.sh says why); a given fscache-latency-guard wins.
+   * does not have yet (invariant G1 of core/ops/guard.c).
    */
-  const char *tg = getenv ("NBD_FSCACHE_TEST_GUARD");
-  bool guard = params.latency_guard_set || tg == NULL || strcmp (tg, "0")
-    ? params.latency_guard : false;
-  fsc_cache_set_guard (state.cache, guard && params.mode != MODE_WRITEBACK);
+  fsc_cache_set_guard (state.cache,
+                       params.latency_guard && params.mode != MODE_WRITEBACK);
   peers_bind (state.cache);
   return next (nxdata);
 }
@@ -568,6 +576,7 @@ fscache_thread_model (void)
 static struct nbdkit_filter filter = {
   .name = "fscache",
   .longname = "nbdkit persistent local cache filter",
+  .load = fscache_load,
   .unload = fscache_unload,
   .config = fscache_config,
   .config_complete = fscache_config_complete,

@@ -348,7 +348,6 @@ set_mrc (const char *k, const char *value)
 static int
 set_latency_guard (const char *k, const char *value)
 {
-  params.latency_guard_set = true;
   return set_bool (k, value, &params.latency_guard);
 }
 

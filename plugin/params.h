@@ -60,7 +60,6 @@ struct fscache_params {
   bool latency_guard;           /* fscache-latency-guard: hits read
                                  * upstream while the cache disk is the
                                  * slower path (core/ops/guard.c) */
-  bool latency_guard_set;       /* ... given, not the default */
   bool catchup;                 /* fscache-catchup: make up skipped
                                  * fills when idle (catchup.c) */
   unsigned upstream_connections; /* fscache-upstream-connections: the
