@@ -107,12 +107,13 @@ for (( round=1; round<=ROUNDS; round++ )); do
   cmp_stats="$TMP/check.$round.stats"
 
   # ---- fill, and crash --------------------------------------------
-  # Its messages kept (fail prints the last of them): in the
-  # background nbdkit would send them to syslog.
-  start_nbdkit -P "$pid" -U "$sock" --log=stderr \
+  # Its messages kept (fail prints the last of them): a daemonised
+  # nbdkit points its stderr at /dev/null, so it runs in the foreground
+  # of a disowned job (NBDKIT_STDERR, tests/functions.sh).
+  NBDKIT_STDERR="$TMP/fill.err" start_nbdkit -P "$pid" -U "$sock" \
     --filter="$FILTER" --filter=log --filter=rate \
     file "$up" fscache-dir="$cache" fscache-key="$key" \
-    logfile="$fill_log" rate=$RATE 2>>"$TMP/fill.err"
+    logfile="$fill_log" rate=$RATE
 
   if (( round % 2 )); then
     kind=sequential

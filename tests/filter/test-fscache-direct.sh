@@ -33,13 +33,14 @@ make_random "$TMP/img" "$size"
 start_nbdkit -P "$TMP/up.pid" -U "$TMP/up.sock" \
   --filter=log file "$TMP/img" logfile="$TMP/up.log"
 
-# proxy NAME CACHE: a proxy of the upstream on $TMP/NAME.sock.
+# proxy NAME CACHE: a proxy of the upstream on $TMP/NAME.sock, its
+# messages in $TMP/NAME.err (in the foreground of a disowned job: a
+# daemonised nbdkit points its stderr at /dev/null).
 proxy ()
 {
-  start_nbdkit -P "$TMP/$1.pid" -U "$TMP/$1.sock" \
-    --filter="$FILTER" nbd socket="$TMP/up.sock" \
-    fscache-dir="$TMP/$2" fscache-validate=size fscache-readahead=0 \
-    2>"$TMP/$1.err"
+  NBDKIT_STDERR="$TMP/$1.err" start_nbdkit -P "$TMP/$1.pid" \
+    -U "$TMP/$1.sock" --filter="$FILTER" nbd socket="$TMP/up.sock" \
+    fscache-dir="$TMP/$2" fscache-validate=size fscache-readahead=0
 }
 copy ()
 {
