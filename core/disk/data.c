@@ -19,32 +19,37 @@
  * every export up to 1 TiB is the export offset).
  *
  * Big writes bypass the page cache.  Each segment is also opened with
- * O_DIRECT, and a write of FSC_DIRECT_MIN (64 KiB, the default block)
- * or more, aligned to 4 KiB in memory, offset and length (fills of
- * whole blocks from the buffers of bufs.c always are), goes through
- * that descriptor.  A buffered write copies every byte into the page
- * cache: a fill thread streaming 1 MiB blocks spent half its
- * process's CPU in that copy (perf: copy_folio_from_iter_atomic under
- * ext4's buffered write), the kernel's writeback then wrote it out
- * again, and a cold stream from a fast upstream waited on that one
- * thread (issues 42 and 44, docs/benchmarks.md).  A direct write
- * moves the bytes to the disk with no copy and no dirty pages to
- * flush later; and the page cache keeps what clients read again
- * rather than what was only filled.  A random read from a fast
- * upstream, in 64 KiB blocks, ran at 0.58 of the bare proxy with
- * buffered fills and 0.85 with direct ones (tools/bench/fastup.sh,
- * docs/benchmarks.md).  Smaller writes (pieces of a block, caches of
- * 4 KiB blocks) stay buffered: one thread writing them directly waits
- * a disk round trip each (fio, psync, random writes on this machine's
- * disk: 60 MB/s at 4 KiB and 211 at 16 KiB, against 549 at 64 KiB and
- * 2,073 at 1 MiB; 538 buffered at 4 KiB), where the page cache
- * batches them.  Coherency holds across the two descriptors: a direct
- * write flushes and drops the page cache's copy of its range (the
- * kernel's rule for O_DIRECT), and a block is read only once its fill
- * has returned; commit.c's sync is per file, not per descriptor, so
- * rule 1 (data before the records) is unchanged.  A file system that
- * refuses O_DIRECT at open (or a write of it with EINVAL) leaves the
- * object buffered.
+ * O_DIRECT, and a write of FSC_DIRECT_MIN (256 KiB: a miss run of
+ * whole blocks, a readahead chunk) or more, aligned to 4 KiB in
+ * memory, offset and length (fills of whole blocks from the buffers
+ * of bufs.c always are), goes through that descriptor.  A buffered
+ * write copies every byte into the page cache: a fill thread
+ * streaming 1 MiB blocks spent half its process's CPU in that copy
+ * (perf: copy_folio_from_iter_atomic under ext4's buffered write),
+ * the kernel's writeback then wrote it out again, and a cold stream
+ * from a fast upstream waited on that one thread (issues 42 and 44,
+ * docs/benchmarks.md).  A direct write moves the bytes to the disk
+ * with no copy and no dirty pages to flush later; and the page cache
+ * keeps what clients read again rather than what was only filled.
+ * Smaller writes (single blocks of a random read, pieces, caches of 4
+ * KiB blocks) stay buffered: one thread writing them directly waits a
+ * disk round trip each (fio, psync, random writes on this machine's
+ * disk: 60 MB/s at 4 KiB, 211 at 16 KiB, 549 at 64 KiB, 2,073 at 1
+ * MiB; 538 buffered at 4 KiB), where the page cache batches them.
+ * From 64 KiB, a random read from a fast upstream ran at 0.85 of the
+ * bare proxy against 0.56 (tools/bench/fastup.sh), but behind a cache
+ * disk slower than its link (tests/filter/test-fscache-slow-disk.sh,
+ * 4 MiB/s against 6), one run of a fresh clone stored only the fill
+ * budget's burst: the single 64 KiB direct writes waited on the
+ * device one by one, and the fill meter took that for the disk's
+ * speed.  So 256 KiB, until small fills are written at some depth.
+ * Coherency holds across the two descriptors: a direct write flushes
+ * and drops the page cache's copy of its range (the kernel's rule for
+ * O_DIRECT), and a block is read only once its fill has returned;
+ * commit.c's sync is per file, not per descriptor, so rule 1 (data
+ * before the records) is unchanged.  A file system that refuses
+ * O_DIRECT at open (or a write of it with EINVAL) leaves the object
+ * buffered.
  */
 #include <config.h>
 
