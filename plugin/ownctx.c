@@ -26,8 +26,9 @@
  *   ANY      the same export whatever the name: contexts of our own
  *            for every export.  The nbd plugin without dynamic-export
  *            is one (it asks for the name but does not use it; nbdkit
- *            logs its failed ask, which the filter cannot prevent, and
- *            says once is expected: ownctx_opening).
+ *            logs its failed ask as an error, which the filter keeps
+ *            out of stderr, quiet.c, and where it cannot, says once is
+ *            expected: ownctx_opening).
  *   DEFAULT  the plugin asks for the name and gets "" (sh, eval):
  *            contexts of our own only for the export "".
  *   NONE     the plugin opens what the client names, or something
@@ -55,6 +56,7 @@
 #include <nbdkit-filter.h>
 
 #include "ownctx.h"
+#include "quiet.h"
 #include "say.h"
 #include "upstream.h"
 
@@ -193,19 +195,22 @@ ownctx_init (void)
                 own == OWN_DEFAULT ? "for the export \"\" only" : "none");
 }
 
-void
+bool
 ownctx_opening (void)
 {
   static bool opening_said;
-  if (((strcmp (plugin, "nbd") == 0 && !nbd_shared) ||
-       own == OWN_DEFAULT) &&
-      !__atomic_test_and_set (&opening_said, __ATOMIC_RELAXED))
+  if (!((strcmp (plugin, "nbd") == 0 && !nbd_shared) || own == OWN_DEFAULT))
+    return false;
+  if (quiet_begin ())
+    return true;
+  if (!__atomic_test_and_set (&opening_said, __ATOMIC_RELAXED))
     say_note ("the %s plugin logs \"no connection in this thread\" when "
               "the filter opens a connection of its own to the upstream "
               "(its pool, catch-up, shared view or writeback: nbdkit 1.32 "
               "gives the plugin no client's export name there, and it "
               "does not need one here): that line is expected: nothing "
               "failed", plugin);
+  return false;
 }
 
 const char *

@@ -18,11 +18,13 @@ extern void ownctx_init (void);
 /* The plugin's name ("file", "curl", ...), or "" if not known. */
 extern const char *ownctx_plugin_name (void);
 
-/* Before a context of the filter's own is opened: say, once, what the
- * plugin will log about it if that is not an error (the nbd plugin's
- * "no connection in this thread").
+/* Before a context of the filter's own is opened: if the plugin will
+ * log nbdkit's "no connection in this thread" about it, which is not an
+ * error, keep it out of the log (quiet.c) and return true: the caller
+ * calls quiet_end () after the open.  Where the line cannot be kept out
+ * (nbdkit logs to syslog), say once in a note that it is expected.
  */
-extern void ownctx_opening (void);
+extern bool ownctx_opening (void);
 
 /* May the pool, the catch-up worker, the shared view and the
  * writeback writer open contexts of their own on EXPORTNAME (the

@@ -116,6 +116,13 @@ say (int priority, const char *kind, const char *fs, va_list args)
   errno = err;
 }
 
+bool
+say_to_stderr (void)
+{
+  pthread_once (&sink_once, choose_sink);
+  return sink == SINK_STDERR;
+}
+
 void
 say_warning (const char *fs, ...)
 {

@@ -12,6 +12,7 @@
 
 #include "blocksize.h"
 #include "ownctx.h"
+#include "quiet.h"
 #include "readahead.h"
 #include "upstream.h"
 
@@ -169,8 +170,11 @@ int
 upstream_open_shared (struct upstream *u, nbdkit_backend *backend,
                       int readonly, const char *exportname)
 {
-  ownctx_opening ();
-  return open_gated (u, backend, readonly, exportname, true);
+  bool quiet = ownctx_opening ();
+  int r = open_gated (u, backend, readonly, exportname, true);
+  if (quiet)
+    quiet_end ();
+  return r;
 }
 
 int
