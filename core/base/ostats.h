@@ -83,6 +83,10 @@ struct fsc_live_head {
   uint64_t incarnation;
   uint64_t size;
   uint32_t block_size;
+  uint64_t cap;                 /* the object's size cap in bytes (its
+                                 * fscache-max-size or its quota, the
+                                 * smaller), written as "cap BYTES";
+                                 * 0: none */
   /* The miss-ratio curve (mrc.c), written as "mrc BYTES HIT_RATIO"
    * lines: the predicted hit ratio of a cache of BYTES, at each half
    * octave of the block size up to the export's size; with when it

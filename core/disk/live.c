@@ -126,6 +126,8 @@ fsc_live_format (FILE *fp, const struct fsc_live_head *h,
            h->pid, h->updated_ms / 1000, h->updated_ms % 1000,
            h->interval_s, h->open ? 1 : 0, h->key_hash_hi, h->key_hash_lo,
            h->incarnation, h->size, h->block_size);
+  if (h->cap)
+    fprintf (fp, "cap %" PRIu64 "\n", h->cap);
   for (unsigned i = 0; i < FSC_OSTATS_COUNT; ++i)
     fprintf (fp, "%s %" PRIu64 "\n", fsc_ostat_name (i), s->v[i]);
   fprintf (fp, "last_reason %s\n",
@@ -221,6 +223,11 @@ fsc_live_publish (struct fsc_object *o, bool open, bool force)
     .incarnation = o->sb.incarnation, .size = o->geom.size,
     .block_size = o->geom.block_size,
   };
+  /* The cap as evict.c's budget has it (not called: a floor above). */
+  uint64_t cap = o->evict.max_size ? o->evict.max_size : UINT64_MAX;
+  if (o->evict.quota < cap)
+    cap = o->evict.quota;
+  h.cap = cap == UINT64_MAX ? 0 : cap;
   pthread_mutex_unlock (&o->lock);
   if (!due)
     return;
@@ -273,6 +280,8 @@ fsc_live_parse (FILE *fp, struct fsc_live_head *h, struct fsc_ostats *out)
       h->size = strtoull (val, NULL, 10);
     else if (strcmp (name, "block_size") == 0)
       h->block_size = strtoul (val, NULL, 10);
+    else if (strcmp (name, "cap") == 0)
+      h->cap = strtoull (val, NULL, 10);
     else if (strcmp (name, "mrc_since") == 0)
       h->mrc_since = strtoull (val, NULL, 10);
     else if (strcmp (name, "mrc_refs") == 0)

@@ -21,7 +21,9 @@
 #     blocks are punched (core/space/trim.c); before, the index alone
 #     grew past the cap and the cache ended holding no data at all.
 #  2. stat prints predicted_hit_ratio at multiples of the cached size,
-#     advise a sentence for the object.
+#     and for the cache capped at 25% at its cap (the uncapped curve's
+#     figure there, within a point; Prometheus: cap_bytes and
+#     predicted_hit_ratio_at_cap); advise a sentence for the object.
 #
 # Truth: the replays' own counts (the filter's upstream reads against
 # the block accesses the trace makes, computed here from the trace).
@@ -89,6 +91,7 @@ for f in 0.01 0.05 0.25 0.50; do
   # (ARC hits 6.5 points more than LRU there): 5 points more since a
   # stream's hits count as reuse; 2 more when they did not.
   if [ "$f" = 0.25 ]; then
+    want25=$want cap25=$((blocks * BS))
     "$PYTHON" -c "import sys; sys.exit($got < $lru + 0.035)" ||
       fail "part 1: at 25% the filter hits $got, not 3.5 points over LRU's $lru"
   fi
@@ -99,6 +102,23 @@ done
 grep -A6 '^predicted_hit_ratio' "$TMP/stat.out"
 [ "$(grep -c '^  at ' "$TMP/stat.out")" = 6 ] ||
   fail "part 2: stat printed no predicted hit ratios"
+# A capped object's stats give its cap, and stat the prediction there:
+# the capped replay gathered the same curve, so the same figure as the
+# uncapped curve's at that size (within a point: a sample of its own).
+"$TOOL" --dir "$TMP/cap0.25/c" stat trace > "$TMP/stat25.out" ||
+  fail "part 2: stat of the capped cache"
+atcap=$(sed -n 's/^  at its cap (.*) *\([0-9.]*\)%$/\1/p' "$TMP/stat25.out")
+echo "part 2: at its cap ($cap25 bytes) stat predicts ${atcap:-nothing}%," \
+  "the uncapped curve $want25"
+[ -n "$atcap" ] || fail "part 2: stat printed no prediction at the cap"
+"$PYTHON" -c "import sys; sys.exit(abs($atcap / 100 - $want25) > 0.01)" ||
+  fail "part 2: at the cap stat predicts $atcap%, the curve $want25"
+"$TOOL" --dir "$TMP/cap0.25/c" stat --prometheus > "$TMP/prom25.out" ||
+  fail "part 2: stat --prometheus of the capped cache"
+grep -q "^nbd_fscache_cap_bytes{.*} $cap25\$" "$TMP/prom25.out" ||
+  fail "part 2: Prometheus gives no cap of $cap25 bytes"
+grep -q "^nbd_fscache_predicted_hit_ratio_at_cap{" "$TMP/prom25.out" ||
+  fail "part 2: Prometheus gives no prediction at the cap"
 "$TOOL" --dir "$TMP/free/c" advise > "$TMP/advise.out" || fail "part 2: advise"
 cat "$TMP/advise.out"
 grep -q "predicted hits: .* at half, .* now, .* at twice" "$TMP/advise.out" &&
