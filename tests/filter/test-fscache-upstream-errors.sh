@@ -172,8 +172,12 @@ nbdcopy "$uri" "$TMP/copy3.img"
 cmp "$img" "$TMP/copy3.img" || fail "size change: shrunk image differs"
 [ "$(stat -c %s "$TMP/copy3.img")" -eq $((size / 2)) ] ||
   fail "size change: the proxy did not see the new size"
-grep -q 'discarding cached data (upstream-size-changed)' "$TMP/px.err" ||
-  fail "size change: no log line about discarding the cache"
+# Said by the next connection's open, or before it by the catch-up
+# worker if it ran in between (it makes up fills skipped under load; its
+# own context finds the new size and withdraws the object).
+grep -q 'discarding cached data (upstream-size-changed)\|it was replaced under the cache; withdrawing its cache object' "$TMP/px.err" ||
+  { grep -v 'debug:' "$TMP/px.err"
+    fail "size change: no log line about discarding the cache"; }
 head -c $((size / 2)) /dev/urandom >> "$img"       # and grows again
 nbdcopy "$uri" "$TMP/copy4.img"
 cmp "$img" "$TMP/copy4.img" || fail "size change: regrown image differs"
