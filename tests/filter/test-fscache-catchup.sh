@@ -16,6 +16,9 @@
 #     from the index on disk (waited for as a state, at most 20 s);
 #     then a second copy costs 0 upstream bytes, and both copies equal
 #     the image.  The stats say what was noted and made up.
+#  3. The first copy again from the file behind the delay filter (2 ms
+#     a read: a link to the filter): the budget forced on skips fills
+#     there too (more than 96 MiB of the 192: all but the burst, 64 MiB).
 #
 # Truth: the image (cmp), the upstream's request log (bytes read), the
 # cache's index (nbd-fscache stat).
@@ -35,10 +38,13 @@ log="$TMP/up.log"
 up_bytes () { log_read_bytes "$log"; }
 uri="nbd+unix:///?socket=$TMP/px.sock"
 
-proxy ()                        # CACHE CATCHUP
+proxy ()                        # CACHE CATCHUP [DELAY]
 {
+  local delay=()
+  [ -z "${3:-}" ] || delay=(--filter=delay)
   NBD_FSCACHE_TEST_BUDGET=1 start_nbdkit -P "$TMP/px.pid" -U "$TMP/px.sock" \
-    --filter="$FILTER" --filter=log file "$img" logfile="$log" \
+    --filter="$FILTER" --filter=log "${delay[@]}" file "$img" \
+    logfile="$log" ${3:+delay-read="$3"} \
     fscache-dir="$1" fscache-validate=size fscache-readahead=0 \
     fscache-catchup="$2" fscache-stats="$TMP/px.stats"
 }
@@ -82,4 +88,22 @@ done_=$(stat_value "$TMP/px.stats" catchup_done_bytes)
 [ "$done_" -gt 0 ] || fail "catch-up: nothing was made up"
 [ $((b2 - b1)) -eq 0 ] ||
   fail "catch-up: the second copy read $((b2 - b1)) bytes upstream"
+
+# ---- 3. the knob's share holds over a link ----------------------------------
+# The same first copy from an upstream 2 ms a read away (a link, to the
+# filter: fsc_upstream_remote): the knob engages the budget at its
+# fixed share there too, so past the burst the copy's fills are
+# skipped.  Over a link the share used to follow the rates (up to 90%
+# of the fills' own), and a local file under a loaded machine's CPU
+# looked like a link: a test that forced the budget on saw nothing
+# skipped.
+rm -f "$TMP/px.stats"
+proxy "$TMP/c3" false 2ms
+nbdcopy "$uri" "$TMP/copy5"
+cmp "$img" "$TMP/copy5" || fail "over a link: the copy differs"
+stop_nbdkit "$TMP/px.pid"
+skipped=$(stat_value "$TMP/px.stats" fill_skipped_bytes)
+echo "over a link: $skipped bytes of fills skipped"
+[ "$skipped" -gt $((96 * 1024 * 1024)) ] ||
+  fail "over a link: only $skipped bytes skipped with the budget forced on"
 echo "$0: OK"
