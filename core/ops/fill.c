@@ -304,11 +304,12 @@ duty_pct (struct fsc_cache *c, uint64_t fill)
 {
   const uint64_t up = __atomic_load_n (&c->up_meter.rate, __ATOMIC_RELAXED);
   /* The test knob engaging the budget takes the rates out of its share
-   * too: under a loaded machine's CPU a local file's reads averaged a
-   * millisecond, the upstream counted as a link, the share rose to
-   * LINK_DUTY_PCT, and a test that forced the budget on to see fills
-   * skipped saw none (test-fscache-any-plugin.sh in CI;
-   * test-fscache-catchup.sh part 3 breaks it with a slow upstream).
+   * too: under a loaded machine's CPU a local file's reads can average
+   * a millisecond, the upstream then counts as a link, the share rises
+   * to LINK_DUTY_PCT, and a test that forced the budget on to see fills
+   * skipped sees none (likely test-fscache-any-plugin.sh's failure in a
+   * fresh clone; test-fscache-catchup.sh part 3 breaks it with a slow
+   * upstream).
    */
   if (c->test_budget == 1 || !fsc_upstream_remote (c) || fill == 0 ||
       up / 4 >= fill)
