@@ -6,8 +6,9 @@
 # goes (a clean stop, kill -9):
 #
 #   - A opens the object first (it owns it), J joins it; a client of J,
-#     connected all along, reads 1 MiB four times (the owner fills it,
-#     then J serves it from the shared files itself, from its map:
+#     connected all along, reads 1 MiB (the owner fills it), and once
+#     the cache holds it (nbd-fscache stat) three times more (J serves
+#     it from the shared files itself, from its map:
 #     share_direct_bytes);
 #   - A goes; a third process B opens the object (B's client is first:
 #     B owns it now, J has not used its socket since);
@@ -28,6 +29,7 @@ requires nbdcopy --version
 requires cmp --version
 requires python3 -c 'import nbd'
 requires test -r "$FILTER"
+requires test -x "$TOOL"
 
 SIZE=$((8 * 1024 * 1024))
 LEN=$((1024 * 1024))
@@ -58,6 +60,14 @@ proxy ()                        # NAME MODE
     fscache-stats="$TMP/$1.stats" 2>>"$TMP/$1.err"
 }
 
+# stored: the cache holds the round's range (a fresh cache each round).
+stored ()
+{
+  local c
+  c=$(tool stat --dir "$TMP/cache" | awk '$1 == "cached_bytes" { print $2 }')
+  [ "${c:-0}" -ge $LEN ]
+}
+
 round=0
 for mode in writethrough writearound; do
   for how in stop kill; do
@@ -75,7 +85,15 @@ for mode in writethrough writearound; do
     cleanup_fn "kill $JC_PID 2>/dev/null"
     read -r line <&"${JC[0]}"
     [ "$line" = ready ] || fail "$what: J's client did not connect"
-    for i in 1 2 3 4; do
+    # The first read misses and the owner fills the range; once the
+    # fill is stored (committed: A's index on disk holds it), the others
+    # are J's to serve from the shared files.  (Four reads back to back
+    # used to stand in for that wait: on a loaded machine the owner's
+    # fill was still queued while they ran, and J served none itself.)
+    echo "$off $LEN" >&"${JC[1]}"
+    read -r first distinct <&"${JC[0]}"
+    wait_until stored || fail "$what: the owner never stored the range"
+    for i in 2 3 4; do
       echo "$off $LEN" >&"${JC[1]}"
       read -r first distinct <&"${JC[0]}"
     done
