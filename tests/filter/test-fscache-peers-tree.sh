@@ -23,7 +23,7 @@
 #     (at 24 nodes, 1024 of them, every node used to).  Each node's
 #     descriptors and threads at the end of the copy are within bounds
 #     computed from the stripes and K alone, not N (8 connections a
-#     link to 4 parents and from 12 askers: 168 descriptors, 1,568
+#     link to 4 parents and from 12 askers: 392 descriptors, 1,568
 #     threads), and the peer reads' hops (peer_hops) are 1 to 3 each.
 #  2. An interior node killed: 12 nodes, fanout 3, the origin
 #     rate-limited, node 5 killed (-9) once a quarter of the image has
@@ -277,10 +277,15 @@ fi
 # and S K askers (invariant T3, a tree's fan-in), each link up to 8
 # connections (plugin/peerlink.c), nbdkit's 16 threads per connection
 # served; 40 descriptors and 32 threads of the node's own (its client,
-# cache files, upstream contexts, the filter's threads).
+# cache files, upstream contexts, the filter's threads).  A connection
+# costs 2 descriptors asking (its socket and its link's eventfd,
+# peerlink.c) and 3 served (its socket and nbdkit 1.32's status pipe,
+# server/connections.c): the bound counted one each, 168, and a fresh
+# clone under load saw 186.
 S=4 K=3
-[ "$maxfd" -le $((40 + 8 * (S + S * K))) ] ||
-  fail "part 1: a node held $maxfd descriptors, over $((40 + 8 * (S + S * K)))"
+fdmax=$((40 + 8 * (2 * S + 3 * S * K)))
+[ "$maxfd" -le "$fdmax" ] ||
+  fail "part 1: a node held $maxfd descriptors, over $fdmax"
 [ "$maxth" -le $((32 + 16 * (1 + 8 * S * K))) ] ||
   fail "part 1: a node ran $maxth threads, over $((32 + 16 * (1 + 8 * S * K)))"
 # Per node: its client's, one shared by the peers' connections
