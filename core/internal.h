@@ -395,6 +395,17 @@ struct fsc_object {
                                  * closes it when done (evict.c) */
 };
 
+/* O's budget in bytes (the smaller of fscache-max-size and its quota),
+ * UINT64_MAX for none: what evict.c keeps O to, and what live.c
+ * publishes as its cap.  Reads under o->lock, or racily for a hint.
+ */
+static inline uint64_t
+fsc_budget_of (const struct fsc_object *o)
+{
+  uint64_t b = o->evict.max_size ? o->evict.max_size : UINT64_MAX;
+  return MIN (b, o->evict.quota);
+}
+
 #define FSC_OSTAT_ADD(o, field, n)                                       \
   __atomic_add_fetch (&(o)->ostats.v[FSC_OSTAT_##field], (n),           \
                       __ATOMIC_RELAXED)

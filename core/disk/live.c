@@ -223,10 +223,7 @@ fsc_live_publish (struct fsc_object *o, bool open, bool force)
     .incarnation = o->sb.incarnation, .size = o->geom.size,
     .block_size = o->geom.block_size,
   };
-  /* The cap as evict.c's budget has it (not called: a floor above). */
-  uint64_t cap = o->evict.max_size ? o->evict.max_size : UINT64_MAX;
-  if (o->evict.quota < cap)
-    cap = o->evict.quota;
+  const uint64_t cap = fsc_budget_of (o);
   h.cap = cap == UINT64_MAX ? 0 : cap;
   pthread_mutex_unlock (&o->lock);
   if (!due)

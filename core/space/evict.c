@@ -142,14 +142,6 @@ fsc_object_allocated (struct fsc_object *o)
     fd_allocated (o->files.ifd);
 }
 
-/* The object's budget in bytes, UINT64_MAX for none.  Holds o->lock. */
-uint64_t
-fsc_budget_of (const struct fsc_object *o)
-{
-  uint64_t b = o->evict.max_size ? o->evict.max_size : UINT64_MAX;
-  return MIN (b, o->evict.quota);
-}
-
 /* How far under budget an eviction goes: a batch, so that evictions
  * (each a commit) are rare.
  */

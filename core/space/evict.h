@@ -67,12 +67,6 @@ extern void fsc_trim_meta (struct fsc_object *o, uint64_t gi,
  */
 extern void fsc_object_check_budget (struct fsc_object *o);
 
-/* evict.c: O's budget in bytes (the smaller of fscache-max-size and
- * its quota), UINT64_MAX for none.  Reads under o->lock, or racily for
- * a hint.
- */
-extern uint64_t fsc_budget_of (const struct fsc_object *o);
-
 /* evict.c: O's allocated bytes (its three files, as du counts them). */
 extern uint64_t fsc_object_allocated (struct fsc_object *o);
 
