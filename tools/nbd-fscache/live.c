@@ -134,7 +134,7 @@ tool_load_counters (int fanfd, struct tool_object *o)
 
   memset (&o->ctr, 0, sizeof o->ctr);
   o->mrc_n = have ? sf.h.mrc_n : 0;
-  o->mrc_cap = have ? sf.h.cap : 0;
+  o->cap = have ? sf.h.cap : 0;
   if (o->mrc_n) {
     o->mrc_since = sf.h.mrc_since;
     o->mrc_refs = sf.h.mrc_refs;

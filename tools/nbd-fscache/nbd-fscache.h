@@ -85,7 +85,8 @@ struct tool_object {
   /* The miss-ratio curve from NAME.stats (any age): MRC_N points. */
   unsigned mrc_n;
   uint64_t mrc_since, mrc_refs;
-  uint64_t mrc_cap;             /* the size cap NAME.stats gives, 0: none */
+  uint64_t cap;                 /* the size cap NAME.stats gives, 0:
+                                 * none */
   uint64_t mrc_bytes[FSC_LIVE_MRC_MAX];
   double mrc_hit[FSC_LIVE_MRC_MAX];
   int wlog_err;                 /* errno reading NAME.wlog (ENOENT:

@@ -130,14 +130,14 @@ tool_prometheus (FILE *fp, const struct tool_cache *c,
           "Hit ratio an LRU cache of the object's size cap "
           "(fscache-max-size or its quota) would have had, as above.");
   for (size_t k = 0; k < n; ++k)
-    if (v[k]->mrc_n && v[k]->mrc_cap)
+    if (v[k]->mrc_n && v[k]->cap)
       sample_f (fp, "predicted_hit_ratio_at_cap", v[k],
-                tool_mrc_at (v[k], v[k]->mrc_cap));
+                tool_mrc_at (v[k], v[k]->cap));
   family (fp, "cap_bytes", "gauge",
           "The object's size cap when its statistics were written, 0 for "
           "none.");
   for (size_t k = 0; k < n; ++k)
-    sample (fp, "cap_bytes", v[k], v[k]->mrc_cap);
+    sample (fp, "cap_bytes", v[k], v[k]->cap);
 
   for (unsigned i = 0; i < FSC_OSTATS_COUNT; ++i) {
     char kind = tool_ostat_kind (i);

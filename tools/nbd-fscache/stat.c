@@ -187,9 +187,9 @@ print_text (FILE *fp, const struct tool_cache *c, struct tool_object *const *v,
         fprintf (fp, "  at %5.2fx (%s)%*s %.1f%%\n", m, fmt_size (b, s),
                  (int) (10 - strlen (s)), "", 100 * tool_mrc_at (o, b));
       }
-      if (o->mrc_cap)
-        fprintf (fp, "  at its cap (%s)%*s %.1f%%\n", fmt_size (o->mrc_cap, s),
-                 (int) (7 - strlen (s)), "", 100 * tool_mrc_at (o, o->mrc_cap));
+      if (o->cap)
+        fprintf (fp, "  at its cap (%s)%*s %.1f%%\n", fmt_size (o->cap, s),
+                 (int) (7 - strlen (s)), "", 100 * tool_mrc_at (o, o->cap));
     }
     if (o->wlog_err == EUCLEAN)
       fprintf (fp, "%-22s record %" PRIu64 " at byte %" PRIu64 " of the "
