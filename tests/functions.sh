@@ -365,6 +365,13 @@ tool ()
   "$TOOL" "$@"
 }
 
+# cached_bytes DIR: the bytes the cache in DIR holds, all objects
+# together, as nbd-fscache stat reads them from the indexes on disk.
+cached_bytes ()
+{
+  tool stat --dir "$1" | awk '$1 == "cached_bytes" { print $2 }'
+}
+
 hold_export ()
 {
   "$PYTHON" -c '

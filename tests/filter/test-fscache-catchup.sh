@@ -70,10 +70,9 @@ proxy "$TMP/c2" true
 b0=$(up_bytes)
 nbdcopy "$uri" "$TMP/copy3"
 cmp "$img" "$TMP/copy3" || fail "catchup=true: the first copy differs"
-cached () { tool stat --dir "$TMP/c2" | awk '$1 == "cached_bytes" { print $2 }'; }
-all_cached () { [ "$(cached)" -ge "$size" ]; }
+all_cached () { [ "$(cached_bytes "$TMP/c2")" -ge "$size" ]; }
 wait_until all_cached ||
-  fail "catch-up: only $(cached) of $size bytes cached after the wait"
+  fail "catch-up: only $(cached_bytes "$TMP/c2") of $size bytes cached after the wait"
 b1=$(up_bytes)
 nbdcopy "$uri" "$TMP/copy4"
 cmp "$img" "$TMP/copy4" || fail "catchup=true: the second copy differs"

@@ -96,7 +96,7 @@ cold ()
   [ "$stored" -gt 0 ] || fail "$what: nothing was cached at all"
   [ "$fetched" -le $((2 * size)) ] ||
     fail "$what: fetched $fetched, more than twice the export"
-  cached=$(tool stat --dir "$cache" | awk '$1 == "cached_bytes" { print $2 }')
+  cached=$(cached_bytes "$cache")
   [ "$cached" -le "$stored" ] || fail "$what: cached $cached > stored $stored"
 
   # Readahead off for this read: a client's read that the budget

@@ -99,7 +99,7 @@ NBD_FSCACHE_TEST_BUDGET=0 proxy
 nbdcopy "$uri" "$TMP/out" || fail "part 1: the copy failed"
 cmp "$img" "$TMP/out" || fail "part 1: the copy differs from the image"
 stop_nbdkit "$TMP/px.pid"
-cached=$(tool stat --dir "$cache" | awk '$1 == "cached_bytes" { print $2 }')
+cached=$(cached_bytes "$cache")
 echo "part 1: $cached bytes cached of $size"
 [ "$cached" = "$size" ] || fail "part 1: only $cached bytes cached"
 drop_pages

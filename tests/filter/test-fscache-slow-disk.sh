@@ -123,7 +123,7 @@ echo "stored $stored + skipped $skipped of $up_stat fetched"
 [ $((stored + skipped)) -eq "$up_stat" ] ||
   fail "stored $stored + skipped $skipped != fetched $up_stat"
 [ "$stored" -gt 0 ] || fail "nothing was cached at all"
-cached=$(tool stat --dir "$cache" | awk '$1 == "cached_bytes" { print $2 }')
+cached=$(cached_bytes "$cache")
 echo "cached after the clean stop: $cached"
 tool stat --dir "$cache" --prometheus > "$TMP/prom"
 grep -q "^nbd_fscache_fill_skipped_bytes_total{.*} $skipped\$" "$TMP/prom" ||

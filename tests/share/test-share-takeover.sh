@@ -64,7 +64,7 @@ proxy ()                        # NAME MODE
 stored ()
 {
   local c
-  c=$(tool stat --dir "$TMP/cache" | awk '$1 == "cached_bytes" { print $2 }')
+  c=$(cached_bytes "$TMP/cache")
   [ "${c:-0}" -ge $LEN ]
 }
 
