@@ -164,8 +164,11 @@ echo "b: ok (${SECONDS}s)"
 
 # ---- c. a slow upstream: backpressure --------------------------------------
 make_random "$TMP/up.img" "$size"
-start_nbdkit -P "$TMP/up.pid" -U "$TMP/up.sock" \
-  --filter=delay file "$TMP/up.img" delay-write=20ms
+# The upstream's messages kept (in the foreground of a disowned job): two
+# fresh clones saw it gone in this part, with nothing to say why, and
+# the client's writes then waited on fscache-dirty-max for ever.
+NBDKIT_STDERR="$TMP/up-c.err" start_nbdkit -P "$TMP/up.pid" \
+  -U "$TMP/up.sock" --filter=delay file "$TMP/up.img" delay-write=20ms
 dirty_max=$((1024 * 1024))
 start_proxy c fscache-dirty-max=1M
 # The sampler: every 10 ms, the log's pending bytes (file size minus the
@@ -232,9 +235,13 @@ sampler=$!
 cleanup_fn "touch '$TMP/c.stop'; kill $sampler 2>/dev/null"
 # 2048 writes of one unit at random places in 8 MiB of the export.
 t0=$(date +%s.%N)
-$PYTHON "$CLIENT" "$uri" "$TMP/up.img" "$TMP/c.model" 3 \
+# Bounded (2048 writes at 20 ms each, unmerged, take 41 s): a client
+# that waits on a writer whose upstream is gone fails, saying so.
+timeout 240 $PYTHON "$CLIENT" "$uri" "$TMP/up.img" "$TMP/c.model" 3 \
   --region 0/2 --count 2048 --units 1-1 --flush-every 256 --no-final-read ||
-  fail "c: a write through the proxy failed against a slow upstream"
+  { kill -0 "$(cat "$TMP/up.pid")" 2>/dev/null ||
+      { echo "c: the upstream is gone; its messages:"; cat "$TMP/up-c.err"; } >&2
+    fail "c: a write through the proxy failed against a slow upstream"; }
 echo "c: 8 MiB written in $(seconds_since "$t0") s"
 touch "$TMP/c.stop"
 wait $sampler || fail "c: the sampler failed"
