@@ -119,6 +119,13 @@ extern uint64_t fsc_cache_io_calls (struct fsc_cache *cache, int op,
  */
 extern void fsc_cache_set_guard (struct fsc_cache *cache, bool on);
 
+/* What fills cost the clients (core/base/cost.c): for a local upstream,
+ * windows with fills and without are compared on the live stream, and
+ * the fill budget engages while fills slow the clients.  On by default
+ * (off under NBD_FSCACHE_TEST_BUDGET); set before the first read.
+ */
+extern void fsc_cache_set_fill_probe (struct fsc_cache *cache, bool on);
+
 extern void fsc_cache_set_trace (struct fsc_cache *cache,
                                  fsc_io_trace_fn *fn, void *opaque);
 

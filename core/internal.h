@@ -27,6 +27,7 @@
 #include "objops.h"
 #include "utils.h"
 #include "mrc.h"
+#include "cost.h"
 
 /* The fill thread, its jobs and its meters (fill.c). */
 #include "fill.h"
@@ -96,6 +97,10 @@ struct fsc_cache {
   struct fsc_fill *fill_head, **fill_tail;
   struct fsc_fill *fill_current;        /* the job being written */
   size_t fill_bytes;
+  uint64_t fill_hold_until;             /* monotonic ns: the thread writes
+                                         * nothing before (a probe of
+                                         * cost.c, fill.c); 0: no hold.
+                                         * Relaxed atomics */
   pthread_t filler;
   bool filler_running;
   bool fill_stopping;
@@ -135,6 +140,8 @@ struct fsc_cache {
   struct fsc_meter fill_meter;          /* fills written (thread and
                                          * inline) and synced */
   struct fsc_guard guard;               /* hits' latency (guard.c) */
+  struct fsc_cost cost;                 /* what fills cost the clients
+                                         * (cost.c; fill.c steps it) */
 
   /* The free space floor (evict.c), checked at most every
    * SPACE_CHECK_MS: atomics, no lock.

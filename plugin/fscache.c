@@ -164,6 +164,7 @@ fscache_config_complete (nbdkit_next_config_complete *next,
    */
   fsc_cache_set_guard (state.cache,
                        params.latency_guard && params.mode != MODE_WRITEBACK);
+  fsc_cache_set_fill_probe (state.cache, params.fill_probe);
   peers_bind (state.cache);
   return next (nxdata);
 }

@@ -68,6 +68,7 @@ struct fscache_params params = {
   .peer_max_inbound = 256,
   .catchup = true,
   .latency_guard = true,
+  .fill_probe = true,
   .mrc = true,
 };
 
@@ -88,6 +89,8 @@ const char params_help[] =
   "fscache-latency-guard=BOOL  Read hits upstream while the cache disk is\n"
   "                           slower than the upstream (default true; not\n"
   "                           in writeback mode).\n"
+  "fscache-fill-probe=BOOL    Skip fills while they slow the clients, as\n"
+  "                           measured on the stream (default true).\n"
   "fscache-max-size=SIZE      Cap on each export's cached bytes (default none).\n"
   "fscache-min-free=N%        Cache nothing below N% free space (default 1%).\n"
   "fscache-min-free-inodes=N% The same for free inodes (default 1%).\n"
@@ -352,6 +355,12 @@ set_latency_guard (const char *k, const char *value)
 }
 
 static int
+set_fill_probe (const char *k, const char *value)
+{
+  return set_bool (k, value, &params.fill_probe);
+}
+
+static int
 set_upstream_connections (const char *k, const char *value)
 {
   unsigned long n;
@@ -592,6 +601,7 @@ static const struct {
   { "fscache-readahead", set_readahead },
   { "fscache-catchup", set_catchup },
   { "fscache-latency-guard", set_latency_guard },
+  { "fscache-fill-probe", set_fill_probe },
   { "fscache-mrc", set_mrc },
   { "fscache-upstream-connections", set_upstream_connections },
   { "fscache-max-size", set_max_size },

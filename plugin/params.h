@@ -60,6 +60,9 @@ struct fscache_params {
   bool latency_guard;           /* fscache-latency-guard: hits read
                                  * upstream while the cache disk is the
                                  * slower path (core/ops/guard.c) */
+  bool fill_probe;              /* fscache-fill-probe: skip fills while
+                                 * they slow the clients (core/base/
+                                 * cost.c) */
   bool catchup;                 /* fscache-catchup: make up skipped
                                  * fills when idle (catchup.c) */
   unsigned upstream_connections; /* fscache-upstream-connections: the

@@ -95,7 +95,15 @@
                            * again, no client read paying for it */    \
   X (peer_bad_data)       /* peers' answers that failed the manifest */ \
   X (peer_hops)           /* of peer_reads, the hops from this node to
-                           * the range's origin reader, summed */
+                           * the range's origin reader, summed */\
+  X (fill_cost_samples)   /* windows with fills and without compared
+                           * (cost.c) */                                \
+  X (fill_cost_changes)   /* the verdict changed: fills slow the clients,
+                           * or no longer */                           \
+  X (fill_cost_pm)        /* the last comparison: served per second
+                           * without fills over with, per mille (a gauge) */\
+  X (fill_costly)         /* 1: fills slow the clients, the budget is
+                           * engaged (a gauge) */
 
 struct fsc_stats {
 #define FSC_STATS_DECL(name) uint64_t name;

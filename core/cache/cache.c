@@ -232,7 +232,16 @@ fsc_cache_open (const struct fsc_cache_config *config,
   pthread_cond_init (&c->cond, NULL);
   pthread_cond_init (&c->ready_cond, NULL);
   pthread_mutex_init (&c->fill_lock, NULL);
-  pthread_cond_init (&c->fill_cond, NULL);
+  {
+    /* The fill thread's timed wait for a probe's hold is monotonic
+     * (fill.c).
+     */
+    pthread_condattr_t ca;
+    pthread_condattr_init (&ca);
+    pthread_condattr_setclock (&ca, CLOCK_MONOTONIC);
+    pthread_cond_init (&c->fill_cond, &ca);
+    pthread_condattr_destroy (&ca);
+  }
   pthread_cond_init (&c->fill_idle_cond, NULL);
   pthread_mutex_init (&c->budget_lock, NULL);
   {
@@ -250,6 +259,11 @@ fsc_cache_open (const struct fsc_cache_config *config,
     const char *tdm = getenv ("NBD_FSCACHE_TEST_DIRECT_MIN");
     c->direct_min = tdm ? strtoull (tdm, NULL, 10) : FSC_DIRECT_MIN;
   }
+  /* The fills' cost is measured unless a test fixed the budget
+   * (NBD_FSCACHE_TEST_BUDGET) or the filter turns it off
+   * (fsc_cache_set_fill_probe).
+   */
+  fsc_cost_init (&c->cost, c->test_budget < 0);
   fsc_meter_init (&c->up_meter, &c->stats.upstream_busy_us);
   fsc_meter_init (&c->fill_meter, &c->stats.fill_busy_us);
   c->fill_tail = &c->fill_head;
@@ -310,6 +324,12 @@ void
 fsc_cache_set_guard (struct fsc_cache *cache, bool on)
 {
   cache->guard.enabled = on;
+}
+
+void
+fsc_cache_set_fill_probe (struct fsc_cache *cache, bool on)
+{
+  cache->cost.enabled = on && cache->test_budget < 0;
 }
 
 void
@@ -571,5 +591,6 @@ fsc_cache_close (struct fsc_cache *cache)
   pthread_mutex_destroy (&cache->budget_lock);
   fsc_meter_destroy (&cache->up_meter);
   fsc_meter_destroy (&cache->fill_meter);
+  fsc_cost_destroy (&cache->cost);
   free (cache);
 }

@@ -215,12 +215,106 @@ fill_under (struct fsc_cache *c, unsigned pct, bool peak, uint64_t *fill)
   return *fill != 0 && *fill < up / 100 * pct;
 }
 
+/* Is a probe of cost.c holding the fills?  The fill thread writes
+ * nothing until the hold's end, the queue may grow to FILL_MAX_BYTES,
+ * and once it is full a client's miss skips its fill rather than write
+ * it inline (fsc_fill_slower).  So a probe of a stream whose fills are
+ * free leaves nothing uncached that fits in the queue (300 ms of a
+ * link at 3 Gbit/s), where skipping every fill for the probe's length
+ * would leave a few percent of a long read to the catch-up.
+ */
+static bool
+fill_held (struct fsc_cache *c)
+{
+  const uint64_t until = __atomic_load_n (&c->fill_hold_until,
+                                          __ATOMIC_RELAXED);
+  return until != 0 && fsc_mono_ns () < until;
+}
+
 bool
 fsc_fill_slower (struct fsc_cache *c)
 {
   uint64_t fill;
+  /* A probe's hold: the full queue is the probe's, not the disk's, and
+   * its misses skip rather than write inline (fill_held).
+   */
+  if (fill_held (c))
+    return true;
   /* The test knob, either way, takes the rates out of it. */
   return c->test_budget < 0 && fill_under (c, SLOWER_PCT, false, &fill);
+}
+
+/* Step the comparison of windows with fills and without (cost.c).  Its
+ * mode "without" is one of two things: in the stretch of a verdict
+ * "costly", the budget engaged (the return value: fills admitted at
+ * DUTY_PCT of their rate, readahead paused); in a probe of a verdict
+ * "free", the fills held (fill_held).  Its figures go to the stats when
+ * a comparison was made.
+ */
+static bool
+cost_engaged (struct fsc_cache *c)
+{
+  struct fsc_cost *k = &c->cost;
+  /* Nothing can be stored (fscache-min-free, the stop mark): no fills
+   * to weigh.
+   */
+  if (!k->enabled || fsc_space_low (c))
+    return false;
+  const uint64_t now = fsc_mono_ns ();
+  bool bare;
+  if (now < __atomic_load_n (&k->next_ns, __ATOMIC_RELAXED))
+    bare = __atomic_load_n (&k->bare, __ATOMIC_RELAXED);
+  else {
+    struct fsc_stats *st = &c->stats;
+    const uint64_t served =
+      __atomic_load_n (&st->hit_bytes, __ATOMIC_RELAXED) +
+      __atomic_load_n (&st->miss_bytes, __ATOMIC_RELAXED) +
+      __atomic_load_n (&st->hits_rerouted_bytes, __ATOMIC_RELAXED);
+    /* The guess: a local upstream, and fills faster than it but not
+     * twice as fast.  An upstream faster still than the fills has the
+     * rates' rules (budget_engaged, the full queue's skip); one far
+     * slower, its fills; a link paces its clients itself (a 6 MiB/s
+     * link guessed "costly" had two thirds of a read through it
+     * unstored before the samples overturned the guess:
+     * test-fscache-slow-disk.sh).
+     */
+    const uint64_t up = __atomic_load_n (&c->up_meter.rate,
+                                         __ATOMIC_RELAXED);
+    const uint64_t fill = __atomic_load_n (&c->fill_meter.rate,
+                                           __ATOMIC_RELAXED);
+    bare = fsc_cost_step (k, now, served,
+                          __atomic_load_n (&st->upstream_busy_us,
+                                           __ATOMIC_RELAXED),
+                          !fsc_upstream_remote (c) && fill != 0 &&
+                          up >= fill / 2 && up < fill);
+    const uint64_t n = __atomic_load_n (&k->samples, __ATOMIC_RELAXED);
+    if (n != __atomic_load_n (&st->fill_cost_samples, __ATOMIC_RELAXED)) {
+      __atomic_store_n (&st->fill_cost_samples, n, __ATOMIC_RELAXED);
+      __atomic_store_n (&st->fill_cost_changes,
+                        __atomic_load_n (&k->changes, __ATOMIC_RELAXED),
+                        __ATOMIC_RELAXED);
+      __atomic_store_n (&st->fill_cost_pm,
+                        __atomic_load_n (&k->ratio_pm, __ATOMIC_RELAXED),
+                        __ATOMIC_RELAXED);
+      __atomic_store_n (&st->fill_costly,
+                        __atomic_load_n (&k->costly, __ATOMIC_RELAXED),
+                        __ATOMIC_RELAXED);
+    }
+  }
+  const bool costly = __atomic_load_n (&k->costly, __ATOMIC_RELAXED);
+  const bool hold = bare && !costly;
+  const uint64_t until = __atomic_load_n (&c->fill_hold_until,
+                                          __ATOMIC_RELAXED);
+  if (hold && until <= now)     /* a probe begins (or a stale hold) */
+    __atomic_store_n (&c->fill_hold_until, now + FSC_COST_PROBE_NS,
+                      __ATOMIC_RELAXED);
+  else if (!hold && until != 0) {
+    __atomic_store_n (&c->fill_hold_until, 0, __ATOMIC_RELAXED);
+    pthread_mutex_lock (&c->fill_lock);
+    pthread_cond_broadcast (&c->fill_cond);
+    pthread_mutex_unlock (&c->fill_lock);
+  }
+  return bare && costly;
 }
 
 /* Is the budget engaged?  *FILL gets the fills' rate.  The test knob
@@ -250,8 +344,15 @@ budget_engaged (struct fsc_cache *c, uint64_t *fill)
    * (tools/bench/fill.sh).  A local upstream keeps the peak alone (see
    * the top of this file for why the average misled there).
    */
-  return fill_under (c, BUDGET_SLOWER_PCT, true, fill) &&
-    (!fsc_upstream_remote (c) || fill_under (c, BUDGET_SLOWER_PCT, false, fill));
+  const bool remote = fsc_upstream_remote (c);
+  /* Where no rate says it, the fills may still slow the clients: ask
+   * the live comparison (cost.c), stepped on every call so that its
+   * windows follow the stream whatever the rates say.
+   */
+  const bool costly = cost_engaged (c);
+  return (fill_under (c, BUDGET_SLOWER_PCT, true, fill) &&
+          (!remote || fill_under (c, BUDGET_SLOWER_PCT, false, fill))) ||
+    costly;
 }
 
 /* An upstream whose reads take this long each is a link: requests in
@@ -277,7 +378,13 @@ bool
 fsc_fill_budgeted (struct fsc_cache *c)
 {
   uint64_t fill;
-  return budget_engaged (c, &fill);
+  return budget_engaged (c, &fill) || fill_held (c);
+}
+
+bool
+fsc_fill_cost_off (struct fsc_cache *c)
+{
+  return cost_engaged (c) || fill_held (c);
 }
 
 /* Until both meters have a window, the rates say nothing, and the
@@ -312,7 +419,7 @@ duty_pct (struct fsc_cache *c, uint64_t fill)
    * upstream).
    */
   if (c->test_budget == 1 || !fsc_upstream_remote (c) || fill == 0 ||
-      up / 4 >= fill)
+      up / 4 >= fill || __atomic_load_n (&c->cost.costly, __ATOMIC_RELAXED))
     return DUTY_PCT;
   if (up / 2 <= fill)
     return LINK_DUTY_PCT;
@@ -357,6 +464,11 @@ fsc_fill_bound (struct fsc_cache *c)
                                          __ATOMIC_RELAXED);
   /* peak / 1000 * MS, not peak * MS / 1000: no overflow at any rate. */
   const uint64_t b = peak / 1000 * FILL_QUEUE_MS;
+  /* A probe's hold takes what the probe's length brings, up to the
+   * most the queue ever holds.
+   */
+  if (__atomic_load_n (&c->fill_hold_until, __ATOMIC_RELAXED) != 0)
+    return (size_t) FILL_MAX_BYTES;
   return (size_t) MIN (FILL_MAX_BYTES, MAX (FILL_MIN_BYTES, b));
 }
 
@@ -495,8 +607,25 @@ filler (void *arg)
 
   for (;;) {
     pthread_mutex_lock (&c->fill_lock);
-    while (c->fill_head == NULL && !c->fill_stopping)
-      pthread_cond_wait (&c->fill_cond, &c->fill_lock);
+    for (;;) {
+      while (c->fill_head == NULL && !c->fill_stopping)
+        pthread_cond_wait (&c->fill_cond, &c->fill_lock);
+      /* A probe's hold (fill_held): ended by time, whoever steps. */
+      const uint64_t until = __atomic_load_n (&c->fill_hold_until,
+                                              __ATOMIC_RELAXED);
+      if (c->fill_stopping || until == 0 || fsc_mono_ns () >= until)
+        break;
+      struct timespec ts;
+      clock_gettime (CLOCK_MONOTONIC, &ts);
+      const uint64_t left = until - fsc_mono_ns ();
+      ts.tv_sec += left / 1000000000;
+      ts.tv_nsec += left % 1000000000;
+      if (ts.tv_nsec >= 1000000000) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000;
+      }
+      pthread_cond_timedwait (&c->fill_cond, &c->fill_lock, &ts);
+    }
     struct fsc_fill *f = c->fill_head;
     if (f) {
       c->fill_head = f->next;
@@ -539,6 +668,9 @@ void
 fsc_cache_drain (struct fsc_cache *c)
 {
   SCOPED_LOCK (&c->fill_lock);
+  /* Whoever waits for the queue does not wait for a probe. */
+  __atomic_store_n (&c->fill_hold_until, 0, __ATOMIC_RELAXED);
+  pthread_cond_broadcast (&c->fill_cond);
   while (c->filler_running && (c->fill_head || c->fill_current))
     pthread_cond_wait (&c->fill_idle_cond, &c->fill_lock);
 }

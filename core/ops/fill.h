@@ -110,6 +110,13 @@ extern bool fsc_fill_budget (struct fsc_cache *cache, uint64_t len,
  */
 extern bool fsc_fill_budgeted (struct fsc_cache *cache);
 
+/* fill.c: are fills off for the measure of what they cost the clients
+ * (core/base/cost.c): a verdict "costly", or a probe holding them?
+ * Then readahead pauses too, over a link as well: its prefetches are
+ * fills, and the verdict was measured with it paused.  No lock.
+ */
+extern bool fsc_fill_cost_off (struct fsc_cache *cache);
+
 /* fill.c: note one upstream read's time; and is the upstream remote,
  * its reads taking REMOTE_NS (1 ms) or more on average?  No lock.
  */

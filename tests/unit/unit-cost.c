@@ -1,0 +1,179 @@
+/* Unit test: what fills cost the clients (core/base/cost.c), the
+ * comparison of windows with fills and without, driven by a simulated
+ * stream: a clock in milliseconds, and a client served at one rate
+ * while fills are on and at another while they are off, each with the
+ * noise of a loaded machine (a factor drawn per 100 ms).  Its
+ * invariants:
+ *
+ *   K3  fills that cost a fifth are found (costly after two samples)
+ *       and the verdict holds for a minute;
+ *   K2  fills that cost nothing are kept: equal rates with noise
+ *       never give "costly", and the bare windows take a bounded share
+ *       of the time;
+ *   K1  rates noisy around the thresholds change the verdict seldom;
+ *   a light load (the upstream idle half the time) is never probed,
+ *   and a disabled comparison never leaves the fill mode.
+ */
+#include <config.h>
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "cost.h"
+#include "unit.h"
+
+#define MS ((uint64_t) 1000000)
+
+struct sim {
+  uint64_t now, served, busy_us;
+  unsigned seed;
+  double noise;                 /* this 100 ms's factor */
+  uint64_t bare_ms, ms;         /* time with fills off; in all */
+  bool prior;                   /* the caller's guess */
+};
+
+/* Run SECONDS of a stream served at FILL or BARE MiB/s by mode, with
+ * noise +-NOISE (a share), the upstream busy BUSY_PCT of each 100 ms.
+ */
+static void
+run (struct fsc_cost *k, struct sim *s, unsigned seconds, double fill,
+     double bare, double noise, unsigned busy_pct)
+{
+  for (unsigned i = 0; i < seconds * 1000; ++i) {
+    if (s->ms % 100 == 0)
+      s->noise = 1.0 + noise * (2.0 * rand_r (&s->seed) / RAND_MAX - 1.0);
+    const bool loaded = s->ms % 100 < busy_pct;
+    const bool b = fsc_cost_step (k, s->now, s->served, s->busy_us, s->prior);
+    if (loaded) {
+      s->served += (uint64_t) ((b ? bare : fill) * s->noise * 1048.576);
+      s->busy_us += 1000;
+    }
+    s->bare_ms += b;
+    s->ms++;
+    s->now += MS;
+  }
+}
+
+static void
+fresh (struct fsc_cost *k, struct sim *s, bool on, unsigned seed)
+{
+  fsc_cost_init (k, on);
+  *s = (struct sim) { .now = 1000 * MS, .seed = seed, .noise = 1.0 };
+}
+
+int
+main (void)
+{
+  struct fsc_cost k;
+  struct sim s;
+
+  /* K3: fills at 0.8 of the bare rate, the machine noisy (+-10% per
+   * 100 ms).  A sample every 0.8 s (a 0.5 s stretch, the probe's
+   * 0.3 s); the verdict on the fourth.
+   */
+  fresh (&k, &s, true, 1);
+  run (&k, &s, 4, 1200, 1500, 0.10, 100);
+  CHECK (k.costly);
+  CHECK (k.changes == 1);
+  const uint64_t fill_before = s.ms - s.bare_ms;
+  run (&k, &s, 60, 1200, 1500, 0.10, 100);
+  CHECK (k.costly);
+  CHECK (k.changes == 1);
+  /* Costly, fills are on only in the probes: under 12% of the time. */
+  const uint64_t fill_ms = s.ms - s.bare_ms - fill_before;
+  printf ("costly: %u samples, fills on %.1f%% of the minute\n",
+          (unsigned) k.samples, 100.0 * fill_ms / 60000);
+  CHECK (fill_ms < 60000 / 100 * 12);
+  fsc_cost_destroy (&k);
+
+  /* ... and when they stop costing (the upstream slowed to the fills'
+   * pace), the verdict goes back.
+   */
+  fresh (&k, &s, true, 2);
+  run (&k, &s, 4, 1200, 1500, 0.03, 100);
+  CHECK (k.costly);
+  run (&k, &s, 30, 1000, 1000, 0.01, 100);
+  CHECK (!k.costly);
+  CHECK (k.changes == 2);
+  fsc_cost_destroy (&k);
+
+  /* The guess "costly" (an upstream as fast as the disk): taken at
+   * the first window that counts (0.5 s), kept by rates that agree ...
+   */
+  fresh (&k, &s, true, 7);
+  s.prior = true;
+  run (&k, &s, 1, 1200, 1500, 0.10, 100);
+  CHECK (k.costly && k.changes == 1);
+  run (&k, &s, 30, 1200, 1500, 0.10, 100);
+  CHECK (k.costly && k.changes == 1);
+  fsc_cost_destroy (&k);
+  /* ... and overturned by rates that do not, within 5 s. */
+  fresh (&k, &s, true, 8);
+  s.prior = true;
+  run (&k, &s, 1, 1500, 1500, 0.10, 100);
+  CHECK (k.costly);
+  run (&k, &s, 4, 1500, 1500, 0.10, 100);
+  CHECK (!k.costly && k.changes == 2);
+  run (&k, &s, 30, 1500, 1500, 0.10, 100);
+  CHECK (!k.costly && k.changes == 2);
+  fsc_cost_destroy (&k);
+
+  /* K2: fills free, the machine noisy (+-10% per 100 ms). */
+  for (unsigned seed = 10; seed < 20; ++seed) {
+    fresh (&k, &s, true, seed);
+    run (&k, &s, 60, 1500, 1500, 0.10, 100);
+    CHECK (!k.costly);
+    CHECK (k.changes == 0);
+    CHECK (k.samples >= 10);
+    CHECK (s.bare_ms < 60000 / 100 * 12);
+    if (seed == 10)
+      printf ("free: %u samples, fills off %.1f%% of the minute\n",
+              (unsigned) k.samples, 100.0 * s.bare_ms / 60000);
+    fsc_cost_destroy (&k);
+  }
+
+  /* K1: fills costing 7% (between the thresholds), noise of +-15%:
+   * samples fall on both sides of both thresholds, and the verdict
+   * still changes in under a tenth of them.
+   */
+  uint64_t changes = 0, samples = 0;
+  for (unsigned seed = 20; seed < 30; ++seed) {
+    fresh (&k, &s, true, seed);
+    run (&k, &s, 120, 1400, 1500, 0.15, 100);
+    changes += k.changes;
+    samples += k.samples;
+    fsc_cost_destroy (&k);
+  }
+  printf ("between the thresholds: %u changes in %u samples\n",
+          (unsigned) changes, (unsigned) samples);
+  CHECK (samples >= 100);
+  CHECK (changes * 10 < samples);
+
+  /* A light load: the upstream busy half of each 100 ms.  No sample,
+   * and no bare window.
+   */
+  fresh (&k, &s, true, 3);
+  run (&k, &s, 30, 1000, 2000, 0.0, 50);
+  CHECK (k.samples == 0);
+  CHECK (s.bare_ms == 0);
+  fsc_cost_destroy (&k);
+
+  /* A pause starts a new stream and keeps the verdict. */
+  fresh (&k, &s, true, 4);
+  run (&k, &s, 4, 1200, 1500, 0.0, 100);
+  CHECK (k.costly);
+  s.now += 5000 * MS;
+  CHECK (fsc_cost_step (&k, s.now, s.served, s.busy_us, false));
+  CHECK (k.costly);
+  fsc_cost_destroy (&k);
+
+  /* Off: fills always on. */
+  fresh (&k, &s, false, 5);
+  run (&k, &s, 10, 1000, 2000, 0.0, 100);
+  CHECK (s.bare_ms == 0 && k.samples == 0);
+  fsc_cost_destroy (&k);
+
+  printf ("unit-cost: ok\n");
+  return 0;
+}
