@@ -48,17 +48,22 @@
  *
  * The samples take seconds, and a stream of 4 GiB from a fast server
  * lasts three.  So a stream starts from a guess, taken at its first
- * window that counts (CYCLE_MIN_NS in): the caller's PRIOR, "costly"
- * when the fills run faster than the upstream but not twice as fast
- * (fill.c), an upstream about as fast as the cache disk, where storing
- * gains the client nothing now and the catch-up can store later;
- * "free" otherwise.  The samples then confirm or overturn it.
+ * window that counts (a stream's first stretch is that window alone,
+ * 0.2 s): the caller's PRIOR, "costly" when the upstream is local and
+ * the fills run faster than it but not twice as fast (fill.c), an
+ * upstream about as fast as the cache disk, where storing gains the
+ * client nothing now and the catch-up can store later; "free"
+ * otherwise.  The samples then confirm or overturn it.  While the
+ * verdict is "costly" every probe costs the clients, so the stretch
+ * grows from the first sample on, learning or not (a wrong guess is
+ * overturned in about 9 s instead of 3.2).
  *
- * The caller (fill.c) steps it only for a local upstream (reads under
- * a millisecond each): over a link the link paces the client, the
- * fills do not show in its rate, and the bare windows would only
- * leave the link's bytes uncached (issue 44 wants 95% of an 8 GiB read
- * at 1.6 Gbit/s cached at a clean stop right after it).
+ * What "without fills" means is the caller's (fill.c): in a stretch
+ * of the verdict "costly", the fill budget engaged; in a probe of the
+ * verdict "free", the fills held in their queue, so that a link whose
+ * fills are free has nothing of its probes left unstored (issue 44
+ * wants 95% of an 8 GiB read at 1.6 Gbit/s cached at a clean stop
+ * right after it).
  *
  * Invariants:
  *   K1  no oscillation: the verdict changes only on the mean of
@@ -72,8 +77,8 @@
  *       windows a bounded share of the time.  Broken by unit-cost.c.
  *   K3  a stream that fills slow down is found: with the fills costing
  *       a fifth, the verdict is "costly" once it has COST_N samples
- *       (3.7 s) whatever the guess, and stays; a wrong guess of
- *       "costly" is overturned as soon.  Broken by unit-cost.c.
+ *       (3.4 s) whatever the guess, and stays; a wrong guess of
+ *       "costly" is overturned within 10 s.  Broken by unit-cost.c.
  */
 #include <config.h>
 
@@ -172,8 +177,15 @@ sample (struct fsc_cost *k, uint64_t bare, uint64_t fill)
   __atomic_add_fetch (&k->samples, 1, __ATOMIC_RELAXED);
   k->last_pm[k->ring] = pm;
   k->ring = (k->ring + 1) % COST_N;
-  if (k->nlast < COST_N && ++k->nlast < COST_N)
-    return;                     /* learning: the stretch stays short */
+  if (k->nlast < COST_N && ++k->nlast < COST_N) {
+    /* Learning: the stretch stays short, unless the fills are thought
+     * to cost: then each probe costs the clients, and the stretch
+     * grows as once the verdict holds.
+     */
+    if (k->costly && k->cycle_ns < CYCLE_MAX_NS)
+      k->cycle_ns *= 2;
+    return;
+  }
   uint64_t sum = 0;
   for (unsigned i = 0; i < COST_N; ++i)
     sum += k->last_pm[i];
@@ -205,10 +217,14 @@ fsc_cost_step (struct fsc_cost *k, uint64_t now, uint64_t served,
     rest_locked (k, now);
   switch (k->phase) {
   case COST_IDLE:
+    /* A stream's first stretch is its measured window alone: the guess
+     * is taken at its end, 0.2 s in.
+     */
     k->phase = COST_NORMAL;
-    k->phase_ns = now;
+    k->phase_ns = now - (k->cycle_ns - WINDOW_NS);
     set_bare (k, k->costly);
-    set_next (k, now + k->cycle_ns - WINDOW_NS);
+    mark (k, now, served, busy_us);
+    set_next (k, now + WINDOW_NS);
     break;
   case COST_NORMAL:
     if (k->w_ns == 0 && now < k->phase_ns + k->cycle_ns) {

@@ -70,7 +70,7 @@ main (void)
 
   /* K3: fills at 0.8 of the bare rate, the machine noisy (+-10% per
    * 100 ms).  A sample every 0.8 s (a 0.5 s stretch, the probe's
-   * 0.3 s); the verdict on the fourth.
+   * 0.3 s; the first stretch 0.2 s); the verdict on the fourth.
    */
   fresh (&k, &s, true, 1);
   run (&k, &s, 4, 1200, 1500, 0.10, 100);
@@ -99,21 +99,29 @@ main (void)
   fsc_cost_destroy (&k);
 
   /* The guess "costly" (an upstream as fast as the disk): taken at
-   * the first window that counts (0.5 s), kept by rates that agree ...
+   * the first window that counts (0.2 s), kept by rates that agree ...
    */
   fresh (&k, &s, true, 7);
   s.prior = true;
   run (&k, &s, 1, 1200, 1500, 0.10, 100);
   CHECK (k.costly && k.changes == 1);
+  /* While thought costly, the probes (fills on) grow apart from the
+   * first: under 16% of the first 10 s, where a probe every 0.8 s
+   * would have fills on 39% of it.
+   */
+  run (&k, &s, 9, 1200, 1500, 0.10, 100);
+  printf ("guessed costly: fills on %.1f%% of the first 10 s\n",
+          100.0 * (s.ms - s.bare_ms) / 10000);
+  CHECK ((s.ms - s.bare_ms) * 100 < 16 * s.ms);
   run (&k, &s, 30, 1200, 1500, 0.10, 100);
   CHECK (k.costly && k.changes == 1);
   fsc_cost_destroy (&k);
-  /* ... and overturned by rates that do not, within 5 s. */
+  /* ... and overturned by rates that do not, within 10 s. */
   fresh (&k, &s, true, 8);
   s.prior = true;
   run (&k, &s, 1, 1500, 1500, 0.10, 100);
   CHECK (k.costly);
-  run (&k, &s, 4, 1500, 1500, 0.10, 100);
+  run (&k, &s, 9, 1500, 1500, 0.10, 100);
   CHECK (!k.costly && k.changes == 2);
   run (&k, &s, 30, 1500, 1500, 0.10, 100);
   CHECK (!k.costly && k.changes == 2);
