@@ -117,6 +117,13 @@ extern bool fsc_fill_budgeted (struct fsc_cache *cache);
  */
 extern bool fsc_fill_cost_off (struct fsc_cache *cache);
 
+/* fill.c: is a probe of core/base/cost.c holding the fills in their
+ * queue now; and end that hold (a reader is about to wait for a held
+ * job's claim).  Neither needs a lock held; unhold takes fill_lock.
+ */
+extern bool fsc_fill_held (struct fsc_cache *cache);
+extern void fsc_fill_unhold (struct fsc_cache *cache);
+
 /* fill.c: note one upstream read's time; and is the upstream remote,
  * its reads taking REMOTE_NS (1 ms) or more on average?  No lock.
  */

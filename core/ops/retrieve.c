@@ -337,6 +337,14 @@ classify_absent (struct fsc_object *o, struct read_ctx *rc, uint64_t b,
      * fill queue (fsc_fill_submit wakes us), from where they are
      * served above, rather than wait for the disk to write them.
      */
+    if (fsc_fill_held (o->cache)) {
+      /* Maybe by a fill a probe holds (fill.c): not for the probe's
+       * length.  End the hold, and look again.
+       */
+      pthread_mutex_unlock (&o->lock);
+      fsc_fill_unhold (o->cache);
+      return RUN_AGAIN;
+    }
     if (rc->waited != b)
       FSC_STAT_ADD (st, dedup_waits, 1);
     rc->waited = b;

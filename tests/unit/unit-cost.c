@@ -87,6 +87,14 @@ main (void)
   CHECK (fill_ms < 60000 / 100 * 12);
   fsc_cost_destroy (&k);
 
+  /* Strong evidence, fills costing a quarter: decided on the second
+   * sample (1.3 s), not the fourth.
+   */
+  fresh (&k, &s, true, 9);
+  run (&k, &s, 2, 1125, 1500, 0.10, 100);
+  CHECK (k.costly && k.changes == 1 && k.samples == 2);
+  fsc_cost_destroy (&k);
+
   /* ... and when they stop costing (the upstream slowed to the fills'
    * pace), the verdict goes back.
    */
