@@ -638,11 +638,12 @@ filler (void *arg)
       /* A probe's hold (fill_held): ended by time, whoever steps. */
       const uint64_t until = __atomic_load_n (&c->fill_hold_until,
                                               __ATOMIC_RELAXED);
-      if (c->fill_stopping || until == 0 || fsc_mono_ns () >= until)
+      const uint64_t now = fsc_mono_ns ();
+      if (c->fill_stopping || until == 0 || now >= until)
         break;
       struct timespec ts;
       clock_gettime (CLOCK_MONOTONIC, &ts);
-      const uint64_t left = until - fsc_mono_ns ();
+      const uint64_t left = until - now;  /* now < until: no wrap */
       ts.tv_sec += left / 1000000000;
       ts.tv_nsec += left % 1000000000;
       if (ts.tv_nsec >= 1000000000) {
