@@ -171,6 +171,15 @@ window_rate (struct fsc_cost *k, uint64_t now, uint64_t served,
   return (uint64_t) ((double) bytes * 1e9 / (double) ns);
 }
 
+/* The verdict changes: back to short stretches. */
+static void
+flip (struct fsc_cost *k, bool costly)
+{
+  __atomic_store_n (&k->costly, costly, __ATOMIC_RELAXED);
+  __atomic_add_fetch (&k->changes, 1, __ATOMIC_RELAXED);
+  k->cycle_ns = CYCLE_MIN_NS;
+}
+
 /* A sample: BARE and FILL, the two windows' rates. */
 static void
 sample (struct fsc_cost *k, uint64_t bare, uint64_t fill)
@@ -182,43 +191,30 @@ sample (struct fsc_cost *k, uint64_t bare, uint64_t fill)
   k->ring = (k->ring + 1) % COST_N;
   if (k->nlast < COST_N)
     k->nlast++;
-  /* Strong evidence needs fewer samples: from two on, a mean past
-   * STRONG_PM (or under its mirror) decides while learning.  A 4 GiB
-   * stream from an NBD server next door lasts about 3 s and gave two
-   * samples of 1.22 to 1.55; four would have come after its end.
-   */
-  if (k->nlast >= 2 && k->nlast < COST_N) {
-    uint64_t sum = 0;
-    for (unsigned i = 0; i < k->nlast; ++i)
-      sum += k->last_pm[(k->ring + COST_N - 1 - i) % COST_N];
-    const uint64_t mean = sum / k->nlast;
-    if (k->costly ? mean <= 2000 - STRONG_PM : mean >= STRONG_PM) {
-      __atomic_store_n (&k->costly, !k->costly, __ATOMIC_RELAXED);
-      __atomic_add_fetch (&k->changes, 1, __ATOMIC_RELAXED);
-      k->cycle_ns = CYCLE_MIN_NS;
-      return;
-    }
-  }
-  if (k->nlast < COST_N) {
-    /* Learning: the stretch stays short, unless the fills are thought
-     * to cost: then each probe costs the clients, and the stretch
-     * grows as once the verdict holds.
-     */
-    if (k->costly && k->cycle_ns < CYCLE_MAX_NS)
-      k->cycle_ns *= 2;
-    return;
-  }
   uint64_t sum = 0;
-  for (unsigned i = 0; i < COST_N; ++i)
-    sum += k->last_pm[i];
-  const uint64_t mean = sum / COST_N;
-  const bool change = k->costly ? mean <= FREE_PM : mean >= COSTLY_PM;
-  if (change) {
-    __atomic_store_n (&k->costly, !k->costly, __ATOMIC_RELAXED);
-    __atomic_add_fetch (&k->changes, 1, __ATOMIC_RELAXED);
-    k->cycle_ns = CYCLE_MIN_NS;
-  }
-  else if (k->cycle_ns < CYCLE_MAX_NS)
+  for (unsigned i = 0; i < k->nlast; ++i)
+    sum += k->last_pm[(k->ring + COST_N - 1 - i) % COST_N];
+  const uint64_t mean = sum / k->nlast;
+  /* Learning (fewer than COST_N samples this stream): strong evidence
+   * needs fewer, and from two on a mean past STRONG_PM (or under its
+   * mirror) decides.  A 4 GiB stream from an NBD server next door
+   * lasts about 3 s and gave two samples of 1.22 to 1.55; four would
+   * have come after its end.
+   */
+  const bool learning = k->nlast < COST_N;
+  bool change;
+  if (learning)
+    change = k->nlast >= 2 &&
+      (k->costly ? mean <= 2000 - STRONG_PM : mean >= STRONG_PM);
+  else
+    change = k->costly ? mean <= FREE_PM : mean >= COSTLY_PM;
+  if (change)
+    flip (k, !k->costly);
+  /* Learning, the stretch stays short, unless the fills are thought
+   * to cost: then each probe costs the clients, and the stretch grows
+   * as once the verdict holds.
+   */
+  else if ((!learning || k->costly) && k->cycle_ns < CYCLE_MAX_NS)
     k->cycle_ns *= 2;
 }
 
@@ -265,8 +261,7 @@ fsc_cost_step (struct fsc_cost *k, uint64_t now, uint64_t served,
       /* The stream's first window that counts: start from the rates'
        * guess (the top of this file), a new stretch in its mode.
        */
-      __atomic_store_n (&k->costly, prior, __ATOMIC_RELAXED);
-      __atomic_add_fetch (&k->changes, 1, __ATOMIC_RELAXED);
+      flip (k, prior);
       k->phase_ns = now;
       set_bare (k, k->costly);
       set_next (k, now + k->cycle_ns - WINDOW_NS);

@@ -51,13 +51,12 @@ extern void fsc_cost_destroy (struct fsc_cost *k);
  * and BUSY_US microseconds of upstream reads in flight so far (both
  * running totals), advance the windows.  PRIOR: the rates' guess that
  * fills cost the clients, taken at a stream's first window that
- * counts.  Returns whether fills are
- * off now: the verdict's mode, or the other one during a probe.
- * Cheap before k->next_ns: one atomic load.
+ * counts.  Returns whether fills are off now: the verdict's mode, or
+ * the other one during a probe.  Cheap before k->next_ns: one atomic
+ * load.
  */
 extern bool fsc_cost_step (struct fsc_cost *k, uint64_t now,
                            uint64_t served, uint64_t busy_us,
                            bool prior);
-
 
 #endif /* FSC_COST_H */

@@ -232,16 +232,7 @@ fsc_cache_open (const struct fsc_cache_config *config,
   pthread_cond_init (&c->cond, NULL);
   pthread_cond_init (&c->ready_cond, NULL);
   pthread_mutex_init (&c->fill_lock, NULL);
-  {
-    /* The fill thread's timed wait for a probe's hold is monotonic
-     * (fill.c).
-     */
-    pthread_condattr_t ca;
-    pthread_condattr_init (&ca);
-    pthread_condattr_setclock (&ca, CLOCK_MONOTONIC);
-    pthread_cond_init (&c->fill_cond, &ca);
-    pthread_condattr_destroy (&ca);
-  }
+  pthread_cond_init (&c->fill_cond, NULL);
   pthread_cond_init (&c->fill_idle_cond, NULL);
   pthread_mutex_init (&c->budget_lock, NULL);
   {

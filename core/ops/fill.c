@@ -223,18 +223,12 @@ fill_under (struct fsc_cache *c, unsigned pct, bool peak, uint64_t *fill)
  * link at 3 Gbit/s), where skipping every fill for the probe's length
  * would leave a few percent of a long read to the catch-up.
  */
-static bool
-fill_held (struct fsc_cache *c)
+bool
+fsc_fill_held (struct fsc_cache *c)
 {
   const uint64_t until = __atomic_load_n (&c->fill_hold_until,
                                           __ATOMIC_RELAXED);
   return until != 0 && fsc_mono_ns () < until;
-}
-
-bool
-fsc_fill_held (struct fsc_cache *c)
-{
-  return fill_held (c);
 }
 
 /* End a probe's hold now.  A reader waiting for a held job's claim
@@ -261,9 +255,9 @@ fsc_fill_slower (struct fsc_cache *c)
 {
   uint64_t fill;
   /* A probe's hold: the full queue is the probe's, not the disk's, and
-   * its misses skip rather than write inline (fill_held).
+   * its misses skip rather than write inline (fsc_fill_held).
    */
-  if (fill_held (c))
+  if (fsc_fill_held (c))
     return true;
   /* The test knob, either way, takes the rates out of it. */
   return c->test_budget < 0 && fill_under (c, SLOWER_PCT, false, &fill);
@@ -273,8 +267,8 @@ fsc_fill_slower (struct fsc_cache *c)
  * mode "without" is one of two things: in the stretch of a verdict
  * "costly", the budget engaged (the return value: fills admitted at
  * DUTY_PCT of their rate, readahead paused); in a probe of a verdict
- * "free", the fills held (fill_held).  Its figures go to the stats when
- * a comparison was made.
+ * "free", the fills held (fsc_fill_held).  Its figures go to the stats
+ * when a comparison was made.
  */
 static bool
 cost_engaged (struct fsc_cache *c)
@@ -333,12 +327,8 @@ cost_engaged (struct fsc_cache *c)
   if (hold && until <= now)     /* a probe begins (or a stale hold) */
     __atomic_store_n (&c->fill_hold_until, now + FSC_COST_PROBE_NS,
                       __ATOMIC_RELAXED);
-  else if (!hold && until != 0) {
-    __atomic_store_n (&c->fill_hold_until, 0, __ATOMIC_RELAXED);
-    pthread_mutex_lock (&c->fill_lock);
-    pthread_cond_broadcast (&c->fill_cond);
-    pthread_mutex_unlock (&c->fill_lock);
-  }
+  else if (!hold)
+    fsc_fill_unhold (c);
   return bare && costly;
 }
 
@@ -403,13 +393,13 @@ bool
 fsc_fill_budgeted (struct fsc_cache *c)
 {
   uint64_t fill;
-  return budget_engaged (c, &fill) || fill_held (c);
+  return budget_engaged (c, &fill) || fsc_fill_held (c);
 }
 
 bool
 fsc_fill_cost_off (struct fsc_cache *c)
 {
-  return cost_engaged (c) || fill_held (c);
+  return cost_engaged (c) || fsc_fill_held (c);
 }
 
 /* Until both meters have a window, the rates say nothing, and the
@@ -635,21 +625,14 @@ filler (void *arg)
     for (;;) {
       while (c->fill_head == NULL && !c->fill_stopping)
         pthread_cond_wait (&c->fill_cond, &c->fill_lock);
-      /* A probe's hold (fill_held): ended by time, whoever steps. */
+      /* A probe's hold (fsc_fill_held): ended by time, whoever steps. */
       const uint64_t until = __atomic_load_n (&c->fill_hold_until,
                                               __ATOMIC_RELAXED);
       const uint64_t now = fsc_mono_ns ();
       if (c->fill_stopping || until == 0 || now >= until)
         break;
-      struct timespec ts;
-      clock_gettime (CLOCK_MONOTONIC, &ts);
-      const uint64_t left = until - now;  /* now < until: no wrap */
-      ts.tv_sec += left / 1000000000;
-      ts.tv_nsec += left % 1000000000;
-      if (ts.tv_nsec >= 1000000000) {
-        ts.tv_sec++;
-        ts.tv_nsec -= 1000000000;
-      }
+      struct timespec ts;               /* now < until: no wrap */
+      deadline_ms (&ts, (until - now + 999999) / 1000000);
       pthread_cond_timedwait (&c->fill_cond, &c->fill_lock, &ts);
     }
     struct fsc_fill *f = c->fill_head;
