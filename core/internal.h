@@ -311,6 +311,9 @@ struct fsc_reclaim {
                                  * looks at (tests only) */
 };
 
+#define FSC_CLAIM_SHIFT 6       /* struct fsc_object's claim_cond: */
+#define FSC_CLAIM_QUEUES (1u << FSC_CLAIM_SHIFT)        /* 64 (a mask) */
+
 struct fsc_object {
   struct fsc_cache *cache;
   struct fsc_object *next;      /* cache->objects; under cache->lock */
@@ -333,6 +336,16 @@ struct fsc_object {
 
   pthread_mutex_t lock;
   pthread_cond_t cond;          /* fetch done, commit done */
+  /* Reads waiting for a block's claim (retrieve.c), by a hash of the
+   * block (fsc_claim_queue), and how many wait on each; under lock.  Not o->cond: a stream's reads wait at its front, and every
+   * change to the object (each fill stored, each commit) woke them
+   * all, a herd of context switches that cost a cold stream a third of
+   * its CPU (docs/design.md).  Whoever releases a claim or hands a
+   * fetch's bytes to the fill queue wakes the queues of its blocks
+   * (fsc_claim_wake); a withdrawal wakes them all.
+   */
+  pthread_cond_t claim_cond[FSC_CLAIM_QUEUES];
+  unsigned claim_waiting[FSC_CLAIM_QUEUES];
   int state;                    /* enum fsc_object_state */
   bool listed;                  /* on cache->objects */
   time_t nofill_until;          /* ENOSPC: no fills before this */
@@ -493,6 +506,36 @@ _Static_assert (MAX_RUN_GROUPS <= FSC_FILL_MAX_GROUPS,
 #define MAX_SUBS (FSC_MAX_BLOCK_SIZE >> SUB_SHIFT)
 
 #define GROUP_OF(b) ((b) / FSC_GROUP_BLOCKS)
+
+/* The claim queue a read waiting for block B's claim waits on: a
+ * hash of B, so that the reads at a stream's front (which wait on
+ * neighbouring blocks, of one group) spread over the queues.
+ */
+static inline unsigned
+fsc_claim_queue (uint64_t b)
+{
+  return (b * UINT64_C (0x9E3779B97F4A7C15)) >> (64 - FSC_CLAIM_SHIFT);
+}
+
+/* Wake the reads waiting for the claims of blocks B0..B1 of O.  Caller
+ * holds o->lock and has just released claims there, or made their
+ * bytes readable elsewhere (fill.c's queue).  A run as long as the
+ * queues are many wakes them all.
+ */
+static inline void
+fsc_claim_wake (struct fsc_object *o, uint64_t b0, uint64_t b1)
+{
+  uint64_t qs = 0;
+  if (b1 - b0 >= FSC_CLAIM_QUEUES - 1)
+    qs = UINT64_MAX;
+  else
+    for (uint64_t b = b0; b <= b1; ++b)
+      qs |= UINT64_C (1) << fsc_claim_queue (b);
+  for (unsigned q = 0; q < FSC_CLAIM_QUEUES; ++q)
+    if ((qs & (UINT64_C (1) << q)) && o->claim_waiting[q])
+      pthread_cond_broadcast (&o->claim_cond[q]);
+}
+
 #define BIT_OF(b) (UINT64_C (1) << ((b) % FSC_GROUP_BLOCKS))
 #define IDX_OF(b) ((b) % FSC_GROUP_BLOCKS)
 

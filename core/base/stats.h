@@ -25,6 +25,7 @@
   X (verify_failures)     /* hits whose checksum did not match */         \
   X (read_errors)         /* failed data file reads */                    \
   X (dedup_waits)         /* misses that waited for another's fetch */    \
+  X (dedup_wakeups)       /* ... and woke (each looks again) */           \
   X (prefetch_bytes)      /* bytes fetched by prefetch/readahead */       \
   X (commits)             /* index commits */                             \
   X (commit_errors)       /* failed commits */                            \

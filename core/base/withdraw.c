@@ -30,6 +30,7 @@ fsc_withdraw (struct fsc_object *o, int err)
   o->withdraw_err = err;
   o->notices |= FSC_NOTICE_WITHDRAWN;
   pthread_cond_broadcast (&o->cond);
+  fsc_claim_wake (o, 0, UINT64_MAX);
   pthread_mutex_unlock (&o->lock);
 
   FSC_STAT_ADD (&o->cache->stats, withdrawals, 1);

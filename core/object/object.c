@@ -81,6 +81,8 @@ free_object (struct fsc_object *o)
   if (o->files.fandirfd >= 0) close (o->files.fandirfd);
   pthread_mutex_destroy (&o->lock);
   pthread_cond_destroy (&o->cond);
+  for (unsigned q = 0; q < FSC_CLAIM_QUEUES; ++q)
+    pthread_cond_destroy (&o->claim_cond[q]);
   free (o);
 }
 
@@ -116,6 +118,8 @@ new_object (struct fsc_cache *c, const struct fsc_object_params *p)
   o->test_no_claim = nc && strcmp (nc, "1") == 0;
   pthread_mutex_init (&o->lock, NULL);
   pthread_cond_init (&o->cond, NULL);
+  for (unsigned q = 0; q < FSC_CLAIM_QUEUES; ++q)
+    pthread_cond_init (&o->claim_cond[q], NULL);
   pthread_mutex_init (&o->cu_lock, NULL);
   o->key = malloc (p->key_len);
   if (o->key == NULL || fsc_gtable_init (o) == -1) {

@@ -610,7 +610,8 @@ fsc_fill_submit (struct fsc_cache *c, struct fsc_object *obj,
   pthread_mutex_unlock (&c->fill_lock);
   /* Reads waiting for these blocks' claim can take them from here. */
   pthread_mutex_lock (&obj->lock);
-  pthread_cond_broadcast (&obj->cond);
+  if (f->nblocks)
+    fsc_claim_wake (obj, f->block, f->block + f->nblocks - 1);
   pthread_mutex_unlock (&obj->lock);
   return 0;
 }

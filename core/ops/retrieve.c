@@ -30,16 +30,18 @@
  * fetching a miss run and handing its fill over fetch.c's.
  *
  * A miss on a block somebody else is fetching waits for that fetch
- * instead of repeating it (dedup), unless the fetch is done and its
- * fill waits for the disk: the bytes are then copied from the fill job
- * (fill.c); a whole-block prefetch (readahead) skips it.  A miss whose
- * fill the fill queue refuses (full: the disk is behind) is answered
- * all the same; if the disk is the bottleneck its blocks are released
- * unstored, counted as skipped, else it fills inline; a prefetch's
- * (readahead, NBD_CMD_CACHE) always fills inline.  A hit
- * that fails its checksum drops the block and reads it again as a
- * miss; a failed read of a cache file withdraws the object and the
- * request goes upstream.  Only upstream errors reach the caller.
+ * instead of repeating it (dedup), on the block's claim queue
+ * (internal.h, fsc_claim_wake: invariant C1 in docs/design.md), unless
+ * the fetch is done and its fill waits for the disk: the bytes are
+ * then copied from the fill job (fill.c); a whole-block prefetch
+ * (readahead) skips it.  A miss whose fill the fill queue refuses
+ * (full: the disk is behind) is answered all the same; if the disk is
+ * the bottleneck its blocks are released unstored, counted as skipped,
+ * else it fills inline; a prefetch's (readahead, NBD_CMD_CACHE) always
+ * fills inline.  A hit that fails its checksum drops the block and
+ * reads it again as a miss; a failed read of a cache file withdraws
+ * the object and the request goes upstream.  Only upstream errors
+ * reach the caller.
  */
 #include <config.h>
 
@@ -348,8 +350,13 @@ classify_absent (struct fsc_object *o, struct read_ctx *rc, uint64_t b,
     if (rc->waited != b)
       FSC_STAT_ADD (st, dedup_waits, 1);
     rc->waited = b;
-    if (o->state == FSC_OBJ_AVAILABLE)
-      pthread_cond_wait (&o->cond, &o->lock);
+    if (o->state == FSC_OBJ_AVAILABLE) {
+      const unsigned q = fsc_claim_queue (b);
+      o->claim_waiting[q]++;
+      pthread_cond_wait (&o->claim_cond[q], &o->lock);
+      o->claim_waiting[q]--;
+      FSC_STAT_ADD (st, dedup_wakeups, 1);
+    }
     pthread_mutex_unlock (&o->lock);
     return RUN_AGAIN;
   }

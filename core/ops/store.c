@@ -310,6 +310,8 @@ fsc_fill_blocks (struct fsc_object *o, uint64_t b, uint64_t n,
   bool commit = o->ndirty >= DIRTY_MAX;
   uint64_t target = o->change_seq;
   pthread_cond_broadcast (&o->cond);
+  if (n)
+    fsc_claim_wake (o, b, b + n - 1);
   pthread_mutex_unlock (&o->lock);
   if (commit)
     (void) fsc_commit_upto (o, target);     /* failing: withdrawn */
@@ -609,6 +611,7 @@ publish_store (struct fsc_object *o, const struct fsc_write *w, uint64_t bk,
     FSC_OSTAT_ADD (o, stored_blocks, 1);
   }
   pthread_cond_broadcast (&o->cond);
+  fsc_claim_wake (o, bk, bk);
   pthread_mutex_unlock (&o->lock);
 }
 
@@ -767,6 +770,7 @@ fsc_local_write_end (struct fsc_object *o, struct fsc_write *w,
       g->fetching &= ~BIT_OF (b0 + i);
     }
   pthread_cond_broadcast (&o->cond);
+  fsc_claim_wake (o, b0, b1);
   pthread_mutex_unlock (&o->lock);
 
  out:

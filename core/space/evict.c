@@ -461,6 +461,8 @@ punch_queued (struct fsc_object *o)
       if (r == -1)
         g->evicted |= run & ~g->present;
       pthread_cond_broadcast (&o->cond);
+      fsc_claim_wake (o, gi * FSC_GROUP_BLOCKS,
+                      (gi + 1) * FSC_GROUP_BLOCKS - 1);
       pthread_mutex_unlock (&o->lock);
     }
     fsc_trim_meta (o, gi, punched);     /* step d (trim.c) */
@@ -469,6 +471,8 @@ punch_queued (struct fsc_object *o)
       g->fetching &= ~todo;
       g->evicted |= todo & ~g->present;
       pthread_cond_broadcast (&o->cond);
+      fsc_claim_wake (o, gi * FSC_GROUP_BLOCKS,
+                      (gi + 1) * FSC_GROUP_BLOCKS - 1);
       pthread_mutex_unlock (&o->lock);
     }
   }

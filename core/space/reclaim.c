@@ -146,6 +146,8 @@ reclaim_group (struct fsc_object *o, int fd, uint64_t base, bool sums,
   pthread_mutex_lock (&o->lock);
   g->fetching &= ~claimed;
   pthread_cond_broadcast (&o->cond);
+  fsc_claim_wake (o, gi * FSC_GROUP_BLOCKS,
+                  (gi + 1) * FSC_GROUP_BLOCKS - 1);
   pthread_mutex_unlock (&o->lock);
   fsc_groups_unpin (o, gi, gi);
   errno = err;

@@ -92,6 +92,7 @@ release (struct fsc_object *o, uint64_t b0, uint64_t b1, bool records)
     }
   }
   pthread_cond_broadcast (&o->cond);
+  fsc_claim_wake (o, b0, b1);
   pthread_mutex_unlock (&o->lock);
 }
 
