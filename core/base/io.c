@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include "io.h"
@@ -101,6 +102,49 @@ fault (struct fsc_io *io, int op, int kind)
   return 0;
 }
 
+static __thread bool disk_touched;
+static bool nowait_off;         /* atomic: RWF_NOWAIT refused once */
+
+void
+fsc_io_disk_mark (void)
+{
+  disk_touched = false;
+}
+
+bool
+fsc_io_disk_touched (void)
+{
+  return disk_touched;
+}
+
+/* Read up to N bytes at OFF into BUF from the page cache alone, and if
+ * none of them is there, from the disk (noted in disk_touched).  *R is
+ * pread's answer.  Returns true (and sets nothing) where RWF_NOWAIT is
+ * refused: the caller then reads plainly, and counts it the disk's.
+ */
+static bool
+nowait_refused (int fd, void *buf, size_t n, uint64_t off, ssize_t *r)
+{
+#ifdef RWF_NOWAIT
+  if (!__atomic_load_n (&nowait_off, __ATOMIC_RELAXED)) {
+    struct iovec iov = { .iov_base = buf, .iov_len = n };
+    *r = preadv2 (fd, &iov, 1, off, RWF_NOWAIT);
+    if (*r >= 0 || errno == EINTR)
+      return false;             /* a short read: the rest next round */
+    if (errno == EAGAIN) {
+      disk_touched = true;
+      *r = pread (fd, buf, n, off);
+      return false;
+    }
+    if (errno != EOPNOTSUPP && errno != EINVAL && errno != ENOSYS)
+      return false;             /* a real error, for the caller */
+    __atomic_store_n (&nowait_off, true, __ATOMIC_RELAXED);
+  }
+#endif
+  disk_touched = true;
+  return true;
+}
+
 ssize_t
 fsc_io_pread (struct fsc_io *io, int kind, int fd,
               void *buf, size_t n, uint64_t off)
@@ -112,7 +156,12 @@ fsc_io_pread (struct fsc_io *io, int kind, int fd,
   }
   size_t done = 0;
   while (done < n) {
-    ssize_t r = pread (fd, (char *) buf + done, n - done, off + done);
+    ssize_t r;
+    if (kind == FSC_FILE_DATA && !nowait_refused (fd, (char *) buf + done,
+                                                  n - done, off + done, &r))
+      ;                         /* r: from the page cache, or the disk */
+    else
+      r = pread (fd, (char *) buf + done, n - done, off + done);
     if (r == -1) {
       if (errno == EINTR)
         continue;

@@ -76,6 +76,18 @@ extern int fsc_io_init (struct fsc_io *io, const char *spec);
 extern ssize_t fsc_io_pread (struct fsc_io *io, int kind, int fd,
                              void *buf, size_t n, uint64_t off);
 
+/* Whether this thread's reads of data files since its last
+ * fsc_io_disk_mark needed the disk: fsc_io_pread reads data files from
+ * the page cache first (RWF_NOWAIT) and notes a read that could not be
+ * served from there.  The latency guard (core/ops/guard.c) times only
+ * hits that read the disk: a hit from memory that took long waited for
+ * a CPU, not the disk, and the upstream is no cure for that.  Where
+ * RWF_NOWAIT is refused (kernels before 4.14, some file systems) every
+ * read counts as the disk's, as before.
+ */
+extern void fsc_io_disk_mark (void);
+extern bool fsc_io_disk_touched (void);
+
 /* Write all N bytes at OFF.  Returns 0 or -1 with errno. */
 extern int fsc_io_pwrite (struct fsc_io *io, int kind, int fd,
                           const void *buf, size_t n, uint64_t off);

@@ -11,7 +11,12 @@
  * time, per cache (one disk), and of a small upstream read's time, per
  * object (each its own upstream: an HTTP origin at 20 ms, an nbd server
  * at 100 us).  Small: at most FSC_GUARD_MAX_BYTES; bigger reads are
- * bandwidth, not latency.
+ * bandwidth, not latency.  A hit the page cache served counts as 0:
+ * its time is the CPU's (base/io.h, fsc_io_disk_touched).  On 2 busy
+ * cores hits from memory took over 2 ms often enough to reroute them,
+ * to a link the cold stream beside them kept busy (stop 54: 260,000
+ * hits rerouted in tools/bench/latency.sh, whose hits are all in the
+ * page cache).
  *
  * The route, per object:
  *   - to the disk while hits are fast (under HIT_SLOW_NS): nothing
