@@ -337,12 +337,13 @@ struct fsc_object {
   pthread_mutex_t lock;
   pthread_cond_t cond;          /* fetch done, commit done */
   /* Reads waiting for a block's claim (retrieve.c), by a hash of the
-   * block (fsc_claim_queue), and how many wait on each; under lock.  Not o->cond: a stream's reads wait at its front, and every
-   * change to the object (each fill stored, each commit) woke them
-   * all, a herd of context switches that cost a cold stream a third of
-   * its CPU (docs/design.md).  Whoever releases a claim or hands a
-   * fetch's bytes to the fill queue wakes the queues of its blocks
-   * (fsc_claim_wake); a withdrawal wakes them all.
+   * block (fsc_claim_queue), and how many wait on each; under lock.
+   * Not o->cond: a stream's reads wait at its front, and every change
+   * to the object (each fill stored, each commit) woke them all, a
+   * herd of context switches that cost a cold stream a third of its
+   * CPU (docs/design.md, invariant C1).  Whoever releases a claim or
+   * hands a fetch's bytes to the fill queue wakes the queues of its
+   * blocks (fsc_claim_wake); a withdrawal wakes them all.
    */
   pthread_cond_t claim_cond[FSC_CLAIM_QUEUES];
   unsigned claim_waiting[FSC_CLAIM_QUEUES];
