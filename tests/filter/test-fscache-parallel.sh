@@ -145,7 +145,8 @@ for ra in 0 4M; do
   check "$TMP/b.img" "warm read, 1M blocks, readahead=$ra (b)"
   expect_up "warm read, 1M blocks, readahead=$ra, two nbdcopy" "$b" 0
   stop_nbdkit "$TMP/px.pid"
-  echo "  dedup_waits=$(stat_value "$TMP/big.stats" dedup_waits) dedup_wakeups=$(stat_value "$TMP/big.stats" dedup_wakeups)"
+  echo "  dedup_waits=$(stat_value "$TMP/big.stats" dedup_waits)" \
+       "dedup_wakeups=$(stat_value "$TMP/big.stats" dedup_wakeups)"
 done
 
 # ---- 4. fscache-validate=sample: plus at most the sample ----------------
