@@ -117,32 +117,28 @@ fsc_io_disk_touched (void)
   return disk_touched;
 }
 
-/* Read up to N bytes at OFF into BUF from the page cache alone, and if
- * none of them is there, from the disk (noted in disk_touched).  *R is
- * pread's answer.  Returns true (and sets nothing) where RWF_NOWAIT is
- * refused: the caller then reads plainly, and counts it the disk's.
+/* pread of a data file: up to N bytes at OFF into BUF from the page
+ * cache alone, and if none of them is there, from the disk (noted in
+ * disk_touched).  Where RWF_NOWAIT is refused, a plain pread, counted
+ * as the disk's.
  */
-static bool
-nowait_refused (int fd, void *buf, size_t n, uint64_t off, ssize_t *r)
+static ssize_t
+data_pread (int fd, void *buf, size_t n, uint64_t off)
 {
 #ifdef RWF_NOWAIT
   if (!__atomic_load_n (&nowait_off, __ATOMIC_RELAXED)) {
     struct iovec iov = { .iov_base = buf, .iov_len = n };
-    *r = preadv2 (fd, &iov, 1, off, RWF_NOWAIT);
-    if (*r >= 0 || errno == EINTR)
-      return false;             /* a short read: the rest next round */
-    if (errno == EAGAIN) {
-      disk_touched = true;
-      *r = pread (fd, buf, n, off);
-      return false;
-    }
-    if (errno != EOPNOTSUPP && errno != EINVAL && errno != ENOSYS)
-      return false;             /* a real error, for the caller */
-    __atomic_store_n (&nowait_off, true, __ATOMIC_RELAXED);
+    ssize_t r = preadv2 (fd, &iov, 1, off, RWF_NOWAIT);
+    if (r >= 0 || (errno != EAGAIN && errno != EOPNOTSUPP &&
+                   errno != EINVAL && errno != ENOSYS))
+      return r;         /* a short read: the rest next round; EINTR and
+                         * real errors: the caller's */
+    if (errno != EAGAIN)
+      __atomic_store_n (&nowait_off, true, __ATOMIC_RELAXED);
   }
 #endif
   disk_touched = true;
-  return true;
+  return pread (fd, buf, n, off);
 }
 
 ssize_t
@@ -156,12 +152,10 @@ fsc_io_pread (struct fsc_io *io, int kind, int fd,
   }
   size_t done = 0;
   while (done < n) {
-    ssize_t r;
-    if (kind == FSC_FILE_DATA && !nowait_refused (fd, (char *) buf + done,
-                                                  n - done, off + done, &r))
-      ;                         /* r: from the page cache, or the disk */
-    else
-      r = pread (fd, (char *) buf + done, n - done, off + done);
+    char *p = (char *) buf + done;
+    ssize_t r = kind == FSC_FILE_DATA
+      ? data_pread (fd, p, n - done, off + done)
+      : pread (fd, p, n - done, off + done);
     if (r == -1) {
       if (errno == EINTR)
         continue;
