@@ -677,10 +677,9 @@ filler (void *arg)
 void
 fsc_cache_drain (struct fsc_cache *c)
 {
-  SCOPED_LOCK (&c->fill_lock);
   /* Whoever waits for the queue does not wait for a probe. */
-  __atomic_store_n (&c->fill_hold_until, 0, __ATOMIC_RELAXED);
-  pthread_cond_broadcast (&c->fill_cond);
+  fsc_fill_unhold (c);
+  SCOPED_LOCK (&c->fill_lock);
   while (c->filler_running && (c->fill_head || c->fill_current))
     pthread_cond_wait (&c->fill_idle_cond, &c->fill_lock);
 }
