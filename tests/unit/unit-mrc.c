@@ -12,10 +12,23 @@
  *           curve says so within 3 points, with W under the sample
  *           size (every block kept) and over it (sampled).
  *  empty    no reads: a hit ratio of 0, and refs 0.
+ *  threads  accesses are applied a thread's batch at a time (mrc.c):
+ *           4 threads each loop 50,000 times over 1,000 blocks of
+ *           their own, then flush.  Every access counts (refs 200,000
+ *           exactly: every block is kept, weight 1), a thread's order
+ *           is kept (no distance under its own 1,000 blocks: nothing
+ *           hits in 500), and no distance exceeds the 4,000 blocks in
+ *           all (everything but the first accesses hits in 5,000).  A
+ *           batch applied twice, lost, or out of its thread's order
+ *           breaks one of the three.
+ *  switch   a thread that turns to another curve drops its batch for
+ *           the last (at most 31 accesses), which may have been freed;
+ *           the new curve's counts are its own.
  */
 #include <config.h>
 
 #include <malloc.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -106,6 +119,77 @@ test_rate (void)
   fsc_mrc_free (m);
 }
 
+#define T_THREADS 4
+#define T_BLOCKS 1000
+#define T_ROUNDS 50
+
+static void *
+looper (void *arg)
+{
+  struct fsc_mrc *m = *(struct fsc_mrc **) arg;
+  uint64_t base = (uint64_t) ((struct fsc_mrc **) arg)[1];
+  for (int r = 0; r < T_ROUNDS; ++r)
+    for (uint64_t b = 0; b < T_BLOCKS; ++b)
+      fsc_mrc_access (m, (base + b) * 7919);
+  fsc_mrc_flush (m);
+  return NULL;
+}
+
+static void
+test_threads (void)
+{
+  struct fsc_mrc *m = fsc_mrc_new ();
+  CHECK (m != NULL);
+  pthread_t th[T_THREADS];
+  void *args[T_THREADS][2];
+  for (int t = 0; t < T_THREADS; ++t) {
+    args[t][0] = m;
+    args[t][1] = (void *) (uintptr_t) (t * T_BLOCKS);
+    CHECK (pthread_create (&th[t], NULL, looper, args[t]) == 0);
+  }
+  for (int t = 0; t < T_THREADS; ++t)
+    pthread_join (th[t], NULL);
+  uint64_t refs;
+  const uint64_t all = T_THREADS * T_BLOCKS;
+  double small = fsc_mrc_hit_ratio (m, T_BLOCKS / 2, &refs);
+  double big = fsc_mrc_hit_ratio (m, all + all / 4, NULL);
+  double want = 1.0 - (double) all / (double) refs;
+  printf ("threads: refs %llu, hit ratio %.4f at %d blocks (want 0), "
+          "%.4f at %llu (want %.4f)\n", (unsigned long long) refs, small,
+          T_BLOCKS / 2, big, (unsigned long long) (all + all / 4), want);
+  CHECK_EQ (refs, (uint64_t) T_THREADS * T_BLOCKS * T_ROUNDS);
+  CHECK (small == 0.0);
+  CHECK (big > want - 1e-9 && big < want + 1e-9);
+  fsc_mrc_free (m);
+}
+
+static void
+test_switch (void)
+{
+  struct fsc_mrc *a = fsc_mrc_new (), *b = fsc_mrc_new ();
+  CHECK (a != NULL && b != NULL);
+  uint64_t ra, rb;
+  for (uint64_t i = 0; i < 10; ++i)
+    fsc_mrc_access (a, i);              /* pending: under a batch */
+  fsc_mrc_free (a);                     /* freed with them pending */
+  for (uint64_t i = 0; i < 40; ++i)
+    fsc_mrc_access (b, i);
+  (void) fsc_mrc_hit_ratio (b, 100, &rb);
+  CHECK_EQ (rb, 40);                    /* none of a's */
+  a = fsc_mrc_new ();
+  for (uint64_t i = 0; i < 5; ++i)
+    fsc_mrc_access (a, i);
+  for (uint64_t i = 0; i < 3; ++i)
+    fsc_mrc_access (b, i);              /* a's 5 dropped */
+  (void) fsc_mrc_hit_ratio (a, 100, &ra);
+  (void) fsc_mrc_hit_ratio (b, 100, &rb);
+  CHECK_EQ (ra, 0);
+  CHECK_EQ (rb, 43);
+  printf ("switch: ok\n");
+  fsc_mrc_free (a);
+  fsc_mrc_free (b);
+}
+
 int
 main (void)
 {
@@ -120,6 +204,8 @@ main (void)
   test_rate ();
   loop (2000);                  /* every block kept */
   loop (200000);                /* sampled */
+  test_threads ();
+  test_switch ();
   printf ("unit-mrc: ok\n");
   return 0;
 }
