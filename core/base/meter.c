@@ -85,3 +85,30 @@ fsc_meter_end (struct fsc_meter *m, uint64_t bytes)
   m->win_ns = m->win_bytes = 0;
 }
 
+/* Why a partial window may stand for the first: the fill budget admits
+ * fills from a bucket that nothing refills until both meters have a
+ * rate (fill.c, rates_known), and the fill meter gets one only from
+ * fills.  A window closes on 20 ms of busy time or 32 MiB, and the
+ * bucket's burst (64 MiB) is larger, so the burst alone always made
+ * one.  A smaller burst did not: with NBD_FSCACHE_TEST_BURST at 1 MiB,
+ * 16 fills of 64 KiB went to the page cache in 5 ms, the window never
+ * closed, the bucket stayed empty, and the fills of the rest of the
+ * read were all skipped (test-fscache-slow-disk.sh's link: 1 MiB of 32
+ * stored, on a machine whose page cache took the burst that fast).
+ * The caller asks only when the bucket is dry and the rate unknown.
+ */
+bool
+fsc_meter_first (struct fsc_meter *m)
+{
+  SCOPED_LOCK (&m->lock);
+  if (__atomic_load_n (&m->rate, __ATOMIC_RELAXED) != 0)
+    return true;
+  if (m->active > 0 || m->win_bytes == 0 || m->win_ns == 0)
+    return false;
+  const uint64_t sample =
+    (uint64_t) ((double) m->win_bytes * 1e9 / (double) m->win_ns);
+  __atomic_store_n (&m->rate, MAX (sample, 1), __ATOMIC_RELAXED);
+  __atomic_store_n (&m->peak, MAX (sample, 1), __ATOMIC_RELAXED);
+  m->win_ns = m->win_bytes = 0;
+  return true;
+}

@@ -148,6 +148,12 @@ extern void fsc_meter_destroy (struct fsc_meter *m);
 extern void fsc_meter_begin (struct fsc_meter *m);
 extern void fsc_meter_end (struct fsc_meter *m, uint64_t bytes);
 
+/* meter.c: a meter that has no rate yet, but has moved bytes in busy
+ * time and has nothing in progress, takes its partial window as its
+ * first rate.  True if M has a rate now.  Take m->lock.
+ */
+extern bool fsc_meter_first (struct fsc_meter *m);
+
 /* fill.c: free a job that was not submitted. */
 extern void fsc_fill_free (struct fsc_cache *cache, struct fsc_fill *f);
 
