@@ -452,9 +452,10 @@ fsc_fill_budget (struct fsc_cache *c, uint64_t len, bool speculative)
   bool engaged = budget_engaged (c, &fill);
   /* The burst spent before the fills' rate is known: it is known from
    * what the burst filled (meter.c, fsc_meter_first), or nothing would
-   * ever refill the bucket.
+   * ever refill the bucket.  (The upstream's rate needs no such help:
+   * misses past the budget still fetch, and so keep its meter going.)
    */
-  if (!rates_known (c, fill) &&
+  if (fill == 0 &&
       __atomic_load_n (&c->budget_ns, __ATOMIC_RELAXED) != 0 &&
       __atomic_load_n (&c->budget_bytes, __ATOMIC_RELAXED) < len &&
       fsc_meter_first (&c->fill_meter))
