@@ -4,9 +4,9 @@
 # One proxy, nbdkit --filter=fscache --filter=rate file dir=IMGS (the
 # link, RATE, default 1600M bits/s), two exports: "warm" (WARM, default
 # 256M, warmed whole first with nbd-fscache warm, so that every read of
-# it is a hit: the script reports its misses) and "cold"
-# (COLD, default 5G, never read before: its copy at the link's speed
-# outlasts the measurement, or the script says so).  fio random 4 KiB reads of
+# it is a hit: the script reports its misses) and "cold" (COLD,
+# default 5G, never read before: its copy at the link's speed outlasts
+# the measurement, or the script says so).  fio random 4 KiB reads of
 # "warm" for SECONDS at iodepth 1 and 8, in these conditions:
 #
 #   idle     nothing else
@@ -35,9 +35,10 @@
 # cache) idle and beside the same disk load: for fills and evict a
 # writer that writes what the fills wrote (fio sequential 1 MiB writes
 # at the fills' measured rate, fdatasync every 64 MiB, on the same file
-# system); for drain the same writer at the drain's measured rate (the
-# upstream's image is written at that rate on the same file system,
-# what the drain reads of the cache is mostly in the page cache).
+# system); for drain the same writer at the drain's rate in 4 MiB
+# writes, the drain's request size (the upstream's image is written at
+# that rate on the same file system, what the drain reads of the cache
+# is mostly in the page cache).
 # Reports p50, p99 and p99.9 of fio's completion latency (µs), medians
 # of ROUNDS, and the ratios fscache / local in the same condition.
 #
