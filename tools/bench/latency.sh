@@ -123,24 +123,35 @@ local_beside ()
   rm -f "$OUT/writer.dat"
 }
 
-# warm_up URI: every block of the warm export stored before the hits
-# are measured.  nbd-fscache warm sends NBD_CMD_CACHE, which the filter
-# fills inline whatever its budget.  Two nbdcopy reads, as before stop
-# 55, left a third to a half of it uncached: the upstream here is a
-# local file, faster than the fills, so the budget skipped them
-# (a fast upstream is never slowed), and with file dir= the filter has
-# no catch-up to make them up (plugin/ownctx.c).  The "hits" measured
-# then were a mix, the misses among them going through the link the
-# cold copy kept busy.  warm_misses says what was missed since.  Then
-# one read of it, all hits, so that its data is in the page cache as
-# the local file's is (written just before): the warm's fills are
-# direct writes, and the first hits of each page went to the disk, a
-# p99.9 of 469 µs at iodepth 1 idle against 204 for the local file
-# (stop 55).
+# warm_up URI CACHEDIR: every block of the warm export stored before the
+# hits are measured.  nbd-fscache warm sends NBD_CMD_CACHE, which the
+# filter fills inline whatever its budget.  Two nbdcopy reads, as before
+# stop 55, left a third to a half of it uncached: the upstream here is a
+# local file, faster than the fills, so the budget skipped them (a fast
+# upstream is never slowed), and with file dir= the filter has no
+# catch-up to make them up (plugin/ownctx.c).  The "hits" measured then
+# were a mix, the misses among them going through the link the cold
+# copy kept busy.  warm_misses says what was missed since.  Then the
+# object's files are read into the page cache, as the local file's
+# image is (written just before): the warm's fills are direct writes.
+# Stop 55 did that with an nbdcopy read through the proxy, but the
+# first hits of each page went to the disk, slower than the rate filter
+# in front of a page-cached file, so the latency guard rerouted a share
+# of them upstream, the pages it rerouted never came into the page
+# cache, and its probes kept finding them slow: 45,265 hits of a round
+# rerouted through the link (stop 56, hits_rerouted), measured as hits.
+# warm_rerouted says how many were.
 warm_up ()
 {
   "$TOOL" warm "$1" > /dev/null
-  nbdcopy "$1" null:
+  find "$2/objects" -name '*export=3dwarm.*' -type f -exec cat {} + > /dev/null
+}
+
+# warm_rerouted STATS: hits the latency guard sent upstream (the proxy's
+# stats at its clean stop).
+warm_rerouted ()
+{
+  awk '$1 == "hits_rerouted" { print $2 }' "$1"
 }
 
 # warm_misses CACHEDIR: bytes of the warm export read from the upstream
@@ -165,7 +176,7 @@ copy_cold ()
     fscache-stats="$OUT/$name.stats" "$@"
   local warm="nbd+unix:///warm?socket=$OUT/$name.sock"
   local cold="nbd+unix:///cold?socket=$OUT/$name.sock"
-  warm_up "$warm"
+  warm_up "$warm" "$OUT/cache-$name"
   [ "$cond" != nofill ] || touch "$OUT/cache-$name/fscache.stop"
   if [ "$cond" = fills ] && has idle; then
     for qd in 1 8; do
@@ -192,7 +203,7 @@ copy_cold ()
   stop "$name"
   fill=$(awk '$1 == "fill_bytes" { print $2 }' "$OUT/$name.stats")
   warmb=$(numfmt --from=iec "$WARM")
-  echo "round $r, $cond: evicted_bytes $(awk '$1 == "evicted_bytes" { print $2 }' "$OUT/$name.stats"), the warm export's misses $(warm_misses "$OUT/cache-$name") bytes" >&2
+  echo "round $r, $cond: evicted_bytes $(awk '$1 == "evicted_bytes" { print $2 }' "$OUT/$name.stats"), the warm export's misses $(warm_misses "$OUT/cache-$name") bytes, hits rerouted $(warm_rerouted "$OUT/$name.stats")" >&2
   python3 -c "print(max(1, int(($fill - $warmb) / ($t1 - $t0) / 1048576)))"
 }
 
@@ -223,9 +234,9 @@ for r in $(seq "$ROUNDS"); do
       rate="$DRAIN_RATE" fscache-dir="$OUT/cache-wb" fscache-mode=writeback \
       fscache-key=wb
     start pxr --filter="$FILTER" file dir="$OUT/imgs" \
-      fscache-dir="$OUT/cache-wb"
+      fscache-dir="$OUT/cache-wb" fscache-stats="$OUT/pxr.stats"
     warm="nbd+unix:///warm?socket=$OUT/pxr.sock"
-    warm_up "$warm"
+    warm_up "$warm" "$OUT/cache-wb"
     # WB written at local speed: the log takes it, the writer drains it.
     nbdcopy --flush "$OUT/wbsrc" "nbd+unix:///?socket=$OUT/pxw.sock"
     dirty0=$("$TOOL" --dir "$OUT/cache-wb" ls | awk '$1 == "wb" { print $6 }')
@@ -241,7 +252,7 @@ for r in $(seq "$ROUNDS"); do
     drate=$(python3 -c "print(max(1, int($(numfmt --from=iec "$DRAIN_RATE") / 8 / 1048576)))")
     stop pxr
     stop pxw
-    echo "round $r, drain: the warm export's misses $(warm_misses "$OUT/cache-wb") bytes" >&2
+    echo "round $r, drain: the warm export's misses $(warm_misses "$OUT/cache-wb") bytes, hits rerouted $(warm_rerouted "$OUT/pxr.stats")" >&2
     rm -f "$OUT/wb.img"
   fi
   start local file "$OUT/imgs/warm"
