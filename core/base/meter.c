@@ -55,6 +55,24 @@ meter_account (struct fsc_meter *m, uint64_t now)
   m->mark_ns = now;
 }
 
+/* Close the window being filled (win_ns > 0): its rate moves the
+ * average a quarter of the way (or is the first rate), and the peak.
+ * Caller holds m->lock.
+ */
+static void
+close_window (struct fsc_meter *m)
+{
+  const int64_t sample =
+    (int64_t) ((double) m->win_bytes * 1e9 / (double) m->win_ns);
+  int64_t rate = __atomic_load_n (&m->rate, __ATOMIC_RELAXED);
+  rate = rate == 0 ? sample : rate + (sample - rate) / 4;
+  __atomic_store_n (&m->rate, (uint64_t) MAX (rate, 1), __ATOMIC_RELAXED);
+  uint64_t peak = __atomic_load_n (&m->peak, __ATOMIC_RELAXED);
+  peak = MAX ((uint64_t) MAX (sample, 1), peak - peak / PEAK_DECAY);
+  __atomic_store_n (&m->peak, peak, __ATOMIC_RELAXED);
+  m->win_ns = m->win_bytes = 0;
+}
+
 void
 fsc_meter_begin (struct fsc_meter *m)
 {
@@ -74,15 +92,7 @@ fsc_meter_end (struct fsc_meter *m, uint64_t bytes)
   m->win_bytes += bytes;
   if (m->win_ns < METER_WINDOW_NS && m->win_bytes < METER_WINDOW_BYTES)
     return;
-  const int64_t sample =
-    (int64_t) ((double) m->win_bytes * 1e9 / (double) m->win_ns);
-  int64_t rate = __atomic_load_n (&m->rate, __ATOMIC_RELAXED);
-  rate = rate == 0 ? sample : rate + (sample - rate) / 4;
-  __atomic_store_n (&m->rate, (uint64_t) MAX (rate, 1), __ATOMIC_RELAXED);
-  uint64_t peak = __atomic_load_n (&m->peak, __ATOMIC_RELAXED);
-  peak = MAX ((uint64_t) MAX (sample, 1), peak - peak / PEAK_DECAY);
-  __atomic_store_n (&m->peak, peak, __ATOMIC_RELAXED);
-  m->win_ns = m->win_bytes = 0;
+  close_window (m);
 }
 
 /* Why a partial window may stand for the first: the fill budget admits
@@ -105,10 +115,6 @@ fsc_meter_first (struct fsc_meter *m)
     return true;
   if (m->active > 0 || m->win_bytes == 0 || m->win_ns == 0)
     return false;
-  const uint64_t sample =
-    (uint64_t) ((double) m->win_bytes * 1e9 / (double) m->win_ns);
-  __atomic_store_n (&m->rate, MAX (sample, 1), __ATOMIC_RELAXED);
-  __atomic_store_n (&m->peak, MAX (sample, 1), __ATOMIC_RELAXED);
-  m->win_ns = m->win_bytes = 0;
+  close_window (m);             /* no rate yet: it is the first */
   return true;
 }
