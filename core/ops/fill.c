@@ -449,17 +449,18 @@ fsc_fill_budget (struct fsc_cache *c, uint64_t len, bool speculative)
   uint64_t fill;
   if (c->test_budget == 0)
     return true;
-  bool engaged = budget_engaged (c, &fill);
   /* The burst spent before the fills' rate is known: it is known from
    * what the burst filled (meter.c, fsc_meter_first), or nothing would
    * ever refill the bucket.  (The upstream's rate needs no such help:
    * misses past the budget still fetch, and so keep its meter going.)
+   * Asked before the budget is weighed, so that it is weighed (and the
+   * cost measure stepped) once.
    */
-  if (fill == 0 &&
+  if (__atomic_load_n (&c->fill_meter.rate, __ATOMIC_RELAXED) == 0 &&
       __atomic_load_n (&c->budget_ns, __ATOMIC_RELAXED) != 0 &&
-      __atomic_load_n (&c->budget_bytes, __ATOMIC_RELAXED) < len &&
-      fsc_meter_first (&c->fill_meter))
-    engaged = budget_engaged (c, &fill);
+      __atomic_load_n (&c->budget_bytes, __ATOMIC_RELAXED) < len)
+    (void) fsc_meter_first (&c->fill_meter);
+  const bool engaged = budget_engaged (c, &fill);
   if (rates_known (c, fill) && (!engaged || speculative))
     return true;
   const uint64_t rate = engaged ? fill / 100 * duty_pct (c, fill) : 0;
