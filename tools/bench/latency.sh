@@ -35,10 +35,11 @@
 # cache) idle and beside the same disk load: for fills and evict a
 # writer that writes what the fills wrote (fio sequential 1 MiB writes
 # at the fills' measured rate, fdatasync every 64 MiB, on the same file
-# system); for drain the same writer at the drain's rate in 4 MiB
-# writes, the drain's request size (the upstream's image is written at
-# that rate on the same file system, what the drain reads of the cache
-# is mostly in the page cache).
+# system); for drain the same writer in 4 MiB writes, the drain's
+# request size, at the rate the writeback proxy wrote to the disk
+# during the measurement (/proc/PID/io: the upstream's image and the
+# cache's copy of what was drained; what the drain reads of the log is
+# mostly in the page cache).
 # Reports p50, p99 and p99.9 of fio's completion latency (µs), medians
 # of ROUNDS, and the ratios fscache / local in the same condition.
 #
@@ -91,6 +92,9 @@ start ()                        # start NAME ARGS...: nbdkit on OUT/NAME.sock
   while [ ! -s "$OUT/$name.pid" ]; do sleep 0.05; done
 }
 stop () { kill "$(cat "$OUT/$1.pid")"; while kill -0 "$(cat "$OUT/$1.pid")" 2>/dev/null; do sleep 0.05; done; }
+# wrote NAME: the bytes nbdkit NAME has written (or dirtied in the page
+# cache) so far, all its threads (/proc/PID/io).
+wrote () { awk '$1 == "write_bytes:" { print $2 }' "/proc/$(cat "$OUT/$1.pid")/io"; }
 
 fio_lat ()                      # fio_lat URI QD TAG: prints p50 p99 p99.9 (µs)
 {
@@ -240,16 +244,24 @@ for r in $(seq "$ROUNDS"); do
     # WB written at local speed: the log takes it, the writer drains it.
     nbdcopy --flush "$OUT/wbsrc" "nbd+unix:///?socket=$OUT/pxw.sock"
     dirty0=$("$TOOL" --dir "$OUT/cache-wb" ls | awk '$1 == "wb" { print $6 }')
+    wb0=$(wrote pxw); t0=$(date +%s.%N)
     for qd in 1 8; do
       echo "fscache drain $qd $(fio_lat "$warm" $qd fdrain$qd-$r)" >> "$OUT/results"
     done
+    wb1=$(wrote pxw); t1=$(date +%s.%N)
     dirty1=$("$TOOL" --dir "$OUT/cache-wb" ls | awk '$1 == "wb" { print $6 }')
     echo "round $r, drain: dirty $dirty0 after the writes, $dirty1 after the reads" >&2
     [ "$dirty1" != 0B ] ||
       echo "latency.sh: round $r, drain: the log drained before the measurement ended: lower --drain-rate" >&2
-    # The drain's rate: what the link carries (the writer keeps it busy
-    # while anything is dirty).
-    drate=$(python3 -c "print(max(1, int($(numfmt --from=iec "$DRAIN_RATE") / 8 / 1048576)))")
+    # The drain's load on the disk: what the writeback proxy wrote while
+    # the hits were measured.  Not the link's rate: each byte drained
+    # is written twice here, to the upstream's file and into the cache's
+    # data files (a written-back block is stored after its upstream
+    # write, writeback.c), plus the log's header and the index: 78 MB/s
+    # for a link of 37.5 (stop 57).  Before stop 57 the limit's writer
+    # wrote at the link's rate, half the disk load.
+    drate=$(python3 -c "print(max(1, int(($wb1 - $wb0) / ($t1 - $t0) / 1048576)))")
+    echo "round $r, drain: the writeback proxy wrote $drate MiB/s to the disk, its link carries $(python3 -c "print(int($(numfmt --from=iec "$DRAIN_RATE") / 8 / 1048576))")" >&2
     stop pxr
     stop pxw
     echo "round $r, drain: the warm export's misses $(warm_misses "$OUT/cache-wb") bytes, hits rerouted $(warm_rerouted "$OUT/pxr.stats")" >&2
