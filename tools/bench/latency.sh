@@ -128,27 +128,56 @@ local_beside ()
 }
 
 # warm_up URI CACHEDIR: every block of the warm export stored before the
-# hits are measured.  nbd-fscache warm sends NBD_CMD_CACHE, which the
-# filter fills inline whatever its budget.  Two nbdcopy reads, as before
-# stop 55, left a third to a half of it uncached: the upstream here is a
-# local file, faster than the fills, so the budget skipped them (a fast
-# upstream is never slowed), and with file dir= the filter has no
-# catch-up to make them up (plugin/ownctx.c).  The "hits" measured then
-# were a mix, the misses among them going through the link the cold
-# copy kept busy.  warm_misses says what was missed since.  Then the
-# object's files are read into the page cache, as the local file's
-# image is (written just before): the warm's fills are direct writes.
-# Stop 55 did that with an nbdcopy read through the proxy, but the
-# first hits of each page went to the disk, slower than the rate filter
-# in front of a page-cached file, so the latency guard rerouted a share
-# of them upstream, the pages it rerouted never came into the page
-# cache, and its probes kept finding them slow: 45,265 hits of a round
-# rerouted through the link (stop 56, hits_rerouted), measured as hits.
-# warm_rerouted says how many were.
+# hits are measured, and in the page cache.  nbd-fscache warm sends
+# NBD_CMD_CACHE, which the filter fills inline whatever its budget.
+# Two nbdcopy reads, as before stop 55, left a third to a half of it
+# uncached: the upstream here is a local file, faster than the fills,
+# so the budget skipped them (a fast upstream is never slowed), and
+# with file dir= the filter has no catch-up to make them up
+# (plugin/ownctx.c).  The "hits" measured then were a mix, the misses
+# among them going through the link the cold copy kept busy.
+# warm_misses says what was missed since.  Then the object's files are
+# read into the page cache, as the local file's image is (written just
+# before).  Stop 55 did that with an nbdcopy read through the proxy,
+# but the first hits of each page went to the disk, slower than the
+# rate filter in front of a page-cached file, so the latency guard
+# rerouted a share of them upstream, the pages it rerouted never came
+# into the page cache, and its probes kept finding them slow: 45,265
+# hits of a round rerouted through the link (stop 56, hits_rerouted),
+# measured as hits.  warm_rerouted says how many were.  And stop 56's
+# `cat` came too early: `warm` returns once its fills are queued, and
+# the fill thread writes them after, directly (O_DIRECT, core/disk/
+# data.c), which drops the page cache's copy of each range written.
+# fincore: 240 MiB of the 256 resident right after the `cat`, 121 a
+# second later; the hits on the other half went to the disk, under
+# the drain's writes up to 50 ms each (perf trace: the hit path's
+# RWF_NOWAIT read refused, then a pread), the drain's p99.9 (stop 57).
+# So the `cat` waits until the object is all cached in its index (a
+# record is written only after its data, rule 1 of docs/design.md),
+# and the files' residence is checked after it.
 warm_up ()
 {
   "$TOOL" warm "$1" > /dev/null
+  local i=0
+  until [ "$(warm_pct "$2")" = 100.0 ]; do
+    i=$((i + 1))
+    if [ $i -gt 600 ]; then
+      echo "latency.sh: the warm export is $(warm_pct "$2")% cached after 60 s" >&2
+      break
+    fi
+    sleep 0.1
+  done
   find "$2/objects" -name '*export=3dwarm.*' -type f -exec cat {} + > /dev/null
+  find "$2/objects" -name '*export=3dwarm.*' -type f -exec fincore -bno RES,SIZE {} + |
+    awk '$1 < $2 { short += $2 - $1 } END { if (short)
+      print "latency.sh: " short " bytes of the warm export not in the page cache" > "/dev/stderr" }'
+}
+
+# warm_pct CACHEDIR: the share of the warm export cached (nbd-fscache
+# ls's %, from the index).
+warm_pct ()
+{
+  "$TOOL" --dir "$1" ls | awk '/export=warm / { print $(NF - 5) }'
 }
 
 # warm_rerouted STATS: hits the latency guard sent upstream (the proxy's
