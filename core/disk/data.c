@@ -22,7 +22,9 @@
  * O_DIRECT, and a write of FSC_DIRECT_MIN (256 KiB: a miss run of
  * whole blocks, a readahead chunk) or more, aligned to 4 KiB in
  * memory, offset and length (fills of whole blocks from the buffers
- * of bufs.c always are), goes through that descriptor.  A buffered
+ * of bufs.c always are, and so are the writeback writer's copies of
+ * what it drained, from the same buffers since stop 57), goes through
+ * that descriptor.  A buffered
  * write copies every byte into the page cache: a fill thread
  * streaming 1 MiB blocks spent half its process's CPU in that copy
  * (perf: copy_folio_from_iter_atomic under ext4's buffered write),
