@@ -45,7 +45,8 @@
   X (promoted_blocks)     /* probation blocks hit again: into main */     \
   X (eviction_rounds)     /* evictions (each one commit) */               \
   X (cap_skips)           /* fills not stored: nothing to evict */        \
-  X (lowspace_skips)      /* fills not stored: free space floor */        \
+  X (lowspace_skips)      /* fills not stored, misses read around
+                           * the cache: the free space floor */        \
   X (lowspace_ms)         /* time spent below the free space floor */     \
   X (quota_changes)       /* quota records taken up or dropped */         \
   X (reclaimed_bytes)     /* unindexed space punched at an unclean open */\

@@ -134,6 +134,8 @@ struct read_ctx {
   bool whole;                   /* a prefetch that wants whole blocks */
   uint64_t max_run, max_hit;    /* blocks in a fetched run, a hit run */
   uint64_t waited;              /* the block last waited for */
+  bool nostore;                 /* a client's read while nothing new
+                                 * can be stored (fsc_space_low) */
 };
 
 /* The bytes [*LO, *HI) of the read's window that N blocks from B hold. */
@@ -370,7 +372,13 @@ classify_absent (struct fsc_object *o, struct read_ctx *rc, uint64_t b,
    * the budget (a fast NBD server then had everything filled inline,
    * at 0.2 of no cache).  That read bypasses the cache: it claims
    * nothing (nobody waits for it), fetches just its bytes and stores
-   * nothing, counted as skipped, at the upstream's speed.  Whole
+   * nothing, counted as skipped, at the upstream's speed.  So does a
+   * client's read while nothing new can be stored (the free space
+   * floor, DIR/fscache.stop; counted in lowspace_skips): claimed as a
+   * miss, it fetched whole blocks for a sequential read only for the
+   * fill to drop them, and copied them out of the job, and a stream of
+   * 4 KiB reads fetched every 64 KiB block again for each of its
+   * reads (277 upstream reads of 64 KiB for 2 MiB read, stop 57).  Whole
    * blocks, which only the fill would use, would be fetched for
    * nothing.  (So does a block being fetched here, one the test
    * knob does not wait for: it goes upstream again.)
@@ -378,6 +386,10 @@ classify_absent (struct fsc_object *o, struct read_ctx *rc, uint64_t b,
   if (g == NULL || time (NULL) < o->nofill_until ||
       (g->fetching & BIT_OF (b)))
     extend_uncached (o, rc, b, r);
+  else if (rc->nostore) {
+    FSC_STAT_ADD (st, lowspace_skips, 1);
+    extend_uncached (o, rc, b, r);
+  }
   else if (rc->buf && fsc_fill_congested (o->cache) &&
            fsc_fill_slower (o->cache)) {
     r->bypass = true;
@@ -545,6 +557,10 @@ read_pinned (struct fsc_object *o, void *buf, uint32_t count,
     /* A prefetch wants whole blocks, unless exact. */
     .whole = !buf && !(flags & FSC_PREFETCH_EXACT),
     .waited = UINT64_MAX,
+    /* Looked at once per read, not under the object's lock: it may
+     * look at the file system (every SPACE_CHECK_MS).
+     */
+    .nostore = buf != NULL && fsc_space_low (o->cache),
   };
   if (count == 0)
     return 0;

@@ -144,6 +144,24 @@ read_range 0 "$half" || fail "stop mark: read"
 [ $(( $(up_bytes) - b )) -eq $((2 * half)) ] ||
   fail "stop mark: reads were cached although fscache.stop exists"
 echo "stop mark: nothing cached while it exists"
+# Small sequential reads of blocks not cached: each costs the upstream
+# its own bytes.  Claimed as misses, they fetched whole 64 KiB blocks
+# (a sequential read's rule) only for the fill to drop them, and then
+# again for the next 4 KiB: 17 MiB upstream for 2 MiB read (stop 57).
+b=$(up_bytes)
+$PYTHON - "$uri" "$img" "$half" <<'EOF' || fail "stop mark: 4 KiB reads"
+import sys, nbd
+uri, img, off = sys.argv[1], sys.argv[2], int(sys.argv[3])
+h = nbd.NBD(); h.connect_uri(uri)
+want = open(img, "rb").read()[off:off + (1 << 20)]
+got = b"".join(h.pread(4096, off + o) for o in range(0, 1 << 20, 4096))
+if got != want:
+    sys.exit("wrong data")
+EOF
+sr=$(( $(up_bytes) - b ))
+echo "stop mark: 1 MiB read in 4 KiB requests cost $sr bytes upstream"
+[ "$sr" -eq $((1 << 20)) ] ||
+  fail "stop mark: 1 MiB read in 4 KiB requests cost $sr bytes upstream"
 # Readahead on (the default, 4M): a sequential read costs the upstream
 # the image once.  Readahead's prefetches, which cannot be stored,
 # used to read ahead only to drop the bytes, which the stream then read
