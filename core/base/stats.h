@@ -46,7 +46,7 @@
   X (eviction_rounds)     /* evictions (each one commit) */               \
   X (cap_skips)           /* fills not stored: nothing to evict */        \
   X (lowspace_skips)      /* fills not stored, misses read around
-                           * the cache: the free space floor */        \
+                           * the cache: the free space floor */           \
   X (lowspace_ms)         /* time spent below the free space floor */     \
   X (quota_changes)       /* quota records taken up or dropped */         \
   X (reclaimed_bytes)     /* unindexed space punched at an unclean open */\
