@@ -134,6 +134,7 @@ struct read_ctx {
   bool whole;                   /* a prefetch that wants whole blocks */
   uint64_t max_run, max_hit;    /* blocks in a fetched run, a hit run */
   uint64_t waited;              /* the block last waited for */
+  bool space_looked;            /* nostore is known (classify_absent) */
   bool nostore;                 /* a client's read while nothing new
                                  * can be stored (fsc_space_low) */
 };
@@ -386,6 +387,17 @@ classify_absent (struct fsc_object *o, struct read_ctx *rc, uint64_t b,
   if (g == NULL || time (NULL) < o->nofill_until ||
       (g->fetching & BIT_OF (b)))
     extend_uncached (o, rc, b, r);
+  else if (rc->buf && !rc->space_looked) {
+    /* Can anything new be stored?  Asked once per client read, and
+     * only by one that misses (a hit never asks), outside the lock: it
+     * may look at the file system (every SPACE_CHECK_MS).  Then look
+     * again.
+     */
+    pthread_mutex_unlock (&o->lock);
+    rc->nostore = fsc_space_low (o->cache);
+    rc->space_looked = true;
+    return RUN_AGAIN;
+  }
   else if (rc->nostore) {
     FSC_STAT_ADD (st, lowspace_skips, 1);
     extend_uncached (o, rc, b, r);
@@ -557,10 +569,6 @@ read_pinned (struct fsc_object *o, void *buf, uint32_t count,
     /* A prefetch wants whole blocks, unless exact. */
     .whole = !buf && !(flags & FSC_PREFETCH_EXACT),
     .waited = UINT64_MAX,
-    /* Looked at once per read, not under the object's lock: it may
-     * look at the file system (every SPACE_CHECK_MS).
-     */
-    .nostore = buf != NULL && fsc_space_low (o->cache),
   };
   if (count == 0)
     return 0;
