@@ -88,20 +88,35 @@ fetch_range (struct fsc_object *o, uint64_t b, uint64_t n, const void *buf,
    * absent for a later read, where fetching through them would fetch a
    * held piece twice (a stream whose requests overtake each other
    * lands pieces mid-block).  A prefetch, which is there to complete
-   * blocks, trims only the pieces held at the run's very ends.
+   * blocks, fetches them gap by gap (below).
    */
   if (held_first) {
     const uint64_t bs = block_start (&o->geom, b);
-    unsigned skip;                      /* pieces not fetched at the start */
     if (buf) {
       unsigned below = held_first;
       if (wlo < block_end (&o->geom, b))
         below &= (1u << ((wlo - bs) >> o->geom.pshift)) - 1;
-      skip = below ? 32 - __builtin_clz (below) : 0;
+      /* the pieces not fetched at the start */
+      const unsigned skip = below ? 32 - __builtin_clz (below) : 0;
+      start = MAX (start, MIN (bs + ((uint64_t) skip << o->geom.pshift),
+                               wlo));
     }
-    else
-      skip = __builtin_ctz (~held_first);
-    start = MAX (start, MIN (bs + ((uint64_t) skip << o->geom.pshift), wlo));
+    else {
+      /* A prefetch: from the first piece it wants that the block
+       * lacks, up to the next one it holds (then a run of one block:
+       * retrieve.c, classify_miss; the caller comes back for the next
+       * gap).
+       */
+      const unsigned want = exact
+        ? pieces_of (&o->geom, b, MAX (bs, offset),
+                     MIN (block_end (&o->geom, b), offset + count))
+        : full_pieces (&o->geom, b);
+      unsigned a, z;
+      prefetch_gap (want, held_first, &a, &z);
+      start = MAX (start, bs + ((uint64_t) a << o->geom.pshift));
+      if (z < FSC_PIECES)
+        end = MIN (end, bs + ((uint64_t) z << o->geom.pshift));
+    }
   }
   if (held_last) {
     const uint64_t bl = b + n - 1, bls = block_start (&o->geom, bl);

@@ -134,6 +134,8 @@ struct read_ctx {
   bool whole;                   /* a prefetch that wants whole blocks */
   uint64_t max_run, max_hit;    /* blocks in a fetched run, a hit run */
   uint64_t waited;              /* the block last waited for */
+  uint64_t gap_block;           /* a prefetch's block with gaps left */
+  unsigned gap_pieces;          /* ... and the pieces it held then */
   bool space_looked;            /* nostore is known (classify_absent) */
   bool nostore;                 /* a client's read while nothing new
                                  * can be stored (fsc_space_low) */
@@ -154,6 +156,8 @@ struct run {
   uint64_t n;                   /* blocks */
   bool bypass;                  /* uncached: the disk is behind */
   unsigned held_first, held_last; /* a miss's end blocks' pieces held */
+  bool gap;                     /* a prefetch fetching one gap of a
+                                 * block holding pieces beyond it */
   struct end_sums es;
   uint64_t csums[FSC_GROUP_BLOCKS];
   uint16_t pieces[FSC_GROUP_BLOCKS];
@@ -250,11 +254,30 @@ classify_miss (struct fsc_object *o, const struct read_ctx *rc, uint64_t b,
   r->held_first = present (o, b) ? g->pieces[IDX_OF (b)] : 0;
   g->fetching |= BIT_OF (b);
   r->epochs[0] = claim_epoch (g);
-  while (b + r->n <= rc->last && r->n < rc->max_run) {
+  /* A prefetch never fetches a piece the cache holds (a random read's,
+   * in a block a stream's readahead or NBD_CMD_CACHE then completes).
+   * A block holding pieces beyond its first gap is a run of its own
+   * whose fetch is that gap (fetch.c), and read_pinned comes back
+   * for the next (r->gap); a block held in pieces ends a run, to
+   * start its own, whose fetch skips the pieces it starts with.
+   * Fetched through, they were read upstream twice: 64 KiB more than
+   * the image in test-fscache-parallel.sh's readahead part (CI, stop
+   * 57), and each time in test-fscache-prefetch-pieces.sh.
+   */
+  if (!rc->buf && r->held_first) {
+    const uint64_t bs = block_start (&o->geom, b);
+    const uint64_t be = block_end (&o->geom, b);
+    const unsigned want = rc->whole ? full_pieces (&o->geom, b)
+      : pieces_of (&o->geom, b, MAX (bs, rc->offset), MIN (be, rc->end));
+    unsigned a, z;
+    r->gap = prefetch_gap (want, r->held_first, &a, &z);
+  }
+  while (!r->gap && b + r->n <= rc->last && r->n < rc->max_run) {
     uint64_t nb = b + r->n;
     struct group *ng = group_of (o, nb, true);
     if (ng == NULL || (ng->fetching & BIT_OF (nb)) ||
-        holds (o, nb, rc->offset, rc->end, rc->whole, NULL, NULL, NULL))
+        holds (o, nb, rc->offset, rc->end, rc->whole, NULL, NULL, NULL) ||
+        (!rc->buf && present (o, nb) && ng->pieces[IDX_OF (nb)] != 0))
       break;
     ng->fetching |= BIT_OF (nb);
     r->epochs[GROUP_OF (nb) - g0] = claim_epoch (ng);
@@ -298,7 +321,7 @@ classify_absent (struct fsc_object *o, struct read_ctx *rc, uint64_t b,
 {
   struct fsc_stats *st = &o->cache->stats;
   struct group *g = group_of (o, b, true);
-  if (g && (g->fetching & BIT_OF (b)) && rc->whole) {
+  if (g && (g->fetching & BIT_OF (b)) && rc->whole && rc->gap_block != b) {
     /* A whole-block prefetch: somebody is already fetching it.  An
      * exact one waits below like a read: the fetch in flight (or
      * its background fill, which keeps the claim) may be of other
@@ -363,6 +386,18 @@ classify_absent (struct fsc_object *o, struct read_ctx *rc, uint64_t b,
     pthread_mutex_unlock (&o->lock);
     return RUN_AGAIN;
   }
+  if (rc->gap_block == b) {
+    /* A prefetch back for a block's next gap (read_pinned): only if the
+     * last one was stored.  Else (not stored: no room, an error; the
+     * block evicted) it would fetch the same gap again, and again.
+     */
+    const unsigned p = g && present (o, b) ? g->pieces[IDX_OF (b)] : 0;
+    rc->gap_block = UINT64_MAX;
+    if ((p & ~rc->gap_pieces) == 0) {
+      pthread_mutex_unlock (&o->lock);
+      return RUN_NEXT;
+    }
+  }
   /* Uncached: the object cannot fill now (no memory for a group,
    * a full disk), or a client's read while the cache disk is
    * behind and the bottleneck (fill.c: congested, and slower than
@@ -423,6 +458,7 @@ classify (struct fsc_object *o, struct read_ctx *rc, uint64_t b,
 {
   r->n = 1;
   r->bypass = false;
+  r->gap = false;
   r->held_first = r->held_last = 0;
   pthread_mutex_lock (&o->lock);
   if (!pin->pinned && !pin->tried) {
@@ -569,6 +605,7 @@ read_pinned (struct fsc_object *o, void *buf, uint32_t count,
     /* A prefetch wants whole blocks, unless exact. */
     .whole = !buf && !(flags & FSC_PREFETCH_EXACT),
     .waited = UINT64_MAX,
+    .gap_block = UINT64_MAX,
   };
   if (count == 0)
     return 0;
@@ -598,7 +635,12 @@ read_pinned (struct fsc_object *o, void *buf, uint32_t count,
       if (fsc_fetch_run (o, b, r.n, buf, offset, count, up, r.epochs, flags,
                      r.held_first, r.held_last, missed) == -1)
         return -1;
-      b += r.n;
+      if (r.gap) {              /* its next gap, once this one is in */
+        rc.gap_block = b;
+        rc.gap_pieces = r.held_first;
+      }
+      else
+        b += r.n;
       break;
     case RUN_UNCACHED:
       if (serve_uncached (o, &rc, b, &r, up, missed) == -1)
