@@ -28,4 +28,22 @@ extern int fsc_fetch_run (struct fsc_object *o, uint64_t b, uint64_t n,
                           unsigned held_first, unsigned held_last,
                           uint64_t *missed);
 
+/* A prefetch wanting pieces WANT of a block that holds pieces P (0: none;
+ * not all it wants): its first gap is the pieces from *A, the first it
+ * wants and the block lacks, up to *Z, the next it wants and the block
+ * holds (FSC_PIECES if none).  Returns whether the block holds pieces
+ * it wants beyond that gap: then the prefetch fetches that gap alone,
+ * and comes back for the next (retrieve.c, fetch.c), where fetching
+ * through them would fetch held pieces again.
+ */
+static inline bool
+prefetch_gap (unsigned want, unsigned p, unsigned *a, unsigned *z)
+{
+  const unsigned lack = want & ~p;
+  *a = lack ? (unsigned) __builtin_ctz (lack) : 0;
+  const unsigned beyond = p & want & ~((2u << *a) - 1);
+  *z = beyond ? (unsigned) __builtin_ctz (beyond) : FSC_PIECES;
+  return p != 0 && lack != 0 && beyond != 0;
+}
+
 #endif /* FSC_FETCH_H */

@@ -311,6 +311,20 @@ classify_miss (struct fsc_object *o, const struct read_ctx *rc, uint64_t b,
   }
 }
 
+/* A prefetch back for block B's next gap (read_pinned, G its group):
+ * has the last pass stored nothing?  Then (no room, an error; the block
+ * evicted) it would fetch the same gap again, and again: it goes on.
+ * Caller holds o->lock.
+ */
+static bool
+gap_stalled (struct fsc_object *o, struct read_ctx *rc, uint64_t b,
+             const struct group *g)
+{
+  const unsigned p = g && present (o, b) ? g->pieces[IDX_OF (b)] : 0;
+  rc->gap_block = UINT64_MAX;
+  return (p & ~rc->gap_pieces) == 0;
+}
+
 /* Block B is not held: somebody fetching it, or a miss, or uncached.
  * Called with o->lock held; returns with it held, except for RUN_AGAIN
  * and RUN_NEXT, which return with it released.
@@ -386,17 +400,9 @@ classify_absent (struct fsc_object *o, struct read_ctx *rc, uint64_t b,
     pthread_mutex_unlock (&o->lock);
     return RUN_AGAIN;
   }
-  if (rc->gap_block == b) {
-    /* A prefetch back for a block's next gap (read_pinned): only if the
-     * last one was stored.  Else (not stored: no room, an error; the
-     * block evicted) it would fetch the same gap again, and again.
-     */
-    const unsigned p = g && present (o, b) ? g->pieces[IDX_OF (b)] : 0;
-    rc->gap_block = UINT64_MAX;
-    if ((p & ~rc->gap_pieces) == 0) {
-      pthread_mutex_unlock (&o->lock);
-      return RUN_NEXT;
-    }
+  if (rc->gap_block == b && gap_stalled (o, rc, b, g)) {
+    pthread_mutex_unlock (&o->lock);
+    return RUN_NEXT;
   }
   /* Uncached: the object cannot fill now (no memory for a group,
    * a full disk), or a client's read while the cache disk is
@@ -411,13 +417,10 @@ classify_absent (struct fsc_object *o, struct read_ctx *rc, uint64_t b,
    * nothing, counted as skipped, at the upstream's speed.  So does a
    * client's read while nothing new can be stored (the free space
    * floor, DIR/fscache.stop; counted in lowspace_skips): claimed as a
-   * miss, it fetched whole blocks for a sequential read only for the
-   * fill to drop them, and copied them out of the job, and a stream of
-   * 4 KiB reads fetched every 64 KiB block again for each of its
-   * reads (277 upstream reads of 64 KiB for 2 MiB read, stop 57).  Whole
-   * blocks, which only the fill would use, would be fetched for
-   * nothing.  (So does a block being fetched here, one the test
-   * knob does not wait for: it goes upstream again.)
+   * miss, a stream of 4 KiB reads fetched every 64 KiB block again
+   * for each of its reads, only for the fill to drop them (277
+   * upstream reads of 64 KiB for 2 MiB read, stop 57).  (So does a
+   * block being fetched here, one the test knob does not wait for.)
    */
   if (g == NULL || time (NULL) < o->nofill_until ||
       (g->fetching & BIT_OF (b)))
