@@ -89,19 +89,24 @@ struct fsc_cache {
 
   /* Background fills: a FIFO under fill_lock, at most fsc_fill_bound
    * queued (fill_bytes, also read without the lock: atomic stores);
-   * the thread runs between fsc_cache_start and close.
+   * FSC_FILLERS threads (fill.c) run between fsc_cache_start and close.
    */
+#define FSC_FILLERS 4
   pthread_mutex_t fill_lock;
-  pthread_cond_t fill_cond;             /* wakes the fill thread */
+  pthread_cond_t fill_cond;             /* wakes a fill thread */
   pthread_cond_t fill_idle_cond;        /* the queue ran empty */
   struct fsc_fill *fill_head, **fill_tail;
-  struct fsc_fill *fill_current;        /* the job being written */
+  struct fsc_fill *fill_current[FSC_FILLERS]; /* the jobs being written,
+                                         * one slot per thread */
   size_t fill_bytes;
   uint64_t fill_hold_until;             /* monotonic ns: the thread writes
                                          * nothing before (a probe of
                                          * cost.c, fill.c); 0: no hold.
                                          * Relaxed atomics */
-  pthread_t filler;
+  pthread_t filler[FSC_FILLERS];
+  unsigned fillers;                     /* threads started */
+  unsigned filler_slots;                /* slots taken (fill.c) */
+  unsigned fills_writing;               /* threads writing now (atomic) */
   bool filler_running;
   bool fill_stopping;
   /* Big buffers given back, for reuse (fill.c), under fill_lock. */

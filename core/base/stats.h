@@ -61,6 +61,8 @@
   X (pending_hit_bytes)   /* of hit_bytes, served from fills not written */\
   X (upstream_busy_us)    /* time with upstream reads in flight */     \
   X (fill_busy_us)        /* time with fills written or synced */      \
+  X (fill_depth_max)      /* the most fills the fill threads wrote at
+                           * once (a maximum, not a sum) */             \
   X (commit_us)           /* time spent in commits, microseconds */       \
   X (commit_max_us)       /* the longest commit (a maximum, not a sum) */ \
   X (share_joins)         /* opens that joined another process's object */\

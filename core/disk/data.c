@@ -19,12 +19,12 @@
  * every export up to 1 TiB is the export offset).
  *
  * Big writes bypass the page cache.  Each segment is also opened with
- * O_DIRECT, and a write of FSC_DIRECT_MIN (256 KiB: a miss run of
- * whole blocks, a readahead chunk) or more, aligned to 4 KiB in
- * memory, offset and length (fills of whole blocks from the buffers
- * of bufs.c always are, and so are the writeback writer's copies of
- * what it drained, from the same buffers since stop 57), goes through
- * that descriptor.  A buffered
+ * O_DIRECT, and a write of FSC_DIRECT_MIN (64 KiB: a block of the
+ * default size, a miss run of whole blocks, a readahead chunk) or
+ * more, aligned to 4 KiB in memory, offset and length (fills of whole
+ * blocks from the buffers of bufs.c always are, and so are the
+ * writeback writer's copies of what it drained, from the same buffers
+ * since stop 57), goes through that descriptor.  A buffered
  * write copies every byte into the page cache: a fill thread
  * streaming 1 MiB blocks spent half its process's CPU in that copy
  * (perf: copy_folio_from_iter_atomic under ext4's buffered write),
@@ -33,18 +33,19 @@
  * docs/benchmarks.md).  A direct write moves the bytes to the disk
  * with no copy and no dirty pages to flush later; and the page cache
  * keeps what clients read again rather than what was only filled.
- * Smaller writes (single blocks of a random read, pieces, caches of 4
- * KiB blocks) stay buffered: one thread writing them directly waits a
- * disk round trip each (fio, psync, random writes on this machine's
- * disk: 60 MB/s at 4 KiB, 211 at 16 KiB, 549 at 64 KiB, 2,073 at 1
- * MiB; 538 buffered at 4 KiB), where the page cache batches them.
- * From 64 KiB, a random read from a fast upstream ran at 0.85 of the
- * bare proxy against 0.56 (tools/bench/fastup.sh), but behind a cache
- * disk slower than its link (tests/filter/test-fscache-slow-disk.sh,
- * 4 MiB/s against 6), one run of a fresh clone stored only the fill
- * budget's burst: the single 64 KiB direct writes waited on the
- * device one by one, and the fill meter took that for the disk's
- * speed.  So 256 KiB, until small fills are written at some depth.
+ * Smaller writes (pieces, caches of 4 KiB blocks) stay buffered: a
+ * thread writing them directly waits a disk round trip each (fio,
+ * psync, random writes on this machine's disk: 60 MB/s at 4 KiB, 211
+ * at 16 KiB, 549 at 64 KiB, 2,073 at 1 MiB; 538 buffered at 4 KiB),
+ * where the page cache batches them.  From 64 KiB, with the fill
+ * threads (fill.c, FSC_FILLERS) writing that many at once, a random
+ * read from a fast upstream ran at 0.93 of the bare proxy against 0.85
+ * from 256 KiB (tools/bench/fastup.sh, stop 58): the copies of its
+ * buffered 64 KiB fills were 7% of the machine's CPU.  (From 64 KiB
+ * with one fill thread, behind a cache disk slower than its link,
+ * tests/filter/test-fscache-slow-disk.sh, one run stored only the fill
+ * budget's burst: the direct writes waited on the device one by one,
+ * and the fill meter took that for the disk's speed.)
  * Coherency holds across the two descriptors: a direct write flushes
  * and drops the page cache's copy of its range (the kernel's rule for
  * O_DIRECT), and a block is read only once its fill has returned;

@@ -28,7 +28,7 @@ struct group;
  * FSC_DIRECT_ALIGN in memory, offset and length, bypass the page
  * cache (data.c says why and why not smaller ones).
  */
-#define FSC_DIRECT_MIN ((size_t) 256 << 10)
+#define FSC_DIRECT_MIN ((size_t) 64 << 10)
 #define FSC_DIRECT_ALIGN 4096
 
 extern int fsc_data_open (struct fsc_object *o, bool *sizes_ok);

@@ -1,4 +1,4 @@
-/* libfscache: the fill thread, which writes what misses fetched into
+/* libfscache: the fill threads, which write what misses fetched into
  * the cache files, so that a miss is answered as soon as the upstream
  * answers.
  *
@@ -13,8 +13,18 @@
  * link with many large reads in flight has much being fetched and
  * nothing behind.  Others that miss on those blocks wait for the fill
  * as for a fetch, since the blocks stay claimed until it is done.  The
- * thread runs from fsc_fill_start to fsc_fill_stop, which finishes
+ * threads run from fsc_fill_start to fsc_fill_stop, which finishes
  * every queued job.
+ *
+ * FSC_FILLERS (4) threads take jobs from the queue, so that the cache
+ * disk has that many writes in flight.  Fills of a single 64 KiB block
+ * are direct writes (data.c), each a device round trip: one thread
+ * wrote them one at a time, and behind a slow device (a throttled loop
+ * device, tests/filter/test-fscache-slow-disk.sh) the fill meter took
+ * that one-at-a-time pace for the disk's speed.  Jobs hold disjoint
+ * claims, so they may be written in any order; a reader whose job the
+ * queue refused already wrote beside the one thread, as one more writer
+ * (fsc_fill_blocks and the meters take concurrent writers).
  *
  * When to skip a fill.  A full queue means the disk is behind, not
  * that it is the bottleneck: a stall (a commit's fsync behind another
@@ -559,8 +569,12 @@ fsc_fill_copy (struct fsc_cache *c, struct fsc_object *o, uint64_t b,
                uint64_t epoch, uint64_t lo, uint64_t hi, void *dst)
 {
   pthread_mutex_lock (&c->fill_lock);
-  struct fsc_fill *f = c->fill_current;
-  if (f == NULL || !job_holds (f, o, b, epoch, lo, hi))
+  struct fsc_fill *f = NULL;
+  for (unsigned i = 0; i < FSC_FILLERS && f == NULL; ++i)
+    if (c->fill_current[i] &&
+        job_holds (c->fill_current[i], o, b, epoch, lo, hi))
+      f = c->fill_current[i];
+  if (f == NULL)
     for (f = c->fill_head; f && !job_holds (f, o, b, epoch, lo, hi);
          f = f->next)
       ;
@@ -627,10 +641,22 @@ fsc_fill_submit (struct fsc_cache *c, struct fsc_object *obj,
   return 0;
 }
 
+/* Is a job queued or being written?  Caller holds c->fill_lock. */
+static bool
+fill_busy (const struct fsc_cache *c)
+{
+  for (unsigned i = 0; i < FSC_FILLERS; ++i)
+    if (c->fill_current[i])
+      return true;
+  return c->fill_head != NULL;
+}
+
 static void *
 filler (void *arg)
 {
   struct fsc_cache *c = arg;
+  const unsigned slot = __atomic_fetch_add (&c->filler_slots, 1,
+                                            __ATOMIC_RELAXED);
 
   for (;;) {
     pthread_mutex_lock (&c->fill_lock);
@@ -652,24 +678,28 @@ filler (void *arg)
       c->fill_head = f->next;
       if (c->fill_head == NULL)
         c->fill_tail = &c->fill_head;
-      c->fill_current = f;
+      c->fill_current[slot] = f;
     }
     pthread_mutex_unlock (&c->fill_lock);
     if (f == NULL)              /* stopping, and the queue is empty */
       return NULL;
 
     struct fsc_object *o = f->obj;
+    const unsigned depth = __atomic_add_fetch (&c->fills_writing, 1,
+                                               __ATOMIC_RELAXED);
+    FSC_STAT_MAX (&c->stats, fill_depth_max, depth);
     fsc_meter_begin (&c->fill_meter);
     fsc_fill_blocks (o, f->block, f->nblocks, f->data, f->start, f->len,
                      f->epochs, f->flags);
     fsc_meter_end (&c->fill_meter, f->len);
+    __atomic_sub_fetch (&c->fills_writing, 1, __ATOMIC_RELAXED);
     pthread_mutex_lock (&o->lock);
     o->pending_fills--;
     pthread_cond_broadcast (&o->cond);
     pthread_mutex_unlock (&o->lock);
     pthread_mutex_lock (&c->fill_lock);
-    c->fill_current = NULL;
-    if (c->fill_head == NULL)
+    c->fill_current[slot] = NULL;
+    if (!fill_busy (c))
       pthread_cond_broadcast (&c->fill_idle_cond);
     __atomic_store_n (&c->fill_bytes, c->fill_bytes - f->len,
                       __ATOMIC_RELAXED);
@@ -691,7 +721,7 @@ fsc_cache_drain (struct fsc_cache *c)
   /* Whoever waits for the queue does not wait for a probe. */
   fsc_fill_unhold (c);
   SCOPED_LOCK (&c->fill_lock);
-  while (c->filler_running && (c->fill_head || c->fill_current))
+  while (c->filler_running && fill_busy (c))
     pthread_cond_wait (&c->fill_idle_cond, &c->fill_lock);
 }
 
@@ -701,8 +731,12 @@ fsc_fill_start (struct fsc_cache *c)
   SCOPED_LOCK (&c->fill_lock);
   if (c->filler_running)
     return 0;
-  int e = pthread_create (&c->filler, NULL, filler, c);
-  if (e != 0) {
+  int e = 0;
+  c->filler_slots = 0;
+  for (c->fillers = 0; c->fillers < FSC_FILLERS; c->fillers++)
+    if ((e = pthread_create (&c->filler[c->fillers], NULL, filler, c)) != 0)
+      break;
+  if (c->fillers == 0) {
     errno = e;
     return -1;
   }
@@ -716,8 +750,8 @@ fsc_fill_stop (struct fsc_cache *c)
   pthread_mutex_lock (&c->fill_lock);
   c->fill_stopping = true;
   pthread_cond_broadcast (&c->fill_cond);
-  bool filling = c->filler_running;
+  const unsigned n = c->filler_running ? c->fillers : 0;
   pthread_mutex_unlock (&c->fill_lock);
-  if (filling)
-    pthread_join (c->filler, NULL);
+  for (unsigned i = 0; i < n; ++i)
+    pthread_join (c->filler[i], NULL);
 }

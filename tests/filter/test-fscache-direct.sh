@@ -16,6 +16,10 @@
 #    write is made buffered, the object stays cached (a second copy
 #    reads nothing upstream), and its later fills are buffered (the
 #    data file's pages are in the page cache after the cold copy).
+# 3. Fills of single 64 KiB blocks (the default block size)
+#    of random reads are direct too: written by several fill threads
+#    at once (core/ops/fill.c), they need not wait on the disk one by
+#    one.
 #
 # Truth: the image (cmp), the upstream's request log (log filter), the
 # kernel's page cache residency (fincore, util-linux).
@@ -94,4 +98,26 @@ echo "part 2: after the cold copy, $res bytes of the data file are in the page c
 [ "$res" -ge $((size * 3 / 4)) ] ||
   fail "part 2: only $res bytes in the page cache: fills went on direct after EINVAL"
 warm_and_checked p2 c2 "part 2"
+
+# ---- 3. Single 64 KiB blocks, in random order, are direct too. ----
+proxy p3 c3
+"$PYTHON" - "$TMP/p3.sock" "$TMP/img" <<'PY' || fail "part 3: a random read differs"
+import nbd, random, sys
+sock, img = sys.argv[1], sys.argv[2]
+data = open(img, "rb").read()
+blocks = list(range(0, len(data), 65536))
+random.Random(58).shuffle(blocks)
+h = nbd.NBD()
+h.connect_unix(sock)
+for off in blocks:
+    if h.pread(65536, off) != data[off:off + 65536]:
+        sys.exit("read at %d differs" % off)
+h.shutdown()
+PY
+stop_nbdkit "$TMP/p3.pid"
+res=$(resident c3)
+echo "part 3: after random 64 KiB reads, $res bytes of the data file are in the page cache"
+[ "$res" -le $((size / 16)) ] ||
+  fail "part 3: $res bytes of the data file in the page cache: 64 KiB fills were buffered"
+warm_and_checked p3 c3 "part 3"
 echo "$0: PASS"

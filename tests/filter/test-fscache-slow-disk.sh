@@ -19,6 +19,7 @@
 #     would take (with fills inline, as before, they took more than
 #     all of it; so they did when readahead's fills, which a stream's
 #     reads wait for, went at the disk's speed);
+#   - the fill threads wrote several fills at once (fill_depth_max);
 #   - the proxy counted fills it skipped (fill_skipped_bytes in its
 #     fscache-stats file, and in the object's counters, which
 #     nbd-fscache stat --prometheus exports), said so once in its log,
@@ -110,6 +111,12 @@ skipped=$(stat_value "$stats" fill_skipped_bytes)
 nskips=$(stat_value "$stats" fill_skipped)
 echo "fill_skipped $nskips, fill_skipped_bytes $skipped, upstream $up1"
 [ "$skipped" -gt 0 ] && [ "$nskips" -gt 0 ] || fail "no skipped fills counted"
+# The fill threads (core/ops/fill.c) kept more than one write in flight
+# on the slow disk, whose queue was full: one thread's writes, one at a
+# time, made the fill meter take that pace for the disk's.
+depth=$(stat_value "$stats" fill_depth_max)
+echo "fills written at once, at most: $depth"
+[ "$depth" -ge 2 ] || fail "the fill threads wrote $depth fill(s) at once"
 # Said once (at most once a minute), not once per skip.
 notes=$(grep -c "cache disk is slower than the upstream" "$TMP/px.err" || true)
 [ "$notes" -eq 1 ] || { cat "$TMP/px.err" >&2; fail "$notes notes of skipped fills"; }
