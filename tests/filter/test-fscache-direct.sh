@@ -79,15 +79,24 @@ warm_and_checked ()
     { cat "$TMP/$2.check" >&2; fail "$3: nbd-fscache check found problems"; }
 }
 
+# direct_and_checked NAME CACHE PART WHAT: proxy NAME stopped after WHAT,
+# its fills left (almost) none of the data file in the page cache, and
+# warm_and_checked.
+direct_and_checked ()
+{
+  local res
+  stop_nbdkit "$TMP/$1.pid"
+  res=$(resident "$2")
+  echo "$3: after $4, $res bytes of the $size-byte data file are in the page cache"
+  [ "$res" -le $((size / 16)) ] ||
+    fail "$3: $res bytes of the data file in the page cache: the fills were buffered"
+  warm_and_checked "$1" "$2" "$3"
+}
+
 # ---- 1. Direct fills. ----
 proxy p1 c1
 copy p1 "part 1, cold"
-stop_nbdkit "$TMP/p1.pid"
-res=$(resident c1)
-echo "part 1: after the cold copy, $res bytes of the $size-byte data file are in the page cache"
-[ "$res" -le $((size / 16)) ] ||
-  fail "part 1: $res bytes of the data file in the page cache: the fills were buffered"
-warm_and_checked p1 c1 "part 1"
+direct_and_checked p1 c1 "part 1" "the cold copy"
 
 # ---- 2. A direct write refused. ----
 NBD_FSCACHE_FAULTS=write:data:1:EINVAL proxy p2 c2
@@ -114,10 +123,5 @@ for off in blocks:
         sys.exit("read at %d differs" % off)
 h.shutdown()
 PY
-stop_nbdkit "$TMP/p3.pid"
-res=$(resident c3)
-echo "part 3: after random 64 KiB reads, $res bytes of the data file are in the page cache"
-[ "$res" -le $((size / 16)) ] ||
-  fail "part 3: $res bytes of the data file in the page cache: 64 KiB fills were buffered"
-warm_and_checked p3 c3 "part 3"
+direct_and_checked p3 c3 "part 3" "random 64 KiB reads"
 echo "$0: PASS"

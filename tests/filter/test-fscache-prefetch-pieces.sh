@@ -17,15 +17,7 @@ requires nbdkit --version
 requires nbdkit --filter=log null --dump-plugin
 requires nbdkit nbd --dump-plugin
 requires nbdkit --filter="$FILTER" null --dump-plugin
-
-PY=
-for p in python3 /usr/bin/python3; do
-  if "$p" -c 'import nbd' >/dev/null 2>&1; then PY="$p"; break; fi
-done
-if [ -z "$PY" ]; then
-  echo "$0: SKIP: requires python3 with the libnbd bindings (import nbd)"
-  exit 77
-fi
+requires "$PYTHON" -c 'import nbd'
 
 MiB=$((1024 * 1024))
 size=$((16 * MiB + 12345))
@@ -95,11 +87,11 @@ for part in cache stream; do
     fscache-dir="$TMP/cache" fscache-validate=size \
     fscache-block-size=1M fscache-readahead=$ra \
     fscache-stats="$TMP/st"
-  "$PY" "$TMP/reads.py" "$TMP/px.sock" "$TMP/upstream.img" "$part" ||
+  "$PYTHON" "$TMP/reads.py" "$TMP/px.sock" "$TMP/upstream.img" "$part" ||
     fail "$part: the data read back"
   stop_nbdkit "$TMP/px.pid"
   stop_nbdkit "$TMP/up.pid"
-  got=$("$PY" "$TMP/once.py" "$TMP/up.log") ||
+  got=$("$PYTHON" "$TMP/once.py" "$TMP/up.log") ||
     fail "$part: the upstream's log (above)"
   echo "$part: $got bytes read upstream, each once (image $size)," \
        "piece_fills=$(stat_value "$TMP/st" piece_fills)"
