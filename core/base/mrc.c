@@ -291,15 +291,20 @@ access_locked (struct fsc_mrc *m, uint64_t block, uint64_t h)
  * docs/benchmarks.md, issue 44).  A batch is one thread's accesses in
  * their order; the batches of threads interleave as whole runs, which
  * moves an access by at most a batch per other thread reading the
- * object: with nbdkit's 16 threads, 480 accesses, under a bucket's
- * width (a fifth of the distance) past about 2,500 blocks, where the
- * sizes worth advising on begin.  A thread's last accesses wait for
+ * object: with nbdkit's 16 threads, 120 sampled accesses, which at a
+ * sampling rate R is 120 / R blocks of distance.  Batches of 32 moved
+ * them four times as far: replaying the CloudPhysics sample (210,000
+ * blocks, R about 0.04) on an idle machine, whose requests spread over
+ * all the threads, the curve predicted 4.6 to 4.8% hits at 1% of the
+ * footprint where an exact LRU hits 7.8% (test-tool-advise.sh failed
+ * so, stop 58); with 8, 7.3%.  A lock per 8 sampled accesses rather
+ * than 32 costs nothing a profile shows.  A thread's last accesses wait for
  * its batch to fill (or fsc_mrc_flush).  A batch names its curve by
  * ID, not by pointer: a thread that turns to another curve drops what
  * it held for the last (which may have been freed since), at most
  * MRC_BATCH - 1 accesses.
  */
-#define MRC_BATCH 32
+#define MRC_BATCH 8
 
 struct batch {
   uint64_t id;

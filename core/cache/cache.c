@@ -18,7 +18,7 @@
  * dirty groups, and commits each object with pending changes.  Reads
  * therefore never wait for an fsync.
  *
- * The fill thread (fill.c) starts and stops with it.  Both run only
+ * The fill threads (fill.c) start and stop with it.  Both run only
  * between fsc_cache_start and fsc_cache_close (unit tests run without
  * them: fills are then synchronous).
  *

@@ -1,7 +1,7 @@
 /* libfscache: fetching a miss run (retrieve.c claims it): what to
  * fetch of its blocks (the read's window, the pieces its end blocks
  * hold), one upstream read timed by the upstream meter, the client's
- * part copied out, and the fill handed to the fill thread, or done
+ * part copied out, and the fill handed to the fill threads, or done
  * inline, or skipped when the cache disk is the bottleneck (fill.c).
  */
 #include <config.h>
@@ -139,8 +139,8 @@ fetch_range (struct fsc_object *o, uint64_t b, uint64_t n, const void *buf,
 }
 
 /* Fetch N claimed blocks from B upstream, give the client its part,
- * and fill the cache: in the background when the cache's fill thread
- * runs and has room, so that the reply does not wait for local writes
+ * and fill the cache: in the background when the cache's fill threads
+ * run and have room, so that the reply does not wait for local writes
  * (others missing on these blocks wait for the fill as for a fetch);
  * else here.  A read that is neither sequential nor near the last one
  * fetches only the pieces of the end blocks it covers, and so does an
@@ -231,7 +231,7 @@ fsc_fetch_run (struct fsc_object *o, uint64_t b, uint64_t n, void *buf,
     o->notices |= FSC_NOTICE_SKIPPED;
     pthread_mutex_unlock (&o->lock);
   }
-  /* An inline fill writes, as the fill thread does: the fill meter
+  /* An inline fill writes, as the fill threads do: the fill meter
    * counts it (fill.c).
    */
   const bool store = r == 0 && !skip;

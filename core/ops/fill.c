@@ -45,7 +45,7 @@
  *
  *   up_meter    every upstream read (retrieve.c: misses, bypasses,
  *               prefetches);
- *   fill_meter  every fill written: by the fill thread, and inline by
+ *   fill_meter  every fill written: by the fill threads, and inline by
  *               a reader whose job the full queue refused (one more
  *               writer, which the rate then includes); and the
  *               commit's sync of the data files (commit.c), where the
@@ -225,7 +225,7 @@ fill_under (struct fsc_cache *c, unsigned pct, bool peak, uint64_t *fill)
   return *fill != 0 && *fill < up / 100 * pct;
 }
 
-/* Is a probe of cost.c holding the fills?  The fill thread writes
+/* Is a probe of cost.c holding the fills?  The fill threads write
  * nothing until the hold's end, the queue may grow to FILL_MAX_BYTES,
  * and once it is full a client's miss skips its fill rather than write
  * it inline (fsc_fill_slower).  So a probe of a stream whose fills are

@@ -14,7 +14,7 @@
  *             the read needs, claimed (the group's fetching bits) and
  *             read upstream in one request of at most 4 MiB, then
  *             filled into the cache (store.c), in the background when
- *             the fill thread has room (fill.c).  A random read
+ *             the fill threads have room (fill.c).  A random read
  *             fetches only the pieces it covers of the blocks at its
  *             ends (a 4 KiB read of a 64 KiB block: 4 KiB upstream);
  *             sequential and near reads, and prefetches, whole blocks;

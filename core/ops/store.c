@@ -2,7 +2,7 @@
  *
  * Storage writes blocks into the data and sums files and publishes them
  * in the bitmaps: fills of what misses fetched (fsc_fill_blocks, from
- * retrieve.c or the fill thread) and writethrough stores of what
+ * retrieve.c or a fill thread) and writethrough stores of what
  * clients write (fsc_object_write_end).  Invalidation drops the blocks
  * a write, trim or zero touches before it goes upstream
  * (fsc_object_write_begin).
