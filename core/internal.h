@@ -106,7 +106,6 @@ struct fsc_cache {
   pthread_t filler[FSC_FILLERS];
   unsigned fillers;                     /* threads started */
   unsigned filler_slots;                /* slots taken (fill.c) */
-  unsigned fills_writing;               /* threads writing now (atomic) */
   bool filler_running;
   bool fill_stopping;
   /* Big buffers given back, for reuse (fill.c), under fill_lock. */

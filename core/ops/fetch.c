@@ -107,10 +107,8 @@ fetch_range (struct fsc_object *o, uint64_t b, uint64_t n, const void *buf,
        * retrieve.c, classify_miss; the caller comes back for the next
        * gap).
        */
-      const unsigned want = exact
-        ? pieces_of (&o->geom, b, MAX (bs, offset),
-                     MIN (block_end (&o->geom, b), offset + count))
-        : full_pieces (&o->geom, b);
+      const unsigned want = prefetch_want (&o->geom, b, !exact, offset,
+                                           offset + count);
       unsigned a, z;
       prefetch_gap (want, held_first, &a, &z);
       start = MAX (start, bs + ((uint64_t) a << o->geom.pshift));

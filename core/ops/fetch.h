@@ -28,6 +28,18 @@ extern int fsc_fetch_run (struct fsc_object *o, uint64_t b, uint64_t n,
                           unsigned held_first, unsigned held_last,
                           uint64_t *missed);
 
+/* The pieces of block B a prefetch wants: all of them (WHOLE), or
+ * those [LO, HI) covers (an exact prefetch's window).
+ */
+static inline unsigned
+prefetch_want (const struct fsc_geom *g, uint64_t b, bool whole,
+               uint64_t lo, uint64_t hi)
+{
+  return whole ? full_pieces (g, b)
+    : pieces_of (g, b, MAX (block_start (g, b), lo),
+                 MIN (block_end (g, b), hi));
+}
+
 /* A prefetch wanting pieces WANT of a block that holds pieces P (0: none;
  * not all it wants): its first gap is the pieces from *A, the first it
  * wants and the block lacks, up to *Z, the next it wants and the block

@@ -679,20 +679,21 @@ filler (void *arg)
       if (c->fill_head == NULL)
         c->fill_tail = &c->fill_head;
       c->fill_current[slot] = f;
+      /* How many are being written, this one among them. */
+      unsigned depth = 0;
+      for (unsigned i = 0; i < FSC_FILLERS; ++i)
+        depth += c->fill_current[i] != NULL;
+      FSC_STAT_MAX (&c->stats, fill_depth_max, depth);
     }
     pthread_mutex_unlock (&c->fill_lock);
     if (f == NULL)              /* stopping, and the queue is empty */
       return NULL;
 
     struct fsc_object *o = f->obj;
-    const unsigned depth = __atomic_add_fetch (&c->fills_writing, 1,
-                                               __ATOMIC_RELAXED);
-    FSC_STAT_MAX (&c->stats, fill_depth_max, depth);
     fsc_meter_begin (&c->fill_meter);
     fsc_fill_blocks (o, f->block, f->nblocks, f->data, f->start, f->len,
                      f->epochs, f->flags);
     fsc_meter_end (&c->fill_meter, f->len);
-    __atomic_sub_fetch (&c->fills_writing, 1, __ATOMIC_RELAXED);
     pthread_mutex_lock (&o->lock);
     o->pending_fills--;
     pthread_cond_broadcast (&o->cond);

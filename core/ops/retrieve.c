@@ -265,10 +265,8 @@ classify_miss (struct fsc_object *o, const struct read_ctx *rc, uint64_t b,
    * 57), and each time in test-fscache-prefetch-pieces.sh.
    */
   if (!rc->buf && r->held_first) {
-    const uint64_t bs = block_start (&o->geom, b);
-    const uint64_t be = block_end (&o->geom, b);
-    const unsigned want = rc->whole ? full_pieces (&o->geom, b)
-      : pieces_of (&o->geom, b, MAX (bs, rc->offset), MIN (be, rc->end));
+    const unsigned want = prefetch_want (&o->geom, b, rc->whole,
+                                         rc->offset, rc->end);
     unsigned a, z;
     r->gap = prefetch_gap (want, r->held_first, &a, &z);
   }

@@ -182,7 +182,7 @@ update_obj (struct batch *b, const struct req *r, const unsigned char *data)
 /* A data request's buffer, LEN bytes: the cache's big buffers
  * (bufs.c), mapped, so 4 KiB aligned, and pooled.  Aligned, the
  * object's copy of the bytes (update_obj) is a direct write (data.c:
- * O_DIRECT from 256 KiB); from malloc it was not, and each 4 MiB
+ * O_DIRECT from FSC_DIRECT_MIN); from malloc it was not, and each 4 MiB
  * request was copied into the page cache a second time after the
  * upstream's write: a 5.5 to 7 ms stretch in the kernel per request
  * (perf trace), which no thread on that CPU could preempt (this
