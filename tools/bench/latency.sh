@@ -11,13 +11,19 @@
 #
 #   idle     nothing else
 #   fills    a second client copies "cold" through the same proxy
-#            (nbdcopy): the cache fills at the link's speed
+#            (nbdcopy): the cache fills at the link's speed;
+#            the limit is measured twice: the local file beside a writer of what
+#            the fills wrote (the disk's load), and beside that writer
+#            and the same cold copy through a bare proxy over the same
+#            link (nbdkit --filter=rate file dir=IMGS, no cache): the
+#            same load without the cache ("fills (limit: fills+copy)")
 #   nofill   the same copy with fills stopped (DIR/fscache.stop): what
 #            the copy itself costs the hits, beside nothing on the disk
 #            (its limit is the local file idle)
 #   evict    the same copy through a proxy capped at WARM + CAP_EXTRA
 #            (fscache-max-size, default 256M more): every fill past
-#            the cap evicts (evicted_bytes says how much)
+#            the cap evicts (evicted_bytes says how much); its limits
+#            as for fills
 #   drain    a writeback proxy (fscache-mode=writeback) of an image
 #            "wb" was just written WB (default 1G, the default
 #            fscache-dirty-max) at local speed: its writer drains it to
@@ -110,12 +116,20 @@ print("%.0f %.0f %.0f" % (p["50.000000"] / 1e3, p["99.000000"] / 1e3,
 PY
 }
 
-# local_beside COND RATE R [BS]: the local file plugin's latencies
-# beside a writer of RATE MiB/s in writes of BS (default 1M), the limit
-# for COND in round R.
+# local_beside COND RATE R [BS [COPY]]: the local file plugin's
+# latencies beside a writer of RATE MiB/s in writes of BS (default 1M),
+# the limit for COND in round R.  With COPY "copy", the cold copy runs
+# beside them too, through a bare proxy over the same link (nbdkit
+# --filter=rate file dir=IMGS, no cache), and the results go under
+# COND+copy: the same load without the cache.
 local_beside ()
 {
-  local cond=$1 rate=$2 r=$3 bs=${4:-1M} wp qd
+  local cond=$1 rate=$2 r=$3 bs=${4:-1M} copy=${5:-} wp qd cp=""
+  if [ "$copy" = copy ]; then
+    start bare --filter=rate file dir="$OUT/imgs" rate="$RATE"
+    nbdcopy "nbd+unix:///cold?socket=$OUT/bare.sock" null: & cp=$!
+    cond="$cond+copy"
+  fi
   fio --name=w --rw=write --bs="$bs" --rate="${rate}m" --fdatasync=64 \
     --size=4G --time_based --runtime=$((2 * SECONDS_ + 2)) \
     --filename="$OUT/writer.dat" >/dev/null 2>&1 & wp=$!
@@ -125,6 +139,16 @@ local_beside ()
   done
   kill $wp 2>/dev/null || true; wait $wp 2>/dev/null || true
   rm -f "$OUT/writer.dat"
+  if [ -n "$cp" ]; then
+    if ! kill -0 $cp 2>/dev/null; then
+      echo "latency.sh: round $r, $cond: the bare proxy's copy ended before the measurement did: raise --cold" >&2
+    fi
+    # To its end: nbdkit 1.32 can abort (raw_send_socket: Assertion
+    # `sock >= 0') when a client goes while the rate filter holds its
+    # requests.
+    wait $cp || true
+    stop bare
+  fi
 }
 
 # warm_up URI CACHEDIR: every block of the warm export stored before the
@@ -304,7 +328,9 @@ for r in $(seq "$ROUNDS"); do
     done
   fi
   [ -z "$frate" ] || ! has fills || local_beside fills "$frate" "$r"
+  [ -z "$frate" ] || ! has fills || local_beside fills "$frate" "$r" 1M copy
   [ -z "$erate" ] || local_beside evict "$erate" "$r"
+  [ -z "$erate" ] || local_beside evict "$erate" "$r" 1M copy
   # The drain writes the upstream's file (the file plugin, in the
   # writeback proxy's process) up to 4 MiB a request (writeback.c,
   # MAX_REQ): a buffered write's copy that long holds a CPU for
@@ -321,14 +347,17 @@ for line in open(sys.argv[1]):
     rows[(cfg, cond, int(qd))].append([float(x) for x in v])
 print("| condition | iodepth | fscache p50/p99/p99.9 (µs) | local p50/p99/p99.9 (µs) | p99 ratio | p99.9 ratio |")
 print("|---|---:|---:|---:|---:|---:|")
-for cond in ("idle", "fills", "nofill", "evict", "drain"):
+for cond, lc in (("idle", "idle"), ("fills", "fills"),
+                 ("fills", "fills+copy"), ("nofill", "idle"),
+                 ("evict", "evict"), ("evict", "evict+copy"),
+                 ("drain", "drain")):
     for qd in (1, 8):
-        lc = "idle" if cond == "nofill" else cond
         if not rows[("fscache", cond, qd)] or not rows[("local", lc, qd)]:
             continue
         f = [statistics.median(c) for c in zip(*rows[("fscache", cond, qd)])]
         l = [statistics.median(c) for c in zip(*rows[("local", lc, qd)])]
+        name = cond if lc in (cond, "idle") else cond + " (limit: " + lc + ")"
         print("| %s | %d | %.0f / %.0f / %.0f | %.0f / %.0f / %.0f | %.2f | %.2f |"
-              % (cond, qd, *f, *l, f[1] / l[1], f[2] / l[2]))
+              % (name, qd, *f, *l, f[1] / l[1], f[2] / l[2]))
 PY
 echo "latency.sh: $OUT" >&2
