@@ -63,7 +63,8 @@ static pthread_mutex_t list_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t list_cond = PTHREAD_COND_INITIALIZER;
 static struct cu_worker *list;
 static bool stopping;
-static uint64_t last_request_ms;        /* atomic: last start or end */
+static uint64_t last_request_ms;        /* atomic: last start or end
+                                         * (fsc_mono_coarse_ms) */
 static unsigned inflight;               /* atomic: client requests */
 
 void
@@ -72,17 +73,29 @@ catchup_set_backend (nbdkit_backend *b)
   backend = b;
 }
 
+/* The time is stored only when it moved (once a tick at most): every
+ * store takes the line from the other CPU's cache, and two a request
+ * were among the hit path's costs (issue 44).
+ */
+static void
+note_time (void)
+{
+  uint64_t now = fsc_mono_coarse_ms ();
+  if (__atomic_load_n (&last_request_ms, __ATOMIC_RELAXED) != now)
+    __atomic_store_n (&last_request_ms, now, __ATOMIC_RELAXED);
+}
+
 void
 catchup_client_request (void)
 {
   __atomic_add_fetch (&inflight, 1, __ATOMIC_RELAXED);
-  __atomic_store_n (&last_request_ms, fsc_mono_ms (), __ATOMIC_RELAXED);
+  note_time ();
 }
 
 void
 catchup_client_done (void)
 {
-  __atomic_store_n (&last_request_ms, fsc_mono_ms (), __ATOMIC_RELAXED);
+  note_time ();
   __atomic_sub_fetch (&inflight, 1, __ATOMIC_RELAXED);
 }
 
@@ -111,7 +124,7 @@ wait_idle (void)
     if (stop)
       return false;
     uint64_t last = __atomic_load_n (&last_request_ms, __ATOMIC_RELAXED);
-    uint64_t now = fsc_mono_ms ();
+    uint64_t now = fsc_mono_coarse_ms ();
     if (now - last >= IDLE_MS &&
         __atomic_load_n (&inflight, __ATOMIC_RELAXED) == 0)
       return true;

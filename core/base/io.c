@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "io.h"
+#include "utils.h"
 
 static int
 parse_errno (const char *s)
@@ -103,12 +104,14 @@ fault (struct fsc_io *io, int op, int kind)
 }
 
 static __thread bool disk_touched;
+static __thread uint64_t disk_ns;
 static bool nowait_off;         /* atomic: RWF_NOWAIT refused once */
 
 void
 fsc_io_disk_mark (void)
 {
   disk_touched = false;
+  disk_ns = 0;
 }
 
 bool
@@ -117,10 +120,17 @@ fsc_io_disk_touched (void)
   return disk_touched;
 }
 
+uint64_t
+fsc_io_disk_ns (void)
+{
+  return disk_ns;
+}
+
 /* pread of a data file: up to N bytes at OFF into BUF from the page
  * cache alone, and if none of them is there, from the disk (noted in
- * disk_touched).  Where RWF_NOWAIT is refused, a plain pread, counted
- * as the disk's.
+ * disk_touched, its time added to disk_ns: the clock is read for a
+ * read that goes to the disk, not twice for every hit).  Where
+ * RWF_NOWAIT is refused, a plain pread, counted as the disk's.
  */
 static ssize_t
 data_pread (int fd, void *buf, size_t n, uint64_t off)
@@ -138,7 +148,10 @@ data_pread (int fd, void *buf, size_t n, uint64_t off)
   }
 #endif
   disk_touched = true;
-  return pread (fd, buf, n, off);
+  const uint64_t t0 = fsc_mono_ns ();
+  ssize_t r = pread (fd, buf, n, off);
+  disk_ns += fsc_mono_ns () - t0;
+  return r;
 }
 
 ssize_t

@@ -87,6 +87,10 @@ extern ssize_t fsc_io_pread (struct fsc_io *io, int kind, int fd,
  */
 extern void fsc_io_disk_mark (void);
 extern bool fsc_io_disk_touched (void);
+/* The time those of them that needed the disk took, in nanoseconds
+ * (the clock is read only for them).
+ */
+extern uint64_t fsc_io_disk_ns (void);
 
 /* Write all N bytes at OFF.  Returns 0 or -1 with errno. */
 extern int fsc_io_pwrite (struct fsc_io *io, int kind, int fd,

@@ -259,9 +259,12 @@ access_locked (struct fsc_mrc *m, uint64_t block, uint64_t h)
   if (m->table[p] != EMPTY) {
     uint32_t s = m->table[p];
     /* Distinct kept blocks touched since: marks after its time, and
-     * itself (an LRU of d + 1 blocks holds it).
+     * itself (an LRU of d + 1 blocks holds it).  Every kept block has
+     * one mark (M1: added with it, moved on each access, removed with
+     * it), so all the marks are n, not a second walk of the tree
+     * (unit-mrc's loop test fails if they are not).
      */
-    int32_t since = fen_sum (m, MRC_CLOCK) - fen_sum (m, m->last[s]);
+    int32_t since = (int32_t) m->n - fen_sum (m, m->last[s]);
     m->hist[bucket_of ((since + 1) * w)] += w;
     fen_add (m, m->last[s], -1);
     m->last[s] = ++m->clock;

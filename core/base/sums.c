@@ -112,6 +112,28 @@ scache_slot (struct fsc_object *o, uint64_t b)
   return &o->scache[b & (o->nscache - 1)];
 }
 
+/* A 4 KiB hit of a random block finds its entry out of the CPU's
+ * caches (4,096 entries of 152 bytes for a 256 MiB export, beside the
+ * data the hits copy): two thirds of fsc_scache_get_locked's samples
+ * were that first load, 0.2 µs a hit (perf annotate, issue 44).  The
+ * read asks for it as it starts, before the miss-ratio curve's and
+ * the index's work, so that the load overlaps them.  The table is set
+ * once (fsc_scache_put) and freed with the object, and a prefetch of
+ * any address is harmless, so no lock is needed.
+ */
+void
+fsc_scache_prefetch (const struct fsc_object *o, uint64_t b)
+{
+  const struct scache_entry *t = __atomic_load_n (&o->scache,
+                                                  __ATOMIC_ACQUIRE);
+  if (t == NULL)
+    return;
+  const size_t n = __atomic_load_n (&o->nscache, __ATOMIC_RELAXED);
+  const struct scache_entry *e = &t[b & (n - 1)];
+  for (size_t off = 0; off < sizeof *e; off += 64)
+    __builtin_prefetch ((const char *) e + off);
+}
+
 bool
 fsc_scache_get (struct fsc_object *o, uint64_t b, uint64_t csum,
                 unsigned pieces, uint64_t *sums, unsigned k)
@@ -145,12 +167,16 @@ fsc_scache_put (struct fsc_object *o, uint64_t b, uint64_t csum,
     size_t n = 1;
     while (n < SCACHE_MAX && n < o->geom.nblocks)
       n *= 2;
-    o->scache = malloc (n * sizeof *o->scache);
-    if (o->scache == NULL)
+    struct scache_entry *t = malloc (n * sizeof *t);
+    if (t == NULL)
       return;                   /* no memory: read them each time */
     for (size_t i = 0; i < n; ++i)
-      o->scache[i].block = UINT64_MAX;
-    o->nscache = n;
+      t[i].block = UINT64_MAX;
+    /* nscache before the table: fsc_scache_prefetch reads them
+     * without the lock.
+     */
+    __atomic_store_n (&o->nscache, n, __ATOMIC_RELAXED);
+    __atomic_store_n (&o->scache, t, __ATOMIC_RELEASE);
   }
   struct scache_entry *e = scache_slot (o, b);
   e->block = b;

@@ -35,6 +35,10 @@ extern void fsc_zero_csums (struct fsc_geom *g);
 extern bool fsc_scache_get_locked (struct fsc_object *o, uint64_t b,
                                    uint64_t csum, unsigned pieces,
                                    uint64_t *sums, unsigned k);
+/* Start bringing block B's entry into the CPU's cache, without the
+ * lock (sums.c says why).
+ */
+extern void fsc_scache_prefetch (const struct fsc_object *o, uint64_t b);
 extern bool fsc_scache_get (struct fsc_object *o, uint64_t b, uint64_t csum,
                             unsigned pieces, uint64_t *sums, unsigned k);
 extern void fsc_scache_put (struct fsc_object *o, uint64_t b, uint64_t csum,

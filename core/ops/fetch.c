@@ -226,7 +226,7 @@ fsc_fetch_run (struct fsc_object *o, uint64_t b, uint64_t n, void *buf,
     FSC_OSTAT_ADD (o, fill_skipped_bytes, len);
     fsc_catchup_note (o, start, len);
     pthread_mutex_lock (&o->lock);
-    o->notices |= FSC_NOTICE_SKIPPED;
+    __atomic_or_fetch (&o->notices, FSC_NOTICE_SKIPPED, __ATOMIC_RELAXED);
     pthread_mutex_unlock (&o->lock);
   }
   /* An inline fill writes, as the fill threads do: the fill meter

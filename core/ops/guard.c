@@ -92,11 +92,31 @@ average (uint64_t *avg, uint64_t *n, uint64_t ns)
   __atomic_store_n (avg, a, __ATOMIC_RELAXED);
 }
 
+/* Whether a hit from the page cache (NS 0) would leave the guard as it
+ * is: the averages too small to move (a - a/8 is a for a < 8), the
+ * last hit fast, enough hits counted, and no reroute watching the
+ * count for probes.  Then nothing is written: the guard is the
+ * cache's, and four stores a hit took its line from the other CPU's
+ * cache on every hit of an idle proxy's 4 KiB reads (issue 44).
+ */
+static bool
+hit_changes_nothing (const struct fsc_object *o, const struct fsc_guard *g,
+                     uint64_t ns)
+{
+  return ns == 0 &&
+    __atomic_load_n (&g->hit_ns, __ATOMIC_RELAXED) < 8 &&
+    __atomic_load_n (&g->slow_share, __ATOMIC_RELAXED) < 16 &&
+    __atomic_load_n (&g->last_hit_ns, __ATOMIC_RELAXED) == 0 &&
+    __atomic_load_n (&g->hit_n, __ATOMIC_RELAXED) >= MIN_SAMPLES &&
+    !__atomic_load_n (&o->guard.rerouting, __ATOMIC_RELAXED);
+}
+
 void
 fsc_guard_hit_time (struct fsc_object *o, uint64_t bytes, uint64_t ns)
 {
   struct fsc_guard *g = &o->cache->guard;
-  if (g->enabled && bytes <= FSC_GUARD_MAX_BYTES) {
+  if (g->enabled && bytes <= FSC_GUARD_MAX_BYTES &&
+      !hit_changes_nothing (o, g, ns)) {
     average (&g->hit_ns, &g->hit_n, ns);
     __atomic_store_n (&g->last_hit_ns, ns, __ATOMIC_RELAXED);
     /* The share of slow hits, in 1/1024, moving by 1/16 a hit. */

@@ -305,7 +305,7 @@ classify_miss (struct fsc_object *o, const struct read_ctx *rc, uint64_t b,
     r->kind = RUN_UNCACHED;
     r->bypass = rc->buf != NULL;
     if (rc->buf)
-      o->notices |= FSC_NOTICE_SKIPPED;
+      __atomic_or_fetch (&o->notices, FSC_NOTICE_SKIPPED, __ATOMIC_RELAXED);
   }
 }
 
@@ -441,7 +441,7 @@ classify_absent (struct fsc_object *o, struct read_ctx *rc, uint64_t b,
   else if (rc->buf && fsc_fill_congested (o->cache) &&
            fsc_fill_slower (o->cache)) {
     r->bypass = true;
-    o->notices |= FSC_NOTICE_SKIPPED;
+    __atomic_or_fetch (&o->notices, FSC_NOTICE_SKIPPED, __ATOMIC_RELAXED);
     extend_uncached (o, rc, b, r);
   }
   else
@@ -546,15 +546,15 @@ serve_hit_guarded (struct fsc_object *o, const struct read_ctx *rc,
     return r->n;
   }
   fsc_io_disk_mark ();
-  const uint64_t t0 = fsc_mono_ns ();
   uint64_t done = serve_hit (o, rc, b, r);
   /* A hit served from the page cache is the disk's fastest: however
    * long it took, it waited for a CPU (base/io.h), which no reroute
-   * cures.
+   * cures.  A hit that read the disk is timed by its reads of the
+   * disk (io.c): the clock is read only for them.
    */
   if (done == r->n)
     fsc_guard_hit_time (o, hi - lo,
-                        fsc_io_disk_touched () ? fsc_mono_ns () - t0 : 0);
+                        fsc_io_disk_touched () ? fsc_io_disk_ns () : 0);
   return done;
 }
 
@@ -694,6 +694,8 @@ fsc_read_counted (struct fsc_object *o, void *buf, uint32_t count,
                   unsigned flags, uint64_t *missedp)
 {
   uint64_t missed = 0;
+  if (o->verify && count > 0)
+    fsc_scache_prefetch (o, offset >> o->geom.bshift);
   FSC_STAT_ADD (&o->cache->stats, read_requests, 1);
   /* The miss-ratio curve counts what clients ask for, hit or not. */
   if (o->mrc && count > 0 && offset < o->geom.size) {

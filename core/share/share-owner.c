@@ -256,7 +256,7 @@ admit (struct fsc_object *o, int fd, bool *hello_counted)
       srv->refused_uid = uid;
       pthread_mutex_unlock (&srv->lock);
       pthread_mutex_lock (&o->lock);
-      o->notices |= FSC_NOTICE_PEER;
+      __atomic_or_fetch (&o->notices, FSC_NOTICE_PEER, __ATOMIC_RELAXED);
       pthread_mutex_unlock (&o->lock);
     }
     return false;
