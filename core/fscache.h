@@ -418,6 +418,10 @@ extern bool fsc_object_written_ever (struct fsc_object *obj);
 extern void fsc_object_count_peer (struct fsc_object *obj,
                                    enum fsc_peer_stat which, uint64_t delta);
 extern void fsc_cache_set_peers_known (struct fsc_cache *cache, uint64_t n);
+/* A worker thread of the caller's offered its CPU (the filter's
+ * fscache-worker-yield): counted in worker_yields.
+ */
+extern void fsc_cache_count_yield (struct fsc_cache *cache);
 extern void fsc_cache_set_peers_aside (struct fsc_cache *cache, uint64_t n);
 extern void fsc_cache_set_peer_tree_depth (struct fsc_cache *cache,
                                            uint64_t depth);

@@ -45,6 +45,7 @@
 #include "fscache.h"
 #include "keyenc.h"
 #include "readahead.h"
+#include "yield.h"
 #include "trace.h"
 #include "blocksize.h"
 #include "pool.h"
@@ -174,6 +175,7 @@ static int
 fscache_get_ready (int thread_model)
 {
   upstream_set_thread_model (thread_model);
+  yield_set_budget_us (params.worker_yield);
   ownctx_init ();
   if (params.mode == MODE_WRITEBACK && !upstream_model_allows_shared ()) {
     nbdkit_error ("fscache-mode=writeback: the upstream's thread model "
@@ -317,6 +319,8 @@ fscache_pread (nbdkit_next *next, void *handle, void *buf, uint32_t count,
   catchup_maybe_start (h->obj, h->exportname);
   if (h->traced)
     fsc_trace_note (state.trace, offset, count);
+  if (yield_after_request ())
+    fsc_cache_count_yield (state.cache);
   return 0;
 }
 

@@ -68,6 +68,7 @@ struct fscache_params params = {
   .peer_max_inbound = 256,
   .catchup = true,
   .latency_guard = true,
+  .worker_yield = 25,
   .fill_probe = true,
   .mrc = true,
 };
@@ -86,6 +87,9 @@ const char params_help[] =
   "fscache-catchup=BOOL       Fill skipped reads later, when idle (default true).\n"
   "fscache-mrc=BOOL           Keep each export's miss-ratio curve, for\n"
   "                           nbd-fscache advise (default true).\n"
+  "fscache-worker-yield=US    A worker that served reads back to back for\n"
+  "                           US microseconds without sleeping offers its\n"
+  "                           CPU (default 25, 0 never).\n"
   "fscache-latency-guard=BOOL  Read hits upstream while the cache disk is\n"
   "                           slower than the upstream (default true; not\n"
   "                           in writeback mode).\n"
@@ -314,11 +318,21 @@ set_bool (const char *k, const char *value, bool *out)
   return 0;
 }
 
-static int
-set_verify (const char *k, const char *value)
-{
-  return set_bool (k, value, &params.verify);
-}
+/* The setters of the boolean parameters: set_bool into params.FIELD. */
+#define BOOL_SETTER(field)                                      \
+  static int                                                    \
+  set_##field (const char *k, const char *value)                \
+  {                                                             \
+    return set_bool (k, value, &params.field);                  \
+  }
+BOOL_SETTER (verify)
+BOOL_SETTER (catchup)
+BOOL_SETTER (mrc)
+BOOL_SETTER (latency_guard)
+BOOL_SETTER (fill_probe)
+BOOL_SETTER (peer_only)
+BOOL_SETTER (offline)
+
 
 static int
 set_readahead (const char *k, const char *value)
@@ -336,29 +350,22 @@ set_readahead (const char *k, const char *value)
   return 0;
 }
 
-static int
-set_catchup (const char *k, const char *value)
-{
-  return set_bool (k, value, &params.catchup);
-}
+
 
 static int
-set_mrc (const char *k, const char *value)
+set_worker_yield (const char *k, const char *value)
 {
-  return set_bool (k, value, &params.mrc);
+  unsigned long us;
+  if (parse_count (value, 1000000, &us) == -1) {
+    nbdkit_error ("fscache-worker-yield=%s: must be a number of "
+                  "microseconds from 0 to 1000000", value);
+    return -1;
+  }
+  params.worker_yield = us;
+  return 0;
 }
 
-static int
-set_latency_guard (const char *k, const char *value)
-{
-  return set_bool (k, value, &params.latency_guard);
-}
 
-static int
-set_fill_probe (const char *k, const char *value)
-{
-  return set_bool (k, value, &params.fill_probe);
-}
 
 static int
 set_upstream_connections (const char *k, const char *value)
@@ -451,17 +458,7 @@ set_min_free (const char *k, const char *value)
   return 0;
 }
 
-static int
-set_peer_only (const char *k, const char *value)
-{
-  return set_bool (k, value, &params.peer_only);
-}
 
-static int
-set_offline (const char *k, const char *value)
-{
-  return set_bool (k, value, &params.offline);
-}
 
 static int
 set_stats (const char *k, const char *value)
@@ -539,36 +536,31 @@ set_trace (const char *k, const char *value)
   return params.trace_file ? 0 : -1;
 }
 
+/* K=VALUE, a size of at least MIN (said as MINS), into *OUT. */
+static int
+set_size_min (const char *k, const char *value, int64_t min,
+              const char *mins, uint64_t *out)
+{
+  int64_t r = nbdkit_parse_size (value);
+  if (r == -1 || r < min) {
+    nbdkit_error ("%s=%s: %s", k, value, r == -1 ? "not a size" : mins);
+    return -1;
+  }
+  *out = r;
+  return 0;
+}
+
 static int
 set_trace_max (const char *k, const char *value)
 {
-  int64_t r = nbdkit_parse_size (value);
-  if (r == -1) {
-    nbdkit_error ("fscache-trace-max=%s: not a size", value);
-    return -1;
-  }
-  if (r < 4096) {
-    nbdkit_error ("fscache-trace-max=%s: at least 4K", value);
-    return -1;
-  }
-  params.trace_max = r;
-  return 0;
+  return set_size_min (k, value, 4096, "at least 4K", &params.trace_max);
 }
 
 static int
 set_dirty_max (const char *k, const char *value)
 {
-  int64_t r = nbdkit_parse_size (value);
-  if (r == -1) {
-    nbdkit_error ("fscache-dirty-max=%s: not a size", value);
-    return -1;
-  }
-  if (r < 1024 * 1024) {
-    nbdkit_error ("fscache-dirty-max=%s: at least 1M", value);
-    return -1;
-  }
-  params.dirty_max = r;
-  return 0;
+  return set_size_min (k, value, 1024 * 1024, "at least 1M",
+                       &params.dirty_max);
 }
 
 static int
@@ -601,6 +593,7 @@ static const struct {
   { "fscache-readahead", set_readahead },
   { "fscache-catchup", set_catchup },
   { "fscache-latency-guard", set_latency_guard },
+  { "fscache-worker-yield", set_worker_yield },
   { "fscache-fill-probe", set_fill_probe },
   { "fscache-mrc", set_mrc },
   { "fscache-upstream-connections", set_upstream_connections },

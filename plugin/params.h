@@ -65,6 +65,8 @@ struct fscache_params {
                                  * cost.c) */
   bool catchup;                 /* fscache-catchup: make up skipped
                                  * fills when idle (catchup.c) */
+  unsigned worker_yield;        /* fscache-worker-yield, microseconds
+                                 * (yield.c); 0: never */
   unsigned upstream_connections; /* fscache-upstream-connections: the
                                  * pool's size (pool.c), 0: none */
   bool upstream_connections_given; /* ... given on the command line:

@@ -34,6 +34,12 @@ fsc_ostat_index (const char *name)
 }
 
 void
+fsc_cache_count_yield (struct fsc_cache *cache)
+{
+  FSC_STAT_ADD (&cache->stats, worker_yields, 1);
+}
+
+void
 fsc_cache_count_peer (struct fsc_cache *cache, enum fsc_peer_stat which,
                       uint64_t delta)
 {

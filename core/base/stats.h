@@ -107,7 +107,9 @@
   X (fill_cost_pm)        /* the last comparison: served per second
                            * without fills over with, per mille (a gauge) */\
   X (fill_costly)         /* 1: fills slow the clients, the budget is
-                           * engaged (a gauge) */
+                           * engaged (a gauge) */                      \
+  X (worker_yields)       /* the filter's workers offered their CPU
+                           * after a budget of back-to-back reads */
 
 struct fsc_stats {
 #define FSC_STATS_DECL(name) uint64_t name;
