@@ -350,32 +350,35 @@ set_readahead (const char *k, const char *value)
   return 0;
 }
 
-
+/* K=VALUE, a number of UNIT from 0 to MAX, into *N; said if not. */
+static int
+set_count (const char *k, const char *value, unsigned long max,
+           const char *unit, unsigned long *n)
+{
+  if (parse_count (value, max, n) == -1) {
+    nbdkit_error ("%s=%s: must be a number of %s from 0 to %lu",
+                  k, value, unit, max);
+    return -1;
+  }
+  return 0;
+}
 
 static int
 set_worker_yield (const char *k, const char *value)
 {
   unsigned long us;
-  if (parse_count (value, 1000000, &us) == -1) {
-    nbdkit_error ("fscache-worker-yield=%s: must be a number of "
-                  "microseconds from 0 to 1000000", value);
+  if (set_count (k, value, 1000000, "microseconds", &us) == -1)
     return -1;
-  }
   params.worker_yield = us;
   return 0;
 }
-
-
 
 static int
 set_upstream_connections (const char *k, const char *value)
 {
   unsigned long n;
-  if (parse_count (value, 64, &n) == -1) {
-    nbdkit_error ("fscache-upstream-connections=%s: must be a number of "
-                  "connections from 0 to 64", value);
+  if (set_count (k, value, 64, "connections", &n) == -1)
     return -1;
-  }
   params.upstream_connections = n;
   params.upstream_connections_given = true;
   return 0;
@@ -567,11 +570,8 @@ static int
 set_writeback_drain (const char *k, const char *value)
 {
   unsigned long s;
-  if (parse_count (value, 86400, &s) == -1) {
-    nbdkit_error ("fscache-writeback-drain=%s: must be a number of "
-                  "seconds from 0 to 86400", value);
+  if (set_count (k, value, 86400, "seconds", &s) == -1)
     return -1;
-  }
   params.writeback_drain = s;
   return 0;
 }
