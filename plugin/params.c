@@ -363,15 +363,21 @@ set_count (const char *k, const char *value, unsigned long max,
   return 0;
 }
 
-static int
-set_worker_yield (const char *k, const char *value)
-{
-  unsigned long us;
-  if (set_count (k, value, 1000000, "microseconds", &us) == -1)
-    return -1;
-  params.worker_yield = us;
-  return 0;
-}
+/* The setters of the plain count parameters: set_count into
+ * params.FIELD.
+ */
+#define COUNT_SETTER(field, max, unit)                          \
+  static int                                                    \
+  set_##field (const char *k, const char *value)                \
+  {                                                             \
+    unsigned long n;                                            \
+    if (set_count (k, value, (max), (unit), &n) == -1)          \
+      return -1;                                                \
+    params.field = n;                                           \
+    return 0;                                                   \
+  }
+COUNT_SETTER (worker_yield, 1000000, "microseconds")
+COUNT_SETTER (writeback_drain, 86400, "seconds")
 
 static int
 set_upstream_connections (const char *k, const char *value)
@@ -566,15 +572,6 @@ set_dirty_max (const char *k, const char *value)
                        &params.dirty_max);
 }
 
-static int
-set_writeback_drain (const char *k, const char *value)
-{
-  unsigned long s;
-  if (set_count (k, value, 86400, "seconds", &s) == -1)
-    return -1;
-  params.writeback_drain = s;
-  return 0;
-}
 
 /* The fscache-* parameters and their setters: each checks VALUE,
  * says what is wrong with it, and stores it in PARAMS.
