@@ -385,7 +385,8 @@ struct fsc_object {
                                  * does not wait for a block another
                                  * request is fetching (tests only) */
   bool marked;                  /* busy, and the stale mark is made */
-  unsigned notices;             /* FSC_NOTICE_* not yet taken */
+  unsigned notices;             /* FSC_NOTICE_* not yet taken (atomic:
+                                 * raised with FSC_NOTICE) */
 
   /* Skipped fills to make up (catchup.c), under their own leaf lock. */
   pthread_mutex_t cu_lock;
@@ -434,6 +435,11 @@ fsc_budget_of (const struct fsc_object *o)
 #define FSC_OSTAT_ADD(o, field, n)                                       \
   __atomic_add_fetch (&(o)->ostats.v[FSC_OSTAT_##field], (n),           \
                       __ATOMIC_RELAXED)
+/* Raise notice WHAT on O, its lock held or not: an atomic OR, since
+ * fsc_object_take_notices looks without the lock.
+ */
+#define FSC_NOTICE(o, what)                                             \
+  __atomic_or_fetch (&(o)->notices, (what), __ATOMIC_RELAXED)
 #define FSC_OSTAT_SET(o, field, n)                                       \
   __atomic_store_n (&(o)->ostats.v[FSC_OSTAT_##field], (n),             \
                     __ATOMIC_RELAXED)

@@ -301,8 +301,8 @@ access_locked (struct fsc_mrc *m, uint64_t block, uint64_t h)
  * all the threads, the curve predicted 4.6 to 4.8% hits at 1% of the
  * footprint where an exact LRU hits 7.8% (test-tool-advise.sh failed
  * so, stop 58); with 8, 7.3%.  A lock per 8 sampled accesses rather
- * than 32 costs nothing a profile shows.  A thread's last accesses wait for
- * its batch to fill (or fsc_mrc_flush).  A batch names its curve by
+ * than 32 costs nothing a profile shows.  A thread's last accesses
+ * wait for its batch to fill (or fsc_mrc_flush).  A batch names its curve by
  * ID, not by pointer: a thread that turns to another curve drops what
  * it held for the last (which may have been freed since), at most
  * MRC_BATCH - 1 accesses.

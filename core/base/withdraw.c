@@ -28,7 +28,7 @@ fsc_withdraw (struct fsc_object *o, int err)
   }
   o->state = FSC_OBJ_WITHDRAWN;
   o->withdraw_err = err;
-  __atomic_or_fetch (&o->notices, FSC_NOTICE_WITHDRAWN, __ATOMIC_RELAXED);
+  FSC_NOTICE (o, FSC_NOTICE_WITHDRAWN);
   pthread_cond_broadcast (&o->cond);
   fsc_claim_wake (o, 0, UINT64_MAX);
   pthread_mutex_unlock (&o->lock);

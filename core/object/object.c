@@ -555,8 +555,9 @@ fsc_object_set_fingerprint (struct fsc_object *o, uint64_t fp)
 /* Called after every request: with nothing raised, it reads the
  * field and takes no lock (the object's lock twice a hit, with the
  * read's own classify, was one of an idle proxy's hit costs, issue
- * 44).  Notices are raised with atomic ORs (the raisers hold the lock
- * or not), so none raised between the look and the exchange is lost.
+ * 44).  Notices are raised with atomic ORs (FSC_NOTICE, the raisers
+ * holding the lock or not), so none raised between the look and the
+ * exchange is lost.
  * A withdrawal's errno is set under the lock before its notice, and
  * read under it.
  */

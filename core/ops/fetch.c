@@ -225,9 +225,7 @@ fsc_fetch_run (struct fsc_object *o, uint64_t b, uint64_t n, void *buf,
     FSC_STAT_ADD (st, fill_skipped_bytes, len);
     FSC_OSTAT_ADD (o, fill_skipped_bytes, len);
     fsc_catchup_note (o, start, len);
-    pthread_mutex_lock (&o->lock);
-    __atomic_or_fetch (&o->notices, FSC_NOTICE_SKIPPED, __ATOMIC_RELAXED);
-    pthread_mutex_unlock (&o->lock);
+    FSC_NOTICE (o, FSC_NOTICE_SKIPPED);
   }
   /* An inline fill writes, as the fill threads do: the fill meter
    * counts it (fill.c).

@@ -305,7 +305,7 @@ classify_miss (struct fsc_object *o, const struct read_ctx *rc, uint64_t b,
     r->kind = RUN_UNCACHED;
     r->bypass = rc->buf != NULL;
     if (rc->buf)
-      __atomic_or_fetch (&o->notices, FSC_NOTICE_SKIPPED, __ATOMIC_RELAXED);
+      FSC_NOTICE (o, FSC_NOTICE_SKIPPED);
   }
 }
 
@@ -441,7 +441,7 @@ classify_absent (struct fsc_object *o, struct read_ctx *rc, uint64_t b,
   else if (rc->buf && fsc_fill_congested (o->cache) &&
            fsc_fill_slower (o->cache)) {
     r->bypass = true;
-    __atomic_or_fetch (&o->notices, FSC_NOTICE_SKIPPED, __ATOMIC_RELAXED);
+    FSC_NOTICE (o, FSC_NOTICE_SKIPPED);
     extend_uncached (o, rc, b, r);
   }
   else

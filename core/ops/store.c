@@ -68,7 +68,7 @@ fill_failed (struct fsc_object *o, int err)
     FSC_STAT_ADD (&o->cache->stats, nofill_events, 1);
     pthread_mutex_lock (&o->lock);
     if (time (NULL) >= o->nofill_until)
-      __atomic_or_fetch (&o->notices, FSC_NOTICE_NOFILL, __ATOMIC_RELAXED);
+      FSC_NOTICE (o, FSC_NOTICE_NOFILL);
     o->nofill_until = time (NULL) + NOFILL_SECONDS;
     pthread_mutex_unlock (&o->lock);
   }

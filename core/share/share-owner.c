@@ -255,9 +255,7 @@ admit (struct fsc_object *o, int fd, bool *hello_counted)
       pthread_mutex_lock (&srv->lock);
       srv->refused_uid = uid;
       pthread_mutex_unlock (&srv->lock);
-      pthread_mutex_lock (&o->lock);
-      __atomic_or_fetch (&o->notices, FSC_NOTICE_PEER, __ATOMIC_RELAXED);
-      pthread_mutex_unlock (&o->lock);
+      FSC_NOTICE (o, FSC_NOTICE_PEER);
     }
     return false;
   }

@@ -637,7 +637,7 @@ read_quota (struct fsc_object *o)
       q = UINT64_MAX;
       pthread_mutex_lock (&o->lock);
       if (!o->evict.quota_bad_said)
-        __atomic_or_fetch (&o->notices, FSC_NOTICE_BADQUOTA, __ATOMIC_RELAXED);
+        FSC_NOTICE (o, FSC_NOTICE_BADQUOTA);
       o->evict.quota_bad_said = true;
       pthread_mutex_unlock (&o->lock);
     }

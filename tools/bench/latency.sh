@@ -11,8 +11,8 @@
 #
 #   idle     nothing else
 #   fills    a second client copies "cold" through the same proxy
-#            (nbdcopy): the cache fills at the link's speed;
-#            the limit is measured twice: the local file beside a writer of what
+#            (nbdcopy): the cache fills at the link's speed; its limit
+#            is measured twice: the local file beside a writer of what
 #            the fills wrote (the disk's load), and beside that writer
 #            and the same cold copy through a bare proxy over the same
 #            link (nbdkit --filter=rate file dir=IMGS, no cache): the
