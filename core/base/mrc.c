@@ -15,10 +15,17 @@
  * KiB in all) whatever the export's size, and R adapts to the working
  * set (every block while it has fewer than MRC_SAMPLES).
  *
- * Distances in O(log n): each kept block's last access time (a clock of
- * sampled accesses) is marked in a Fenwick tree, so the blocks touched
- * since a time are a prefix count; the clock is renumbered when it
- * reaches the tree's size, in order, which keeps every distance.  The
+ * Distances by counting marks: each kept block's last access time (a
+ * clock of sampled accesses) is a bit set in a bitmap of the clock, so
+ * the blocks touched since a time are the bits set after it: counted
+ * per 512-bit stretch (MRC_SPAN) for whole stretches, by popcount
+ * within one; the clock is renumbered when it reaches the bitmap's
+ * size, in order, which keeps every distance.  It was a Fenwick tree
+ * of 32,768 counters (128 KiB, 15 scattered reads a query and 30 more
+ * to move a mark), the largest of the filter's own costs per hit while
+ * every access is sampled (issue 44): the bitmap and its counts are 4
+ * KiB and 256 bytes, a query at most 64 counts and 8 words in a row,
+ * a mark moved in two bit operations.  The
  * histogram has 4 buckets an octave of scaled distance, each access
  * weighted 1/R at the time; first accesses count as misses at any size.
  *
@@ -40,7 +47,10 @@
 
 #define MRC_SAMPLES 8192                /* blocks kept, at most */
 #define MRC_TABLE (2 * MRC_SAMPLES)     /* open addressing, power of 2 */
-#define MRC_CLOCK (4 * MRC_SAMPLES)     /* the Fenwick tree's size */
+#define MRC_CLOCK (4 * MRC_SAMPLES)     /* the clock's bitmap's size */
+#define MRC_SPAN 512                    /* bits per count */
+#define MRC_WORDS (MRC_CLOCK / 64 + 1)  /* bits 0..MRC_CLOCK, 0 unused */
+#define MRC_SPANS (MRC_CLOCK / MRC_SPAN + 1)
 #define MRC_SUB 4                       /* buckets per octave */
 #define MRC_BUCKETS (64 * MRC_SUB + 1)  /* the last: first accesses */
 #define EMPTY UINT32_MAX
@@ -58,7 +68,8 @@ struct fsc_mrc {
   uint32_t heap[MRC_SAMPLES];           /* slots, a max-heap by hash */
   uint32_t pos[MRC_SAMPLES];            /* each slot's place in it */
   uint32_t clock;                       /* sampled accesses, mod renumbering */
-  int32_t fen[MRC_CLOCK + 1];           /* marks of last accesses */
+  uint64_t mark[MRC_WORDS];             /* last accesses' times */
+  uint32_t span[MRC_SPANS];             /* bits set per MRC_SPAN */
   uint32_t at[MRC_CLOCK + 1];           /* renumber's scratch */
   double hist[MRC_BUCKETS];             /* weights by scaled distance */
   double total;
@@ -73,20 +84,48 @@ mix (uint64_t x)                        /* splitmix64's finaliser */
   return x ^ (x >> 31);
 }
 
-static void
-fen_add (struct fsc_mrc *m, uint32_t i, int32_t d)
+/* Bits set in X, without a library call: built for any x86-64, gcc
+ * calls libgcc's table-driven __popcountdi2 for __builtin_popcountll.
+ */
+static inline uint32_t
+ones (uint64_t x)
 {
-  for (; i <= MRC_CLOCK; i += i & -i)
-    m->fen[i] += d;
+  x -= (x >> 1) & UINT64_C (0x5555555555555555);
+  x = (x & UINT64_C (0x3333333333333333)) +
+    ((x >> 2) & UINT64_C (0x3333333333333333));
+  x = (x + (x >> 4)) & UINT64_C (0x0f0f0f0f0f0f0f0f);
+  return (uint32_t) ((x * UINT64_C (0x0101010101010101)) >> 56);
 }
 
-static int32_t
-fen_sum (const struct fsc_mrc *m, uint32_t i)   /* marks at 1..i */
+static void
+mark_set (struct fsc_mrc *m, uint32_t t)
 {
-  int32_t s = 0;
-  for (; i > 0; i -= i & -i)
-    s += m->fen[i];
-  return s;
+  m->mark[t / 64] |= UINT64_C (1) << (t % 64);
+  m->span[t / MRC_SPAN]++;
+}
+
+static void
+mark_clear (struct fsc_mrc *m, uint32_t t)
+{
+  m->mark[t / 64] &= ~(UINT64_C (1) << (t % 64));
+  m->span[t / MRC_SPAN]--;
+}
+
+/* Marks after time T, up to the clock: the rest of T's word, the rest
+ * of its span word by word, then whole spans.
+ */
+static uint32_t
+marks_after (const struct fsc_mrc *m, uint32_t t)
+{
+  const uint32_t w = t / 64, sp = t / MRC_SPAN;
+  const uint32_t wend = (sp + 1) * (MRC_SPAN / 64) < MRC_WORDS
+    ? (sp + 1) * (MRC_SPAN / 64) : MRC_WORDS;
+  uint32_t n = t % 64 == 63 ? 0 : ones (m->mark[w] >> (t % 64 + 1));
+  for (uint32_t i = w + 1; i < wend; ++i)
+    n += ones (m->mark[i]);
+  for (uint32_t i = sp + 1; i <= m->clock / MRC_SPAN; ++i)
+    n += m->span[i];
+  return n;
 }
 
 struct fsc_mrc *
@@ -154,7 +193,8 @@ table_remove (struct fsc_mrc *m, uint32_t i)
 static void
 renumber (struct fsc_mrc *m)
 {
-  memset (m->fen, 0, sizeof m->fen);
+  memset (m->mark, 0, sizeof m->mark);
+  memset (m->span, 0, sizeof m->span);
   memset (m->at, 0, sizeof m->at);
   for (uint32_t s = 0; s < m->n; ++s)
     m->at[m->last[s]] = s + 1;
@@ -162,7 +202,7 @@ renumber (struct fsc_mrc *m)
   for (uint32_t c = 1; c <= m->clock; ++c)
     if (m->at[c]) {
       m->last[m->at[c] - 1] = ++t;
-      fen_add (m, t, 1);
+      mark_set (m, t);
     }
   m->clock = t;
 }
@@ -223,7 +263,7 @@ evict_max (struct fsc_mrc *m)
   __atomic_store_n (&m->threshold, m->hash[s], __ATOMIC_RELAXED);
   __atomic_store_n (&m->all, 0, __ATOMIC_RELAXED);
   table_remove (m, probe (m, m->block[s], m->hash[s]));
-  fen_add (m, m->last[s], -1);
+  mark_clear (m, m->last[s]);
   /* The last slot fills the hole. */
   uint32_t l = --m->n;
   if (s != l) {
@@ -236,11 +276,19 @@ evict_max (struct fsc_mrc *m)
   }
 }
 
+/* floor (log2 (D) * MRC_SUB), by the exponent and three compares of
+ * the mantissa with 2^(1/4), 2^(1/2), 2^(3/4): log2 itself was a third
+ * of an access's time while every access is sampled (issue 44).
+ */
 static unsigned
 bucket_of (double d)                    /* d >= 1 */
 {
-  double b = log2 (d) * MRC_SUB;
-  return b >= MRC_BUCKETS - 1 ? MRC_BUCKETS - 2 : (unsigned) b;
+  int e;
+  const double f = 2.0 * frexp (d, &e);           /* d = f 2^(e-1) */
+  const unsigned sub = (f >= 1.189207115002721) + (f >= 1.414213562373095)
+    + (f >= 1.681792830507429);
+  const unsigned b = (unsigned) (e - 1) * MRC_SUB + sub;
+  return b >= MRC_BUCKETS - 1 ? MRC_BUCKETS - 2 : b;
 }
 
 /* One sampled access, under the lock: BLOCK's reuse distance into the
@@ -261,14 +309,14 @@ access_locked (struct fsc_mrc *m, uint64_t block, uint64_t h)
     /* Distinct kept blocks touched since: marks after its time, and
      * itself (an LRU of d + 1 blocks holds it).  Every kept block has
      * one mark (M1: added with it, moved on each access, removed with
-     * it), so all the marks are n, not a second walk of the tree
-     * (unit-mrc's loop test fails if they are not).
+     * it), so the marks after a time are the blocks touched since
+     * (unit-mrc's loop test fails if a mark is not moved).
      */
-    int32_t since = (int32_t) m->n - fen_sum (m, m->last[s]);
+    uint32_t since = marks_after (m, m->last[s]);
     m->hist[bucket_of ((since + 1) * w)] += w;
-    fen_add (m, m->last[s], -1);
+    mark_clear (m, m->last[s]);
     m->last[s] = ++m->clock;
-    fen_add (m, m->last[s], 1);
+    mark_set (m, m->last[s]);
   }
   else {
     m->hist[MRC_BUCKETS - 1] += w;      /* a first access: a miss */
@@ -276,7 +324,7 @@ access_locked (struct fsc_mrc *m, uint64_t block, uint64_t h)
     m->block[s] = block;
     m->hash[s] = h;
     m->last[s] = ++m->clock;
-    fen_add (m, m->last[s], 1);
+    mark_set (m, m->last[s]);
     m->table[p] = s;
     heap_set (m, s, s);                 /* slot s is the heap's n-th */
     heap_up (m, s);

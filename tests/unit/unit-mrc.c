@@ -21,6 +21,14 @@
  *           all (everything but the first accesses hits in 5,000).  A
  *           batch applied twice, lost, or out of its thread's order
  *           breaks one of the three.
+ *  exact    every access kept (1,500 blocks), the curve at sizes 2^k
+ *           against LRU computed by brute force: a reuse distance D
+ *           (distinct blocks since, plus one) falls in the bucket of D,
+ *           so the curve at 2^k is exactly LRU's hit ratio at 2^k - 1
+ *           blocks.  60,000 reads of a skewed random trace, so that the
+ *           clock is renumbered (every 32,768 accesses) and the marks'
+ *           counts cross every word and stretch boundary; a distance
+ *           off by one anywhere moves a ratio.
  *  switch   a thread that turns to another curve drops its batch for
  *           the last (at most 31 accesses), which may have been freed;
  *           the new curve's counts are its own.
@@ -51,6 +59,54 @@ heap (void)
 {
   struct mallinfo2 mi = mallinfo2 ();
   return mi.uordblks + mi.hblkhd;
+}
+
+/* Brute force: LRU stack distances, a list of the blocks most recent
+ * first.  hits[d] counts accesses at distance d (1-based position).
+ */
+#define EX_BLOCKS 1500
+#define EX_READS 60000
+static void
+test_exact (void)
+{
+  static uint64_t stack[EX_BLOCKS];
+  static uint64_t hits[EX_BLOCKS + 1];
+  unsigned depth = 0;
+  uint64_t firsts = 0;
+  struct fsc_mrc *m = fsc_mrc_new ();
+  CHECK (m != NULL);
+  for (int i = 0; i < EX_READS; ++i) {
+    /* Skewed: half the reads over a tenth of the blocks. */
+    uint64_t b = rnd () % 2 ? rnd () % (EX_BLOCKS / 10) : rnd () % EX_BLOCKS;
+    fsc_mrc_access (m, b);
+    unsigned j = 0;
+    while (j < depth && stack[j] != b)
+      j++;
+    if (j == depth) {
+      firsts++;
+      depth++;
+    }
+    else
+      hits[j + 1]++;
+    for (; j > 0; --j)
+      stack[j] = stack[j - 1];
+    stack[0] = b;
+  }
+  fsc_mrc_flush (m);
+  for (unsigned k = 1; (1u << k) <= EX_BLOCKS; ++k) {
+    uint64_t lru = 0;
+    for (unsigned d = 1; d < (1u << k); ++d)
+      lru += hits[d];
+    uint64_t refs;
+    double got = fsc_mrc_hit_ratio (m, (uint64_t) 1 << k, &refs);
+    double want = (double) lru / EX_READS;
+    printf ("exact: size %u: curve %.6f, LRU of %u blocks %.6f\n",
+            1u << k, got, (1u << k) - 1, want);
+    CHECK_EQ (refs, EX_READS);
+    CHECK (got > want - 1e-9 && got < want + 1e-9);
+  }
+  CHECK_EQ (firsts + 0, (uint64_t) depth);
+  fsc_mrc_free (m);
 }
 
 static void
@@ -202,6 +258,7 @@ main (void)
   printf ("empty: ok\n");
   test_memory ();
   test_rate ();
+  test_exact ();
   loop (2000);                  /* every block kept */
   loop (200000);                /* sampled */
   test_threads ();
