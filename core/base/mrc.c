@@ -11,8 +11,8 @@
  * those and scales each by 1/R: a uniform spatial sample sees the same
  * distances, thinned.  Fixed-size: at most MRC_SAMPLES blocks are kept;
  * when one more passes, the one with the largest hash leaves and T
- * drops to it, so memory stays bounded (about 40 bytes a sample, 330
- * KiB in all) whatever the export's size, and R adapts to the working
+ * drops to it, so memory stays bounded (about 53 bytes a sample, 430
+ * KB in all) whatever the export's size, and R adapts to the working
  * set (every block while it has fewer than MRC_SAMPLES).
  *
  * Distances by counting marks: each kept block's last access time (a
