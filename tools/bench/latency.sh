@@ -32,10 +32,25 @@
 #            the measurement; at 400M two rounds of three had drained
 #            before it ended, stop 55) while "warm" is read through a
 #            second proxy on the same cache directory
+#   catchup  a second proxy on the same cache directory, in front of
+#            "cold" alone (file IMGS/cold, so that the filter has a
+#            context of its own for the catch-up: plugin/ownctx.c) over
+#            the same link, had all of "cold" read through it with the
+#            fill budget forced on (NBD_FSCACHE_TEST_BUDGET=1, as a fast
+#            upstream would engage it; the link held open for that read
+#            through its rate file), so that all but the budget's burst
+#            was skipped; its catch-up worker then makes it up at the
+#            link's speed while "warm" is read through the first proxy.
+#            The catch-up waits for its own process's clients only
+#            (none here), not for another process's on the same cache:
+#            this is the disk and CPU it takes from them.  Its limit,
+#            the local file beside a writer of what the catch-up wrote
+#            during the measurement (/proc/PID/io).
 #
-# The catch-up is not a condition: it works only once no client request
+# Within one process the catch-up works only once no client request
 # has been in flight for 100 ms (plugin/catchup.c), so it never runs
-# beside a client that reads.
+# beside that process's own reading clients: the condition above is
+# where it can touch hits.
 #
 # As the limit, the local file plugin (nbdkit file WARM-IMAGE, no
 # cache) idle and beside the same disk load: for fills and evict a
@@ -51,7 +66,7 @@
 #
 # Options (or environment): --rate=BITS, --warm=SIZE, --cold=SIZE,
 # --seconds=S (8), --rounds=N (3), --out=DIR, --conds="idle fills
-# evict drain", --cap-extra=SIZE, --wb=SIZE, --drain-rate=BITS.
+# evict drain catchup", --cap-extra=SIZE, --wb=SIZE, --drain-rate=BITS.
 
 set -euo pipefail
 BENCH_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -60,7 +75,7 @@ BENCH_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 FILTER="${FSCACHE_FILTER:-$top_builddir/plugin/.libs/nbdkit-fscache-filter.so}"
 RATE="${RATE:-1600M}" WARM="${WARM:-256M}" COLD="${COLD:-5G}"
 SECONDS_="${SECONDS_:-8}" ROUNDS="${ROUNDS:-3}" OUT="${OUT:-}"
-CONDS="${CONDS:-idle fills evict drain}" CAP_EXTRA="${CAP_EXTRA:-256M}"
+CONDS="${CONDS:-idle fills evict drain catchup}" CAP_EXTRA="${CAP_EXTRA:-256M}"
 WB="${WB:-1G}" DRAIN_RATE="${DRAIN_RATE:-300M}"
 TOOL="${TOOL:-$top_builddir/tools/nbd-fscache/nbd-fscache}"
 for a in "$@"; do
@@ -264,9 +279,46 @@ copy_cold ()
   python3 -c "print(max(1, int(($fill - $warmb) / ($t1 - $t0) / 1048576)))"
 }
 
+# catchup_cond R: the catchup condition (see the top); echoes the
+# catch-up's disk writes during the measurement (MiB/s).
+catchup_cond ()
+{
+  local r=$1 qd w0 w1 t0 t1 pct
+  rm -rf "$OUT/cache-cu"; mkdir -m 700 "$OUT/cache-cu"
+  echo 1000G > "$OUT/cu.rate"
+  NBD_FSCACHE_TEST_BUDGET=1 start pxc --filter="$FILTER" --filter=rate \
+    file "$OUT/imgs/cold" rate=1000G rate-file="$OUT/cu.rate" \
+    fscache-dir="$OUT/cache-cu" fscache-key=cold \
+    fscache-stats="$OUT/pxc.stats"
+  start pxcr --filter="$FILTER" --filter=rate file dir="$OUT/imgs" \
+    rate="$RATE" fscache-dir="$OUT/cache-cu" fscache-stats="$OUT/pxcr.stats"
+  local warm="nbd+unix:///warm?socket=$OUT/pxcr.sock"
+  warm_up "$warm" "$OUT/cache-cu"
+  nbdcopy "nbd+unix:///?socket=$OUT/pxc.sock" null:
+  # The link back to its speed for the catch-up (the rate filter reads
+  # its file about once a second).
+  echo "$RATE" > "$OUT/cu.rate"
+  sleep 2
+  w0=$(wrote pxc); t0=$(date +%s.%N)
+  for qd in 1 8; do
+    echo "fscache catchup $qd $(fio_lat "$warm" $qd fcatchup$qd-$r)" >> "$OUT/results"
+  done
+  w1=$(wrote pxc); t1=$(date +%s.%N)
+  pct=$("$TOOL" --dir "$OUT/cache-cu" ls | awk '$1 == "cold" { print $4 }')
+  [ "$pct" != 100.0 ] ||
+    echo "latency.sh: round $r, catchup: the catch-up ended before the measurement did: raise --cold" >&2
+  stop pxcr
+  stop pxc
+  echo "round $r, catchup: cold $pct% cached at the end, $(awk '$1 == "catchup_noted_bytes" || $1 == "catchup_done_bytes" { printf "%s %s ", $1, $2 }' "$OUT/pxc.stats"), the warm export's misses $(warm_misses "$OUT/cache-cu") bytes, hits rerouted $(warm_rerouted "$OUT/pxcr.stats")" >&2
+  local rate
+  rate=$(python3 -c "print(max(1, int(($w1 - $w0) / ($t1 - $t0) / 1048576)))")
+  echo "round $r, catchup: the catch-up wrote $rate MiB/s to the disk during the measurement" >&2
+  echo "$rate"
+}
+
 : > "$OUT/results"
 for r in $(seq "$ROUNDS"); do
-  frate="" erate="" drate=""
+  frate="" erate="" drate="" crate=""
   if has fills || has idle; then
     frate=$(copy_cold px fills "$r")
     echo "round $r: fills at $frate MiB/s during the cold copy" >&2
@@ -320,6 +372,9 @@ for r in $(seq "$ROUNDS"); do
     echo "round $r, drain: the warm export's misses $(warm_misses "$OUT/cache-wb") bytes, hits rerouted $(warm_rerouted "$OUT/pxr.stats")" >&2
     rm -f "$OUT/wb.img"
   fi
+  if has catchup; then
+    crate=$(catchup_cond "$r")
+  fi
   start local file "$OUT/imgs/warm"
   lw="nbd+unix:///?socket=$OUT/local.sock"
   if has idle; then
@@ -337,6 +392,7 @@ for r in $(seq "$ROUNDS"); do
   # milliseconds, and a hit woken on that CPU waits for it (perf sched
   # timehist, stop 55).  The limit's writer writes as large.
   [ -z "$drate" ] || local_beside drain "$drate" "$r" 4M
+  [ -z "$crate" ] || local_beside catchup "$crate" "$r"
   stop local
 done
 python3 - "$OUT/results" <<'PY' | tee "$OUT/table.md"
@@ -350,7 +406,7 @@ print("|---|---:|---:|---:|---:|---:|")
 for cond, lc in (("idle", "idle"), ("fills", "fills"),
                  ("fills", "fills+copy"), ("nofill", "idle"),
                  ("evict", "evict"), ("evict", "evict+copy"),
-                 ("drain", "drain")):
+                 ("drain", "drain"), ("catchup", "catchup")):
     for qd in (1, 8):
         if not rows[("fscache", cond, qd)] or not rows[("local", lc, qd)]:
             continue
