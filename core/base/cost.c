@@ -58,6 +58,26 @@
  * grows from the first sample on, learning or not (a wrong guess is
  * overturned in about 9 s instead of 3.2).
  *
+ * Windows by bytes (issue 44).  While a stream learns (fewer than
+ * COST_N samples), a window also ends once it has served WINDOW_BYTES
+ * (64 MiB; not before WINDOW_MIN_NS) and a settling SETTLE_BYTES; and
+ * a first sample of SURE_PM or more over two such big windows decides
+ * alone.  A 4 GiB stream from an NBD server next door (fastup.sh) runs
+ * at 2 GB/s: its first sample came 0.5 s in, its second after 1.3 s,
+ * and until then the fills took a fifth to a quarter of what it read
+ * (the budget's bucket at a link's share: at iodepth 8 its reads wait
+ * over 1 ms in the server's queue, so fill.c counts it as a link), at
+ * 0.64 to 0.92 of the bare proxy's speed.  With windows of 64 MiB the
+ * first sample comes within a tenth of a second, 8% of the stream is
+ * filled, and it runs at 0.86 to 0.96 (docs/benchmarks.md, stop 60).
+ * A link's windows are unchanged: at 200 MB/s, 64 MiB outlast 200 ms,
+ * and a window that ends by time is not big, so the link's verdicts
+ * still want two samples.  Once the stream has COST_N samples its
+ * windows are the full 200 ms again: short windows are noisier, and a
+ * verdict that holds no longer needs to be quick (unit-cost's K1 test
+ * had 31 changes in 297 samples with byte windows throughout, 20 in
+ * 242 with none).
+ *
  * What "without fills" means is the caller's (fill.c): in a stretch
  * of the verdict "costly", the fill budget engaged; in a probe of the
  * verdict "free", the fills held in their queue, so that a link whose
@@ -70,7 +90,8 @@
  *       COST_N samples past a threshold, with a gap between the
  *       thresholds (FREE_PM < COSTLY_PM), or while learning on the
  *       mean of two or three past STRONG_PM (or under 2 - STRONG_PM,
- *       back), and at most once per sample,
+ *       back), or on a first sample over two big windows past SURE_PM
+ *       (or under 2 - SURE_PM), and at most once per sample,
  *       so at most once per CYCLE_MIN_NS + SETTLE_NS + WINDOW_NS.
  *       Broken by tests/unit/unit-cost.c, which feeds it rates that
  *       are noisy around the thresholds and counts the changes.
@@ -81,6 +102,10 @@
  *       a fifth, the verdict is "costly" once it has COST_N samples
  *       (3.4 s) whatever the guess, and stays; a wrong guess of
  *       "costly" is overturned within 10 s.  Broken by unit-cost.c.
+ *   K4  a fast stream whose fills cost half is found on its first
+ *       sample, within 150 ms of its start; a link's stream (windows
+ *       that end by time) is not decided on one sample.  Broken by
+ *       unit-cost.c (the first, without windows by bytes).
  */
 #include <config.h>
 
@@ -99,6 +124,13 @@
 #define COSTLY_PM 1100          /* fills cost a tenth of the rate or more */
 #define FREE_PM 1040            /* ... under 4%: this machine's noise */
 #define STRONG_PM 1200          /* a fifth: decides on two samples */
+#define SURE_PM 1500            /* a half, two big windows: on one */
+/* A window (and a settling) ends early once it has served this much,
+ * but not before WINDOW_MIN_NS: see "Windows by bytes" above.
+ */
+#define WINDOW_BYTES ((uint64_t) 64 << 20)
+#define SETTLE_BYTES ((uint64_t) 32 << 20)
+#define WINDOW_MIN_NS ((uint64_t) 20 * 1000 * 1000)
 
 enum { COST_IDLE, COST_NORMAL, COST_SETTLE, COST_PROBE };
 
@@ -124,11 +156,20 @@ set_bare (struct fsc_cost *k, bool bare)
   __atomic_store_n (&k->bare, bare, __ATOMIC_RELAXED);
 }
 
+/* Nothing to do before T, unless SERVED reaches BYTES first. */
+static void
+set_next_or (struct fsc_cost *k, uint64_t t, uint64_t bytes)
+{
+  __atomic_store_n (&k->next_ns, t, __ATOMIC_RELAXED);
+  __atomic_store_n (&k->next_served, bytes, __ATOMIC_RELAXED);
+}
+
 static void
 set_next (struct fsc_cost *k, uint64_t t)
 {
-  __atomic_store_n (&k->next_ns, t, __ATOMIC_RELAXED);
+  set_next_or (k, t, UINT64_MAX);
 }
+
 
 /* A new stream: the verdict stays, the windows and samples restart. */
 static void
@@ -152,13 +193,44 @@ mark (struct fsc_cost *k, uint64_t now, uint64_t served, uint64_t busy_us)
   k->w_busy_us = busy_us;
 }
 
+/* A measured window begins at NOW: it ends after WINDOW_NS, or once
+ * WINDOW_BYTES were served (window_ended).
+ */
+static void
+window_start (struct fsc_cost *k, uint64_t now, uint64_t served,
+              uint64_t busy_us)
+{
+  mark (k, now, served, busy_us);
+  set_next_or (k, now + WINDOW_NS,
+               k->nlast < COST_N ? served + WINDOW_BYTES : UINT64_MAX);
+}
+
+/* Has the window marked ended at NOW, by time or by bytes?  A step
+ * that came by bytes before WINDOW_MIN_NS waits for it.
+ */
+static bool
+window_ended (struct fsc_cost *k, uint64_t now, uint64_t served)
+{
+  if (now >= k->w_ns + WINDOW_NS)
+    return true;
+  const bool learning = k->nlast < COST_N;
+  if (learning && served - k->w_served >= WINDOW_BYTES &&
+      now >= k->w_ns + WINDOW_MIN_NS)
+    return true;
+  set_next_or (k, learning && now < k->w_ns + WINDOW_MIN_NS
+               ? k->w_ns + WINDOW_MIN_NS : k->w_ns + WINDOW_NS,
+               learning ? k->w_served + WINDOW_BYTES : UINT64_MAX);
+  return false;
+}
+
 /* The window marked, closed at NOW: its rate in bytes/s, or 0 if it
  * does not count (see the top of this file).
  */
 static uint64_t
 window_rate (struct fsc_cost *k, uint64_t now, uint64_t served,
-             uint64_t busy_us)
+             uint64_t busy_us, bool *big)
 {
+  *big = false;
   if (k->w_ns == 0 || now <= k->w_ns || served < k->w_served ||
       busy_us < k->w_busy_us)
     return 0;
@@ -168,6 +240,7 @@ window_rate (struct fsc_cost *k, uint64_t now, uint64_t served,
   k->w_ns = 0;
   if (bytes < MIN_BYTES || busy_ns < ns / 100 * BUSY_PCT)
     return 0;
+  *big = bytes >= WINDOW_BYTES;
   return (uint64_t) ((double) bytes * 1e9 / (double) ns);
 }
 
@@ -180,9 +253,11 @@ flip (struct fsc_cost *k, bool costly)
   k->cycle_ns = CYCLE_MIN_NS;
 }
 
-/* A sample: BARE and FILL, the two windows' rates. */
+/* A sample: BARE and FILL, the two windows' rates; BIG, both windows
+ * carried WINDOW_BYTES.
+ */
 static void
-sample (struct fsc_cost *k, uint64_t bare, uint64_t fill)
+sample (struct fsc_cost *k, uint64_t bare, uint64_t fill, bool big)
 {
   const uint64_t pm = (uint64_t) ((double) bare * 1000.0 / (double) fill);
   __atomic_store_n (&k->ratio_pm, pm, __ATOMIC_RELAXED);
@@ -204,8 +279,11 @@ sample (struct fsc_cost *k, uint64_t bare, uint64_t fill)
   const bool learning = k->nlast < COST_N;
   bool change;
   if (learning)
-    change = k->nlast >= 2 &&
-      (k->costly ? mean <= 2000 - STRONG_PM : mean >= STRONG_PM);
+    change = k->costly
+      ? ((k->nlast >= 2 && mean <= 2000 - STRONG_PM) ||
+         (big && k->nlast == 1 && mean <= 2000 - SURE_PM))
+      : ((k->nlast >= 2 && mean >= STRONG_PM) ||
+         (big && k->nlast == 1 && mean >= SURE_PM));
   else
     change = k->costly ? mean <= FREE_PM : mean >= COSTLY_PM;
   if (change)
@@ -224,7 +302,8 @@ fsc_cost_step (struct fsc_cost *k, uint64_t now, uint64_t served,
 {
   if (!k->enabled)
     return false;
-  if (now < __atomic_load_n (&k->next_ns, __ATOMIC_RELAXED))
+  if (now < __atomic_load_n (&k->next_ns, __ATOMIC_RELAXED) &&
+      served < __atomic_load_n (&k->next_served, __ATOMIC_RELAXED))
     return __atomic_load_n (&k->bare, __ATOMIC_RELAXED);
 
   pthread_mutex_lock (&k->lock);
@@ -241,15 +320,15 @@ fsc_cost_step (struct fsc_cost *k, uint64_t now, uint64_t served,
     k->phase = COST_NORMAL;
     k->phase_ns = now - (k->cycle_ns - WINDOW_NS);
     set_bare (k, k->costly);
-    mark (k, now, served, busy_us);
-    set_next (k, now + WINDOW_NS);
+    window_start (k, now, served, busy_us);
     break;
   case COST_NORMAL:
-    if (k->w_ns == 0 && now < k->phase_ns + k->cycle_ns) {
-      mark (k, now, served, busy_us);        /* its last window */
-      set_next (k, k->phase_ns + k->cycle_ns);
-    }
-    else if ((k->normal_rate = window_rate (k, now, served, busy_us)) == 0) {
+    if (k->w_ns == 0)
+      window_start (k, now, served, busy_us);   /* its last window */
+    else if (!window_ended (k, now, served))
+      break;
+    else if ((k->normal_rate = window_rate (k, now, served, busy_us,
+                                            &k->normal_big)) == 0) {
       /* Not a stream the path limits: nothing to compare it with.
        * No probe (its bare window would skip fills for nothing);
        * another stretch.
@@ -270,22 +349,26 @@ fsc_cost_step (struct fsc_cost *k, uint64_t now, uint64_t served,
       k->phase = COST_SETTLE;
       k->phase_ns = now;
       set_bare (k, !k->costly);
-      set_next (k, now + SETTLE_NS);
+      set_next_or (k, now + SETTLE_NS,
+                   k->nlast < COST_N ? served + SETTLE_BYTES : UINT64_MAX);
     }
     break;
   case COST_SETTLE:
     k->phase = COST_PROBE;
     k->phase_ns = now;
-    mark (k, now, served, busy_us);
-    set_next (k, now + WINDOW_NS);
+    window_start (k, now, served, busy_us);
     break;
   case COST_PROBE: {
-    const uint64_t probe = window_rate (k, now, served, busy_us);
+    if (!window_ended (k, now, served))
+      break;
+    bool big;
+    const uint64_t probe = window_rate (k, now, served, busy_us, &big);
+    big = big && k->normal_big;
     if (probe && k->normal_rate) {
       if (k->costly)
-        sample (k, k->normal_rate, probe);
+        sample (k, k->normal_rate, probe, big);
       else
-        sample (k, probe, k->normal_rate);
+        sample (k, probe, k->normal_rate, big);
     }
     k->normal_rate = 0;
     k->phase = COST_NORMAL;

@@ -21,7 +21,8 @@ struct fsc_cost {
   pthread_mutex_t lock;
   bool enabled;                 /* fsc_cost_init's ON */
   /* Read without the lock (relaxed atomics): */
-  uint64_t next_ns;             /* nothing to do before this */
+  uint64_t next_ns;             /* nothing to do before this ... */
+  uint64_t next_served;         /* ... unless served reaches this */
   bool bare;                    /* the mode now: fills off */
   bool costly;                  /* the verdict */
   uint64_t ratio_pm;            /* the last sample: served per second
@@ -36,6 +37,7 @@ struct fsc_cost {
                                        * its start; w_ns 0: none */
   uint64_t normal_rate;         /* the stretch's last window, bytes/s;
                                  * 0: not valid */
+  bool normal_big;              /* ... it carried WINDOW_BYTES */
   uint64_t last_pm[4];          /* the last samples (COST_N), a ring */
   unsigned ring;                /* where the next one goes */
   unsigned nlast;               /* samples in it since the stream began,

@@ -290,15 +290,17 @@ cost_engaged (struct fsc_cache *c)
   if (!k->enabled || fsc_space_low (c))
     return false;
   const uint64_t now = fsc_mono_ns ();
+  struct fsc_stats *st = &c->stats;
+  /* Its windows end by time or by bytes served (cost.c). */
+  const uint64_t served =
+    __atomic_load_n (&st->hit_bytes, __ATOMIC_RELAXED) +
+    __atomic_load_n (&st->miss_bytes, __ATOMIC_RELAXED) +
+    __atomic_load_n (&st->hits_rerouted_bytes, __ATOMIC_RELAXED);
   bool bare;
-  if (now < __atomic_load_n (&k->next_ns, __ATOMIC_RELAXED))
+  if (now < __atomic_load_n (&k->next_ns, __ATOMIC_RELAXED) &&
+      served < __atomic_load_n (&k->next_served, __ATOMIC_RELAXED))
     bare = __atomic_load_n (&k->bare, __ATOMIC_RELAXED);
   else {
-    struct fsc_stats *st = &c->stats;
-    const uint64_t served =
-      __atomic_load_n (&st->hit_bytes, __ATOMIC_RELAXED) +
-      __atomic_load_n (&st->miss_bytes, __ATOMIC_RELAXED) +
-      __atomic_load_n (&st->hits_rerouted_bytes, __ATOMIC_RELAXED);
     /* The guess: a local upstream, and fills faster than it but not
      * twice as fast.  An upstream faster still than the fills has the
      * rates' rules (budget_engaged, the full queue's skip); one far

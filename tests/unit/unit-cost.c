@@ -10,7 +10,12 @@
  *   K2  fills that cost nothing are kept: equal rates with noise
  *       never give "costly", and the bare windows take a bounded share
  *       of the time;
- *   K1  rates noisy around the thresholds change the verdict seldom;
+ *   K1  rates noisy around the thresholds change the verdict seldom,
+ *       and a fast stream's short windows while learning (64 MiB) do
+ *       not give a verdict by noise;
+ *   K4  a fast stream whose fills cost half is found on its first
+ *       sample, within 150 ms; a link's is not (its windows are not
+ *       big);
  *   a light load (the upstream idle half the time) is never probed,
  *   and a disabled comparison never leaves the fill mode.
  */
@@ -33,14 +38,15 @@ struct sim {
   bool prior;                   /* the caller's guess */
 };
 
-/* Run SECONDS of a stream served at FILL or BARE MiB/s by mode, with
- * noise +-NOISE (a share), the upstream busy BUSY_PCT of each 100 ms.
+/* Run MS milliseconds of a stream served at FILL or BARE MiB/s by
+ * mode, with noise +-NOISE (a share), the upstream busy BUSY_PCT of
+ * each 100 ms.
  */
 static void
-run (struct fsc_cost *k, struct sim *s, unsigned seconds, double fill,
-     double bare, double noise, unsigned busy_pct)
+run_ms (struct fsc_cost *k, struct sim *s, unsigned ms, double fill,
+        double bare, double noise, unsigned busy_pct)
 {
-  for (unsigned i = 0; i < seconds * 1000; ++i) {
+  for (unsigned i = 0; i < ms; ++i) {
     if (s->ms % 100 == 0)
       s->noise = 1.0 + noise * (2.0 * rand_r (&s->seed) / RAND_MAX - 1.0);
     const bool loaded = s->ms % 100 < busy_pct;
@@ -53,6 +59,13 @@ run (struct fsc_cost *k, struct sim *s, unsigned seconds, double fill,
     s->ms++;
     s->now += MS;
   }
+}
+
+static void
+run (struct fsc_cost *k, struct sim *s, unsigned seconds, double fill,
+     double bare, double noise, unsigned busy_pct)
+{
+  run_ms (k, s, seconds * 1000, fill, bare, noise, busy_pct);
 }
 
 static void
@@ -88,12 +101,51 @@ main (void)
   fsc_cost_destroy (&k);
 
   /* Strong evidence, fills costing a quarter: decided on the second
-   * sample (1.3 s), not the fourth.
+   * sample, not the fourth (nor on the first: under SURE_PM).
    */
   fresh (&k, &s, true, 9);
-  run (&k, &s, 2, 1125, 1500, 0.10, 100);
-  CHECK (k.costly && k.changes == 1 && k.samples == 2);
+  while (k.samples < 1)
+    run_ms (&k, &s, 1, 1125, 1500, 0.10, 100);
+  CHECK (!k.costly && k.changes == 0);
+  while (k.samples < 2)
+    run_ms (&k, &s, 1, 1125, 1500, 0.10, 100);
+  CHECK (k.costly && k.changes == 1);
   fsc_cost_destroy (&k);
+
+  /* A fast stream whose fills cost half (an NBD server next door, 3
+   * GiB/s bare): its windows end by bytes (64 MiB), so the first
+   * sample comes within a tenth of a second, and being that strong,
+   * over two big windows, decides alone.  With 200 ms windows it took
+   * 0.5 s and a second sample (1.3 s): the 4 GiB stream of
+   * tools/bench/fastup.sh lasts 2.
+   */
+  fresh (&k, &s, true, 11);
+  run_ms (&k, &s, 150, 1500, 3000, 0.10, 100);
+  printf ("fast stream: %u samples, costly %d after 150 ms\n",
+          (unsigned) k.samples, k.costly);
+  CHECK (k.samples == 1 && k.costly && k.changes == 1);
+  fsc_cost_destroy (&k);
+  /* ... but not a link's (200 MiB/s: 64 MiB outlast the 200 ms
+   * window, which is not big): two samples, as before.
+   */
+  fresh (&k, &s, true, 12);
+  while (k.samples < 1)
+    run_ms (&k, &s, 1, 100, 200, 0.10, 100);
+  CHECK (!k.costly);
+  while (k.samples < 2)
+    run_ms (&k, &s, 1, 100, 200, 0.10, 100);
+  CHECK (k.costly && k.changes == 1);
+  fsc_cost_destroy (&k);
+  /* ... nor a fast stream whose fills cost nothing, with the noise a
+   * short window sees (+-15% per 100 ms): no verdict from its short
+   * windows, in ten streams.
+   */
+  for (unsigned seed = 30; seed < 40; ++seed) {
+    fresh (&k, &s, true, seed);
+    run (&k, &s, 10, 3000, 3000, 0.15, 100);
+    CHECK (!k.costly && k.changes == 0);
+    fsc_cost_destroy (&k);
+  }
 
   /* ... and when they stop costing (the upstream slowed to the fills'
    * pace), the verdict goes back.
