@@ -170,7 +170,6 @@ set_next (struct fsc_cost *k, uint64_t t)
   set_next_or (k, t, UINT64_MAX);
 }
 
-
 /* A new stream: the verdict stays, the windows and samples restart. */
 static void
 rest_locked (struct fsc_cost *k, uint64_t now)
@@ -206,7 +205,8 @@ window_start (struct fsc_cost *k, uint64_t now, uint64_t served,
 }
 
 /* Has the window marked ended at NOW, by time or by bytes?  A step
- * that came by bytes before WINDOW_MIN_NS waits for it.
+ * that came by bytes before WINDOW_MIN_NS waits for that time alone
+ * (by bytes, every step until then would take the lock).
  */
 static bool
 window_ended (struct fsc_cost *k, uint64_t now, uint64_t served)
@@ -214,11 +214,13 @@ window_ended (struct fsc_cost *k, uint64_t now, uint64_t served)
   if (now >= k->w_ns + WINDOW_NS)
     return true;
   const bool learning = k->nlast < COST_N;
-  if (learning && served - k->w_served >= WINDOW_BYTES &&
-      now >= k->w_ns + WINDOW_MIN_NS)
-    return true;
-  set_next_or (k, learning && now < k->w_ns + WINDOW_MIN_NS
-               ? k->w_ns + WINDOW_MIN_NS : k->w_ns + WINDOW_NS,
+  if (learning && served - k->w_served >= WINDOW_BYTES) {
+    if (now >= k->w_ns + WINDOW_MIN_NS)
+      return true;
+    set_next (k, k->w_ns + WINDOW_MIN_NS);
+    return false;
+  }
+  set_next_or (k, k->w_ns + WINDOW_NS,
                learning ? k->w_served + WINDOW_BYTES : UINT64_MAX);
   return false;
 }

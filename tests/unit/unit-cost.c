@@ -125,6 +125,14 @@ main (void)
           (unsigned) k.samples, k.costly);
   CHECK (k.samples == 1 && k.costly && k.changes == 1);
   fsc_cost_destroy (&k);
+  /* A window that has its 64 MiB before its 20 ms (10 GB/s) waits
+   * for the time alone: waiting on the bytes too, every step until
+   * then would have taken the lock.
+   */
+  fresh (&k, &s, true, 13);
+  run_ms (&k, &s, 10, 10000, 10000, 0.0, 100);
+  CHECK (k.next_served == UINT64_MAX && k.next_ns == 1020 * MS);
+  fsc_cost_destroy (&k);
   /* ... but not a link's (200 MiB/s: 64 MiB outlast the 200 ms
    * window, which is not big): two samples, as before.
    */
