@@ -279,11 +279,25 @@ copy_cold ()
   python3 -c "print(max(1, int(($fill - $warmb) / ($t1 - $t0) / 1048576)))"
 }
 
+# measure_beside PROC COND R URI: the hits on URI at iodepth 1 and 8 as
+# condition COND of round R; WROTE_MIBS gets what nbdkit PROC wrote to
+# the disk meanwhile (MiB/s, /proc/PID/io).
+measure_beside ()
+{
+  local proc=$1 cond=$2 r=$3 uri=$4 qd w0 w1 t0 t1
+  w0=$(wrote "$proc"); t0=$(date +%s.%N)
+  for qd in 1 8; do
+    echo "fscache $cond $qd $(fio_lat "$uri" $qd f$cond$qd-$r)" >> "$OUT/results"
+  done
+  w1=$(wrote "$proc"); t1=$(date +%s.%N)
+  WROTE_MIBS=$(python3 -c "print(max(1, int(($w1 - $w0) / ($t1 - $t0) / 1048576)))")
+}
+
 # catchup_cond R: the catchup condition (see the top); echoes the
 # catch-up's disk writes during the measurement (MiB/s).
 catchup_cond ()
 {
-  local r=$1 qd w0 w1 t0 t1 pct
+  local r=$1 pct
   rm -rf "$OUT/cache-cu"; mkdir -m 700 "$OUT/cache-cu"
   echo 1000G > "$OUT/cu.rate"
   NBD_FSCACHE_TEST_BUDGET=1 start pxc --filter="$FILTER" --filter=rate \
@@ -299,21 +313,15 @@ catchup_cond ()
   # its file about once a second).
   echo "$RATE" > "$OUT/cu.rate"
   sleep 2
-  w0=$(wrote pxc); t0=$(date +%s.%N)
-  for qd in 1 8; do
-    echo "fscache catchup $qd $(fio_lat "$warm" $qd fcatchup$qd-$r)" >> "$OUT/results"
-  done
-  w1=$(wrote pxc); t1=$(date +%s.%N)
+  measure_beside pxc catchup "$r" "$warm"
   pct=$("$TOOL" --dir "$OUT/cache-cu" ls | awk '$1 == "cold" { print $4 }')
   [ "$pct" != 100.0 ] ||
     echo "latency.sh: round $r, catchup: the catch-up ended before the measurement did: raise --cold" >&2
   stop pxcr
   stop pxc
   echo "round $r, catchup: cold $pct% cached at the end, $(awk '$1 == "catchup_noted_bytes" || $1 == "catchup_done_bytes" { printf "%s %s ", $1, $2 }' "$OUT/pxc.stats"), the warm export's misses $(warm_misses "$OUT/cache-cu") bytes, hits rerouted $(warm_rerouted "$OUT/pxcr.stats")" >&2
-  local rate
-  rate=$(python3 -c "print(max(1, int(($w1 - $w0) / ($t1 - $t0) / 1048576)))")
-  echo "round $r, catchup: the catch-up wrote $rate MiB/s to the disk during the measurement" >&2
-  echo "$rate"
+  echo "round $r, catchup: the catch-up wrote $WROTE_MIBS MiB/s to the disk during the measurement" >&2
+  echo "$WROTE_MIBS"
 }
 
 : > "$OUT/results"
@@ -349,11 +357,7 @@ for r in $(seq "$ROUNDS"); do
     # WB written at local speed: the log takes it, the writer drains it.
     nbdcopy --flush "$OUT/wbsrc" "nbd+unix:///?socket=$OUT/pxw.sock"
     dirty0=$("$TOOL" --dir "$OUT/cache-wb" ls | awk '$1 == "wb" { print $6 }')
-    wb0=$(wrote pxw); t0=$(date +%s.%N)
-    for qd in 1 8; do
-      echo "fscache drain $qd $(fio_lat "$warm" $qd fdrain$qd-$r)" >> "$OUT/results"
-    done
-    wb1=$(wrote pxw); t1=$(date +%s.%N)
+    measure_beside pxw drain "$r" "$warm"
     dirty1=$("$TOOL" --dir "$OUT/cache-wb" ls | awk '$1 == "wb" { print $6 }')
     echo "round $r, drain: dirty $dirty0 after the writes, $dirty1 after the reads" >&2
     [ "$dirty1" != 0B ] ||
@@ -365,7 +369,7 @@ for r in $(seq "$ROUNDS"); do
     # write, writeback.c), plus the log's header and the index: 78 MB/s
     # for a link of 37.5 (stop 57).  Before stop 57 the limit's writer
     # wrote at the link's rate, half the disk load.
-    drate=$(python3 -c "print(max(1, int(($wb1 - $wb0) / ($t1 - $t0) / 1048576)))")
+    drate=$WROTE_MIBS
     echo "round $r, drain: the writeback proxy wrote $drate MiB/s to the disk, its link carries $(python3 -c "print(int($(numfmt --from=iec "$DRAIN_RATE") / 8 / 1048576))")" >&2
     stop pxr
     stop pxw
