@@ -333,7 +333,6 @@ BOOL_SETTER (fill_probe)
 BOOL_SETTER (peer_only)
 BOOL_SETTER (offline)
 
-
 static int
 set_readahead (const char *k, const char *value)
 {
@@ -467,8 +466,6 @@ set_min_free (const char *k, const char *value)
   return 0;
 }
 
-
-
 static int
 set_stats (const char *k, const char *value)
 {
@@ -571,7 +568,6 @@ set_dirty_max (const char *k, const char *value)
   return set_size_min (k, value, 1024 * 1024, "at least 1M",
                        &params.dirty_max);
 }
-
 
 /* The fscache-* parameters and their setters: each checks VALUE,
  * says what is wrong with it, and stores it in PARAMS.

@@ -131,6 +131,16 @@ print("%.0f %.0f %.0f" % (p["50.000000"] / 1e3, p["99.000000"] / 1e3,
 PY
 }
 
+# hits CFG COND URI TAG R: fio on URI at iodepth 1 and 8, one line of
+# results each (CFG COND QD p50 p99 p99.9), fio's JSON in TAG<QD>-R.json.
+hits ()
+{
+  local qd
+  for qd in 1 8; do
+    echo "$1 $2 $qd $(fio_lat "$3" $qd "$4$qd-$5")" >> "$OUT/results"
+  done
+}
+
 # local_beside COND RATE R [BS [COPY]]: the local file plugin's
 # latencies beside a writer of RATE MiB/s in writes of BS (default 1M),
 # the limit for COND in round R.  With COPY "copy", the cold copy runs
@@ -139,7 +149,7 @@ PY
 # COND+copy: the same load without the cache.
 local_beside ()
 {
-  local cond=$1 rate=$2 r=$3 bs=${4:-1M} copy=${5:-} wp qd cp=""
+  local cond=$1 rate=$2 r=$3 bs=${4:-1M} copy=${5:-} wp cp=""
   if [ "$copy" = copy ]; then
     start bare --filter=rate file dir="$OUT/imgs" rate="$RATE"
     nbdcopy "nbd+unix:///cold?socket=$OUT/bare.sock" null: & cp=$!
@@ -149,9 +159,7 @@ local_beside ()
     --size=4G --time_based --runtime=$((2 * SECONDS_ + 2)) \
     --filename="$OUT/writer.dat" >/dev/null 2>&1 & wp=$!
   sleep 1
-  for qd in 1 8; do
-    echo "local $cond $qd $(fio_lat "$lw" $qd l$cond$qd-$r)" >> "$OUT/results"
-  done
+  hits local "$cond" "$lw" "l$cond" "$r"
   kill $wp 2>/dev/null || true; wait $wp 2>/dev/null || true
   rm -f "$OUT/writer.dat"
   if [ -n "$cp" ]; then
@@ -241,7 +249,7 @@ warm_misses ()
 # cold; echoes the fills' rate (MiB/s) during the copy.
 copy_cold ()
 {
-  local name=$1 cond=$2 r=$3 qd cp t0 t1 tm fill warmb; shift 3
+  local name=$1 cond=$2 r=$3 cp t0 t1 tm fill warmb; shift 3
   rm -rf "$OUT/cache-$name"; mkdir -m 700 "$OUT/cache-$name"
   start "$name" --filter="$FILTER" --filter=rate file dir="$OUT/imgs" \
     rate="$RATE" fscache-dir="$OUT/cache-$name" \
@@ -251,17 +259,13 @@ copy_cold ()
   warm_up "$warm" "$OUT/cache-$name"
   [ "$cond" != nofill ] || touch "$OUT/cache-$name/fscache.stop"
   if [ "$cond" = fills ] && has idle; then
-    for qd in 1 8; do
-      echo "fscache idle $qd $(fio_lat "$warm" $qd fi$qd-$r)" >> "$OUT/results"
-    done
+    hits fscache idle "$warm" fi "$r"
   fi
   t0=$(date +%s.%N)
   rm -f "$OUT/copy.end"
   ( nbdcopy "$cold" null: && date +%s.%N > "$OUT/copy.end" ) & cp=$!
   sleep 1
-  for qd in 1 8; do
-    echo "fscache $cond $qd $(fio_lat "$warm" $qd f$cond$qd-$r)" >> "$OUT/results"
-  done
+  hits fscache "$cond" "$warm" "f$cond" "$r"
   tm=$(date +%s.%N)
   wait $cp
   t1=$(cat "$OUT/copy.end")
@@ -284,11 +288,9 @@ copy_cold ()
 # the disk meanwhile (MiB/s, /proc/PID/io).
 measure_beside ()
 {
-  local proc=$1 cond=$2 r=$3 uri=$4 qd w0 w1 t0 t1
+  local proc=$1 cond=$2 r=$3 uri=$4 w0 w1 t0 t1
   w0=$(wrote "$proc"); t0=$(date +%s.%N)
-  for qd in 1 8; do
-    echo "fscache $cond $qd $(fio_lat "$uri" $qd f$cond$qd-$r)" >> "$OUT/results"
-  done
+  hits fscache "$cond" "$uri" "f$cond" "$r"
   w1=$(wrote "$proc"); t1=$(date +%s.%N)
   WROTE_MIBS=$(python3 -c "print(max(1, int(($w1 - $w0) / ($t1 - $t0) / 1048576)))")
 }
@@ -382,9 +384,7 @@ for r in $(seq "$ROUNDS"); do
   start local file "$OUT/imgs/warm"
   lw="nbd+unix:///?socket=$OUT/local.sock"
   if has idle; then
-    for qd in 1 8; do
-      echo "local idle $qd $(fio_lat "$lw" $qd li$qd-$r)" >> "$OUT/results"
-    done
+    hits local idle "$lw" li "$r"
   fi
   [ -z "$frate" ] || ! has fills || local_beside fills "$frate" "$r"
   [ -z "$frate" ] || ! has fills || local_beside fills "$frate" "$r" 1M copy
