@@ -280,6 +280,15 @@ fsc_fill_slower (struct fsc_cache *c)
  * "free", the fills held (fsc_fill_held).  Its figures go to the stats
  * when a comparison was made.
  */
+/* Bytes served to clients so far, cost.c's measure. */
+static uint64_t
+served_bytes (struct fsc_stats *st)
+{
+  return __atomic_load_n (&st->hit_bytes, __ATOMIC_RELAXED) +
+    __atomic_load_n (&st->miss_bytes, __ATOMIC_RELAXED) +
+    __atomic_load_n (&st->hits_rerouted_bytes, __ATOMIC_RELAXED);
+}
+
 static bool
 cost_engaged (struct fsc_cache *c)
 {
@@ -291,14 +300,15 @@ cost_engaged (struct fsc_cache *c)
     return false;
   const uint64_t now = fsc_mono_ns ();
   struct fsc_stats *st = &c->stats;
-  /* Its windows end by time or by bytes served (cost.c). */
-  const uint64_t served =
-    __atomic_load_n (&st->hit_bytes, __ATOMIC_RELAXED) +
-    __atomic_load_n (&st->miss_bytes, __ATOMIC_RELAXED) +
-    __atomic_load_n (&st->hits_rerouted_bytes, __ATOMIC_RELAXED);
+  /* Its windows end by time, or while a stream learns by bytes served
+   * too (cost.c): the counters, which every request moves, are read
+   * only then.
+   */
+  const uint64_t next_served = __atomic_load_n (&k->next_served,
+                                                __ATOMIC_RELAXED);
   bool bare;
   if (now < __atomic_load_n (&k->next_ns, __ATOMIC_RELAXED) &&
-      served < __atomic_load_n (&k->next_served, __ATOMIC_RELAXED))
+      (next_served == UINT64_MAX || served_bytes (st) < next_served))
     bare = __atomic_load_n (&k->bare, __ATOMIC_RELAXED);
   else {
     /* The guess: a local upstream, and fills faster than it but not
@@ -313,7 +323,7 @@ cost_engaged (struct fsc_cache *c)
                                          __ATOMIC_RELAXED);
     const uint64_t fill = __atomic_load_n (&c->fill_meter.rate,
                                            __ATOMIC_RELAXED);
-    bare = fsc_cost_step (k, now, served,
+    bare = fsc_cost_step (k, now, served_bytes (st),
                           __atomic_load_n (&st->upstream_busy_us,
                                            __ATOMIC_RELAXED),
                           !fsc_upstream_remote (c) && fill != 0 &&
