@@ -15,7 +15,8 @@
  *       not give a verdict by noise;
  *   K4  a fast stream whose fills cost half is found on its first
  *       sample, within 150 ms; a link's is not (its windows are not
- *       big);
+ *       big); one whose fills cost a fifth on its second, its fills
+ *       on for under 300 MiB before;
  *   a light load (the upstream idle half the time) is never probed,
  *   and a disabled comparison never leaves the fill mode.
  */
@@ -35,6 +36,7 @@ struct sim {
   unsigned seed;
   double noise;                 /* this 100 ms's factor */
   uint64_t bare_ms, ms;         /* time with fills off; in all */
+  uint64_t fill_served;         /* bytes served with fills on */
   bool prior;                   /* the caller's guess */
 };
 
@@ -52,7 +54,9 @@ run_ms (struct fsc_cost *k, struct sim *s, unsigned ms, double fill,
     const bool loaded = s->ms % 100 < busy_pct;
     const bool b = fsc_cost_step (k, s->now, s->served, s->busy_us, s->prior);
     if (loaded) {
-      s->served += (uint64_t) ((b ? bare : fill) * s->noise * 1048.576);
+      const uint64_t n = (uint64_t) ((b ? bare : fill) * s->noise * 1048.576);
+      s->served += n;
+      s->fill_served += b ? 0 : n;
       s->busy_us += 1000;
     }
     s->bare_ms += b;
@@ -124,6 +128,22 @@ main (void)
   printf ("fast stream: %u samples, costly %d after 150 ms\n",
           (unsigned) k.samples, k.costly);
   CHECK (k.samples == 1 && k.costly && k.changes == 1);
+  fsc_cost_destroy (&k);
+  /* A fast stream whose fills cost a fifth (2 GB/s bare): samples of
+   * about 1.25, under SURE_PM, so the verdict comes on the second.
+   * Between the two, its stretch with the fills on ends after 64 MiB,
+   * not after 0.3 s: with the stretch by time alone it served 480 MiB
+   * more with its fills on before the verdict (fastup.sh: 1.1 GB of
+   * 4 GiB stored, two rounds of five).
+   */
+  fresh (&k, &s, true, 14);
+  while (!k.costly && s.ms < 5000)
+    run_ms (&k, &s, 1, 1600, 2000, 0.05, 100);
+  printf ("fast stream, fills a fifth: costly after %u samples, %u ms, "
+          "%u MiB served with fills on\n", (unsigned) k.samples,
+          (unsigned) s.ms, (unsigned) (s.fill_served >> 20));
+  CHECK (k.costly && k.samples == 2);
+  CHECK (s.fill_served < (uint64_t) 300 << 20);
   fsc_cost_destroy (&k);
   /* A window that has its 64 MiB before its 20 ms (10 GB/s) waits
    * for the time alone: waiting on the bytes too, every step until
