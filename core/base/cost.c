@@ -207,13 +207,13 @@ window_start (struct fsc_cost *k, uint64_t now, uint64_t served,
                k->nlast < COST_N ? served + WINDOW_BYTES : UINT64_MAX);
 }
 
-/* The stretch from NOW to the next measured window: CYCLE_NS less the
- * window.  While a stream learns with its fills on (the verdict
- * "free"), it also ends once WINDOW_BYTES were served: at 0.5 s a
- * stretch of a 2 GB/s stream filled a quarter of a gigabyte between
- * samples, and a stream whose first samples fell between the
- * thresholds (fastup.sh: 1.19 to 1.42, two rounds of five) stored
- * 1.1 GB of its 4 GiB, at 0.73 of the bare proxy, before its fourth.
+/* The stretch from NOW to the next measured window: the cycle less
+ * the window.  While a stream learns with its fills on (the verdict
+ * "free"), it also ends once WINDOW_BYTES were served: the 0.3 s
+ * between two samples of a 2 GB/s stream stored 500 to 600 MB, and
+ * streams whose first samples fell between the thresholds (fastup.sh:
+ * 1.25 and 1.42, two rounds of five) stored 1.1 GB of their 4 GiB,
+ * at 0.75 and 0.73 of the bare proxy.
  * Not while "costly": the stretch is then bare, and a shorter one
  * would bring the next probe's fills sooner.
  */

@@ -132,9 +132,9 @@ main (void)
   /* A fast stream whose fills cost a fifth (2 GB/s bare): samples of
    * about 1.25, under SURE_PM, so the verdict comes on the second.
    * Between the two, its stretch with the fills on ends after 64 MiB,
-   * not after 0.3 s: with the stretch by time alone it served 480 MiB
-   * more with its fills on before the verdict (fastup.sh: 1.1 GB of
-   * 4 GiB stored, two rounds of five).
+   * not after 0.3 s: with the stretch by time alone it served 606 MiB
+   * with its fills on before the verdict, 193 with this (fastup.sh:
+   * 1.1 GB of 4 GiB stored, two rounds of five).
    */
   fresh (&k, &s, true, 14);
   while (!k.costly && s.ms < 5000)
