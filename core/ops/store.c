@@ -695,6 +695,7 @@ fsc_local_write_end (struct fsc_object *o, struct fsc_write *w,
     pthread_mutex_lock (&o->lock);
     for (uint64_t gi = w->first_group; gi < w->first_group + w->ngroups; ++gi)
       grp (o, gi)->writers--;
+    pthread_cond_broadcast (&o->cond);  /* the reclaimer's second look */
     pthread_mutex_unlock (&o->lock);
     w->counted = false;
   }
