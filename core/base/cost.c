@@ -173,6 +173,23 @@ set_next (struct fsc_cost *k, uint64_t t)
   set_next_or (k, t, UINT64_MAX);
 }
 
+/* Has the stream fewer than COST_N samples? */
+static bool
+learning (const struct fsc_cost *k)
+{
+  return k->nlast < COST_N;
+}
+
+/* Nothing to do before T; while the stream learns, unless FROM + BYTES
+ * were served first ("Windows by bytes" above).
+ */
+static void
+set_next_learning (struct fsc_cost *k, uint64_t t, uint64_t from,
+                   uint64_t bytes)
+{
+  set_next_or (k, t, learning (k) ? from + bytes : UINT64_MAX);
+}
+
 /* A new stream: the verdict stays, the windows and samples restart. */
 static void
 rest_locked (struct fsc_cost *k, uint64_t now)
@@ -203,8 +220,7 @@ window_start (struct fsc_cost *k, uint64_t now, uint64_t served,
               uint64_t busy_us)
 {
   mark (k, now, served, busy_us);
-  set_next_or (k, now + WINDOW_NS,
-               k->nlast < COST_N ? served + WINDOW_BYTES : UINT64_MAX);
+  set_next_learning (k, now + WINDOW_NS, served, WINDOW_BYTES);
 }
 
 /* The stretch from NOW to the next measured window: the cycle less
@@ -220,9 +236,11 @@ window_start (struct fsc_cost *k, uint64_t now, uint64_t served,
 static void
 stretch (struct fsc_cost *k, uint64_t now, uint64_t served)
 {
-  const bool bytes = k->nlast < COST_N && !k->costly;
-  set_next_or (k, now + k->cycle_ns - WINDOW_NS,
-               bytes ? served + WINDOW_BYTES : UINT64_MAX);
+  if (k->costly)
+    set_next (k, now + k->cycle_ns - WINDOW_NS);
+  else
+    set_next_learning (k, now + k->cycle_ns - WINDOW_NS, served,
+                       WINDOW_BYTES);
 }
 
 /* Has the window marked ended at NOW, by time or by bytes?  A step
@@ -234,15 +252,13 @@ window_ended (struct fsc_cost *k, uint64_t now, uint64_t served)
 {
   if (now >= k->w_ns + WINDOW_NS)
     return true;
-  const bool learning = k->nlast < COST_N;
-  if (learning && served - k->w_served >= WINDOW_BYTES) {
+  if (learning (k) && served - k->w_served >= WINDOW_BYTES) {
     if (now >= k->w_ns + WINDOW_MIN_NS)
       return true;
     set_next (k, k->w_ns + WINDOW_MIN_NS);
     return false;
   }
-  set_next_or (k, k->w_ns + WINDOW_NS,
-               learning ? k->w_served + WINDOW_BYTES : UINT64_MAX);
+  set_next_learning (k, k->w_ns + WINDOW_NS, k->w_served, WINDOW_BYTES);
   return false;
 }
 
@@ -299,9 +315,8 @@ sample (struct fsc_cost *k, uint64_t bare, uint64_t fill, bool big)
    * lasts about 3 s and gave two samples of 1.22 to 1.55; four would
    * have come after its end.
    */
-  const bool learning = k->nlast < COST_N;
   bool change;
-  if (learning)
+  if (learning (k))
     change = k->costly
       ? ((k->nlast >= 2 && mean <= 2000 - STRONG_PM) ||
          (big && k->nlast == 1 && mean <= 2000 - SURE_PM))
@@ -315,7 +330,7 @@ sample (struct fsc_cost *k, uint64_t bare, uint64_t fill, bool big)
    * to cost: then each probe costs the clients, and the stretch grows
    * as once the verdict holds.
    */
-  else if ((!learning || k->costly) && k->cycle_ns < CYCLE_MAX_NS)
+  else if ((!learning (k) || k->costly) && k->cycle_ns < CYCLE_MAX_NS)
     k->cycle_ns *= 2;
 }
 
@@ -372,8 +387,7 @@ fsc_cost_step (struct fsc_cost *k, uint64_t now, uint64_t served,
       k->phase = COST_SETTLE;
       k->phase_ns = now;
       set_bare (k, !k->costly);
-      set_next_or (k, now + SETTLE_NS,
-                   k->nlast < COST_N ? served + SETTLE_BYTES : UINT64_MAX);
+      set_next_learning (k, now + SETTLE_NS, served, SETTLE_BYTES);
     }
     break;
   case COST_SETTLE:
