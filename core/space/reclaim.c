@@ -239,6 +239,15 @@ reclaim_file (struct fsc_object *o, int fd, uint64_t base, bool sums,
   }
 }
 
+/* Are blocks MASK of G claimed, or is a write in flight in G (see
+ * reclaim_group)?  Caller holds o->lock.
+ */
+static bool
+held (const struct group *g, uint64_t mask)
+{
+  return (g->fetching & mask) || g->writers > 0;
+}
+
 /* The second look at the blocks in LATER: wait for each claim to go,
  * then reclaim the blocks' whole space (a punch over a hole is
  * harmless).  Returns 0, or -1 with errno; stops early like the walk.
@@ -250,8 +259,11 @@ reclaim_later (struct fsc_object *o, struct reclaim_later *later)
     uint64_t gi = later->v[i].gi, mask = later->v[i].mask;
     bool sums = later->v[i].sums;
     pthread_mutex_lock (&o->lock);
-    struct group *g = grp (o, gi);
-    while (g && ((g->fetching & mask) || g->writers) &&
+    /* The group looked up afresh after each wait: once its claims and
+     * writes are gone it may be paged out meanwhile (groups.c, idle).
+     */
+    struct group *g;
+    while ((g = grp (o, gi)) != NULL && held (g, mask) &&
            o->state == FSC_OBJ_AVAILABLE &&
            !o->reclaim.closing && !o->reclaim.stop)
       pthread_cond_wait (&o->cond, &o->lock);
@@ -259,8 +271,7 @@ reclaim_later (struct fsc_object *o, struct reclaim_later *later)
      * stalled upstream, say): not waited for; the walk did not finish,
      * and the next open walks again.
      */
-    bool abandon = g && ((g->fetching & mask) || g->writers) &&
-      o->reclaim.closing;
+    bool abandon = g && held (g, mask) && o->reclaim.closing;
     pthread_mutex_unlock (&o->lock);
     if (abandon)
       return 1;
