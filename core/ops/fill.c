@@ -100,6 +100,17 @@
  * missed the runs whose first windows showed fills at a third of the
  * upstream's rate (0.43-0.62 of no cache, 85% cached).
  *
+ * The burst is one.  Every fill a client's read or a prefetch makes
+ * is charged to the bucket, engaged or not (down to empty: a fill the
+ * rates admit is never refused for it), and the bucket refills at
+ * DUTY_PCT of the fills' rate all the while.  Charged only while
+ * engaged, it was full again whenever the budget engaged: a stream
+ * from an NBD server next door filled its first 64 MiB window with
+ * the budget off (cost.c's first guess), was then found "costly" and
+ * filled the whole burst again in the 0.3 s that followed (a scratch
+ * trace of the cost measure, issue 44).  A working set under the
+ * burst is still cached whole, whatever engages when.
+ *
  * Over a link (an upstream whose reads average 1 ms or more,
  * fsc_upstream_remote), the budget also wants the average to say the
  * fills are slower: a rate-limited link's bursts made its peak exceed
@@ -483,9 +494,17 @@ fsc_fill_budget (struct fsc_cache *c, uint64_t len, bool speculative)
       __atomic_load_n (&c->budget_bytes, __ATOMIC_RELAXED) < len)
     (void) fsc_meter_first (&c->fill_meter);
   const bool engaged = budget_engaged (c, &fill);
-  if (rates_known (c, fill) && (!engaged || speculative))
+  /* Admitted whatever the bucket holds.  With the budget off, it is
+   * still charged, down to empty ("The burst is one" above); a
+   * speculative prefetch while it is engaged is not (readahead pauses
+   * instead, or over a link keeps its requests in flight, whose
+   * prefetches would otherwise take the client's own misses' share).
+   */
+  const bool free = rates_known (c, fill) && (!engaged || speculative);
+  if (free && engaged)
     return true;
-  const uint64_t rate = engaged ? fill / 100 * duty_pct (c, fill) : 0;
+  const uint64_t rate = !rates_known (c, fill) ? 0
+    : fill / 100 * (engaged ? duty_pct (c, fill) : DUTY_PCT);
   const uint64_t now = fsc_mono_ns ();
   SCOPED_LOCK (&c->budget_lock);
   const uint64_t burst = c->budget_burst ? c->budget_burst : BUDGET_BURST;
@@ -498,6 +517,10 @@ fsc_fill_budget (struct fsc_cache *c, uint64_t len, bool speculative)
     c->budget_bytes = add >= (double) burst ? burst
       : MIN (burst, c->budget_bytes + (uint64_t) add);
     c->budget_ns = now;
+  }
+  if (free) {
+    c->budget_bytes -= MIN (len, c->budget_bytes);
+    return true;
   }
   if (c->budget_bytes < len)
     return false;

@@ -9,8 +9,9 @@
  *   rates not known yet      the first bucket (64 MiB) admits client
  *                            misses and speculative prefetches alike,
  *                            with no refill, then neither;
- *   fills faster than the    everything is admitted, the bucket is
- *   upstream                 not touched;
+ *   fills faster than the    everything is admitted, and charged to
+ *   upstream                 the bucket down to empty: the burst is
+ *                            one, whatever the budget did meanwhile;
  *   fills slower             client misses spend from the bucket,
  *                            refilled at a fiftieth of the fills'
  *                            rate; a speculative prefetch is not
@@ -130,6 +131,26 @@ main (void)
       usleep (10000);
   CHECK (__atomic_load_n (&c->fill_meter.rate, __ATOMIC_RELAXED) != 0);
   CHECK (admitted);
+  fsc_cache_close (c);
+
+  /* The burst is one (fill.c, "The burst is one"): 48 MiB filled
+   * while fills were faster than the upstream leave 16 MiB in the
+   * bucket when the budget engages, plus a refill at a fiftieth of
+   * the fills' rate (40 MiB/s, then 2) over the moments this takes.
+   * Charged only while the budget was engaged, as it once was, the
+   * bucket held the whole 64 MiB then: a stream from an NBD server
+   * next door filled its first 64 MiB window, was found "costly"
+   * (cost.c), and filled another 64 MiB of the burst at once.
+   */
+  CHECK (fsc_cache_open (&cfg, &c) == 0);
+  set_rates (c, 2000 * MiB, 1000 * MiB);
+  CHECK (!fsc_fill_budgeted (c));
+  for (unsigned i = 0; i < 48; ++i)
+    CHECK (fsc_fill_budget (c, MiB, false));
+  set_rates (c, 100 * MiB, 4000 * MiB);
+  CHECK (fsc_fill_budgeted (c));
+  CHECK (!fsc_fill_budget (c, 32 * MiB, false));
+  CHECK (fsc_fill_budget (c, 8 * MiB, false));
   fsc_cache_close (c);
 
   char cmd[128];
