@@ -83,7 +83,8 @@
  * verdict "free", the fills held in their queue, so that a link whose
  * fills are free has nothing of its probes left unstored (issue 44
  * wants 95% of an 8 GiB read at 1.6 Gbit/s cached at a clean stop
- * right after it).
+ * right after it); if the probe's sample turns the verdict "costly",
+ * what it held is skipped and noted for the catch-up (fill.c, drop).
  *
  * Invariants:
  *   K1  no oscillation: the verdict changes only on the mean of

@@ -214,6 +214,7 @@ fsc_fetch_run (struct fsc_object *o, uint64_t b, uint64_t n, void *buf,
     f->nblocks = n;
     f->start = start;
     f->flags = fflags;
+    f->held = buf != NULL && fsc_fill_held (o->cache);
     memcpy (f->epochs, epochs, (GROUP_OF (b + n - 1) - GROUP_OF (b) + 1)
             * sizeof *epochs);
     if (fsc_fill_submit (o->cache, o, f) == 0)   /* takes a ref on O */

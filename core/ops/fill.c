@@ -242,7 +242,9 @@ fill_under (struct fsc_cache *c, unsigned pct, bool peak, uint64_t *fill)
  * it inline (fsc_fill_slower).  So a probe of a stream whose fills are
  * free leaves nothing uncached that fits in the queue (300 ms of a
  * link at 3 Gbit/s), where skipping every fill for the probe's length
- * would leave a few percent of a long read to the catch-up.
+ * would leave a few percent of a long read to the catch-up.  A probe
+ * that finds them costly has what it held dropped instead (drop): the
+ * skip the budget, engaged from then on, would have made.
  */
 bool
 fsc_fill_held (struct fsc_cache *c)
@@ -577,6 +579,7 @@ fsc_fill_new (struct fsc_cache *c, size_t len)
   f->len = len;
   f->readers = 0;
   f->done = false;
+  f->held = false;
   return f;
 }
 
@@ -686,6 +689,26 @@ fill_busy (const struct fsc_cache *c)
   return c->fill_head != NULL;
 }
 
+/* A client's job held by a probe whose sample found the fills costly
+ * (cost.c): skipped as the budget would have skipped it, its blocks
+ * released unstored and noted for the catch-up.  Written, a stream
+ * from an NBD server next door filled what its probe had held, up to
+ * FILL_MAX_BYTES, at the very moment it was found that fills slow it
+ * (a scratch trace of the cost measure, issue 44).
+ */
+static void
+drop (struct fsc_object *o, struct fsc_fill *f)
+{
+  struct fsc_stats *st = &o->cache->stats;
+  FSC_STAT_ADD (st, fill_skipped, 1);
+  FSC_STAT_ADD (st, fill_skipped_bytes, f->len);
+  FSC_OSTAT_ADD (o, fill_skipped_bytes, f->len);
+  fsc_catchup_note (o, f->start, f->len);
+  FSC_NOTICE (o, FSC_NOTICE_SKIPPED);
+  fsc_fill_blocks (o, f->block, f->nblocks, NULL, f->start, f->len,
+                   f->epochs, f->flags);
+}
+
 static void *
 filler (void *arg)
 {
@@ -725,10 +748,14 @@ filler (void *arg)
       return NULL;
 
     struct fsc_object *o = f->obj;
-    fsc_meter_begin (&c->fill_meter);
-    fsc_fill_blocks (o, f->block, f->nblocks, f->data, f->start, f->len,
-                     f->epochs, f->flags);
-    fsc_meter_end (&c->fill_meter, f->len);
+    if (f->held && __atomic_load_n (&c->cost.costly, __ATOMIC_RELAXED))
+      drop (o, f);
+    else {
+      fsc_meter_begin (&c->fill_meter);
+      fsc_fill_blocks (o, f->block, f->nblocks, f->data, f->start, f->len,
+                       f->epochs, f->flags);
+      fsc_meter_end (&c->fill_meter, f->len);
+    }
     pthread_mutex_lock (&o->lock);
     o->pending_fills--;
     pthread_cond_broadcast (&o->cond);

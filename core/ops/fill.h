@@ -30,6 +30,9 @@ struct fsc_fill {
   size_t len;
   size_t cap;                   /* of DATA's buffer */
   unsigned flags;               /* FSC_FILL_* */
+  bool held;                    /* a client's, queued in a probe's hold:
+                                 * dropped if the probe finds the
+                                 * fills costly (filler) */
   uint64_t epochs[FSC_FILL_MAX_GROUPS];
   unsigned char *data;          /* LEN bytes, from fsc_buf_get */
 };
