@@ -15,6 +15,7 @@
 #include "quiet.h"
 #include "readahead.h"
 #include "upstream.h"
+#include "yield.h"
 
 /* Set once in .get_ready, before any connection; read-only after.
  * Until then, the most careful model.
@@ -292,6 +293,7 @@ int
 upstream_pread (struct upstream *u, void *buf, uint32_t count,
                 uint64_t offset, uint32_t flags, int *err)
 {
+  yield_note_upstream ();
   DATA_CALL (u, err, u->next->pread (u->next, buf, count, offset, flags, err));
 }
 

@@ -16,4 +16,10 @@ extern void yield_set_budget_us (uint64_t us);
  */
 extern bool yield_after_request (void);
 
+/* On the thread that reads the upstream (upstream.c), for each read:
+ * the request it serves did the plugin's work, not the cache's, and
+ * starts a new budget (yield.c, "The upstream's work").
+ */
+extern void yield_note_upstream (void);
+
 #endif /* FSCACHE_YIELD_H */

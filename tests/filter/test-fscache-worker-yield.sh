@@ -12,7 +12,12 @@
 #    connections, 64 requests in flight): workers find the next request
 #    waiting and serve hits back to back; with a budget of 1 µs they
 #    yield (worker_yields > 0), with 0 never (worker_yields 0).
-# 3. A bad value is refused at start-up, naming the parameter.
+# 3. Misses from an upstream in the same process that never sleeps
+#    (the file plugin, page-cached), many at once, a budget of 1 µs:
+#    every request reads upstream, the plugin's work, so none yields
+#    (worker_yields 0).  Counted as the cache's, they yielded after
+#    nearly every read, and random reads ran at 0.75 of the plugin's.
+# 4. A bad value is refused at start-up, naming the parameter.
 # Every copy cmp's equal to the image.
 #
 # Truth: the image (cmp), the filter's stats file at a clean stop.
@@ -70,7 +75,23 @@ copy "warm, budget 0" --connections=4 --requests=64 --request-size=65536
 y=$(yields)
 [ "$y" -eq 0 ] || fail "fscache-worker-yield=0 yielded $y times"
 
-# 3. Bad values.
+# 3. Cold, many at once, from the file plugin with no delay: misses
+#    back to back, each the plugin's work.
+rm -rf "$TMP/c"; mkdir -m 700 "$TMP/c"
+rm -f "$TMP/stats"
+start_nbdkit -P "$TMP/p.pid" -U "$TMP/p.sock" --filter="$FILTER" \
+  file "$TMP/img" fscache-dir="$TMP/c" fscache-readahead=0 \
+  fscache-worker-yield=1 fscache-stats="$TMP/stats"
+copy "cold, no delay" --connections=4 --requests=64 --request-size=65536
+y=$(yields)
+echo "cold, no delay, budget 1 µs: worker_yields $y," \
+  "upstream_read_bytes $(stat_value "$TMP/stats" upstream_read_bytes)"
+[ "$(stat_value "$TMP/stats" upstream_read_bytes)" -ge "$size" ] ||
+  fail "the cold copy did not read the image upstream"
+[ "$y" -eq 0 ] ||
+  fail "workers whose every request read upstream yielded $y times"
+
+# 4. Bad values.
 for v in x -1 1000001; do
   rc=0
   nbdkit --filter="$FILTER" null 1M fscache-dir="$TMP/c" \
