@@ -113,14 +113,21 @@ extern bool fsc_fill_budget (struct fsc_cache *cache, uint64_t len,
  */
 extern bool fsc_fill_budgeted (struct fsc_cache *cache);
 
-/* fill.c: are fills off for the measure of what they cost the clients
- * (core/base/cost.c): a verdict "costly", or a probe holding them?
- * Then readahead pauses too, over a link as well: its prefetches are
- * fills, and the verdict was measured with it paused.  No lock.
+/* probe.c: are fills off for the measure of what they cost the
+ * clients (core/base/cost.c): a verdict "costly", or a probe holding
+ * them?  Then readahead pauses too, over a link as well: its
+ * prefetches are fills, and the verdict was measured with it paused.
+ * No lock.
  */
 extern bool fsc_fill_cost_off (struct fsc_cache *cache);
 
-/* fill.c: is a probe of core/base/cost.c holding the fills in their
+/* probe.c: step the measure; true in a stretch of the verdict
+ * "costly" (the budget engages: fill.c, budget_engaged).  Starts and
+ * ends the probes' holds.  No lock held.
+ */
+extern bool fsc_fill_cost_engaged (struct fsc_cache *cache);
+
+/* probe.c: is a probe of core/base/cost.c holding the fills in their
  * queue now; and end that hold (a reader is about to wait for a held
  * job's claim).  Neither needs a lock held; unhold takes fill_lock.
  */

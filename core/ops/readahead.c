@@ -47,7 +47,7 @@ struct fsc_readahead {
  * prefetches stored at the disk's speed) gave 260 and cached it all
  * (docs/benchmarks.md, issue 27).  Whatever the upstream, while the
  * measure of what fills cost the clients has them off (a verdict
- * "costly" or a probe: fill.c, fsc_fill_cost_off): there the clients
+ * "costly" or a probe: probe.c, fsc_fill_cost_off): there the clients
  * were measured faster without the fills, readahead's included.
  */
 static bool

@@ -24,7 +24,7 @@
  * And the fill queue's bound (fsc_fill_bound), from the fills' peak:
  * a quarter second of it, within 16 and 128 MiB.
  *
- * And what a probe of the fills' cost held in the queue (cost.c,
+ * And what a probe of the fills' cost held in the queue (probe.c,
  * fsc_fill_held): stored if the verdict stays "free"; if the probe
  * found the fills costly, released unstored, counted skipped and noted
  * for the catch-up (fill.c, drop).
