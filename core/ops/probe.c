@@ -27,12 +27,13 @@
 /* Is a probe of cost.c holding the fills?  The fill threads write
  * nothing until the hold's end, the queue may grow to its most
  * (fill.c, FILL_MAX_BYTES), and once it is full a client's miss skips
- * its fill rather than write it inline (fsc_fill_slower).  So a probe of a stream whose fills are
- * free leaves nothing uncached that fits in the queue (300 ms of a
- * link at 3 Gbit/s), where skipping every fill for the probe's length
- * would leave a few percent of a long read to the catch-up.  A probe
- * that finds them costly has what it held dropped instead (drop): the
- * skip the budget, engaged from then on, would have made.
+ * its fill rather than write it inline (fsc_fill_slower).  So a probe
+ * of a stream whose fills are free leaves nothing uncached that fits
+ * in the queue (300 ms of a link at 3 Gbit/s), where skipping every
+ * fill for the probe's length would leave a few percent of a long read
+ * to the catch-up.  A probe that finds them costly has what it held
+ * dropped instead (fill.c, drop): the skip the budget, engaged from
+ * then on, would have made.
  */
 bool
 fsc_fill_held (struct fsc_cache *c)
