@@ -222,10 +222,7 @@ fsc_fetch_run (struct fsc_object *o, uint64_t b, uint64_t n, void *buf,
     skip = buf && fsc_fill_slower (o->cache);
   }
   if (skip) {
-    FSC_STAT_ADD (st, fill_skipped, 1);
-    FSC_STAT_ADD (st, fill_skipped_bytes, len);
-    FSC_OSTAT_ADD (o, fill_skipped_bytes, len);
-    fsc_catchup_note (o, start, len);
+    fsc_fill_skipped (o, start, len);
     FSC_NOTICE (o, FSC_NOTICE_SKIPPED);
   }
   /* An inline fill writes, as the fill threads do: the fill meter

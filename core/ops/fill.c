@@ -378,10 +378,11 @@ fsc_fill_budget (struct fsc_cache *c, uint64_t len, bool speculative)
    * instead, or over a link keeps its requests in flight, whose
    * prefetches would otherwise take the client's own misses' share).
    */
-  const bool free = rates_known (c, fill) && (!engaged || speculative);
-  if (free && engaged)
+  const bool known = rates_known (c, fill);
+  if (known && engaged && speculative)
     return true;
-  const uint64_t rate = !rates_known (c, fill) ? 0
+  const bool free = known && !engaged;
+  const uint64_t rate = !known ? 0
     : fill / 100 * (engaged ? duty_pct (c, fill) : DUTY_PCT);
   const uint64_t now = fsc_mono_ns ();
   SCOPED_LOCK (&c->budget_lock);
@@ -565,6 +566,16 @@ fill_busy (const struct fsc_cache *c)
   return c->fill_head != NULL;
 }
 
+void
+fsc_fill_skipped (struct fsc_object *o, uint64_t start, uint64_t len)
+{
+  struct fsc_stats *st = &o->cache->stats;
+  FSC_STAT_ADD (st, fill_skipped, 1);
+  FSC_STAT_ADD (st, fill_skipped_bytes, len);
+  FSC_OSTAT_ADD (o, fill_skipped_bytes, len);
+  fsc_catchup_note (o, start, len);
+}
+
 /* A client's job held by a probe whose sample found the fills costly
  * (cost.c): skipped as the budget would have skipped it, its blocks
  * released unstored and noted for the catch-up.  Written, a stream
@@ -575,11 +586,7 @@ fill_busy (const struct fsc_cache *c)
 static void
 drop (struct fsc_object *o, struct fsc_fill *f)
 {
-  struct fsc_stats *st = &o->cache->stats;
-  FSC_STAT_ADD (st, fill_skipped, 1);
-  FSC_STAT_ADD (st, fill_skipped_bytes, f->len);
-  FSC_OSTAT_ADD (o, fill_skipped_bytes, f->len);
-  fsc_catchup_note (o, f->start, f->len);
+  fsc_fill_skipped (o, f->start, f->len);
   FSC_NOTICE (o, FSC_NOTICE_SKIPPED);
   fsc_fill_blocks (o, f->block, f->nblocks, NULL, f->start, f->len,
                    f->epochs, f->flags);

@@ -113,6 +113,13 @@ extern bool fsc_fill_budget (struct fsc_cache *cache, uint64_t len,
  */
 extern bool fsc_fill_budgeted (struct fsc_cache *cache);
 
+/* fill.c: LEN bytes at START of O were read upstream and not stored
+ * (a skip, a bypass, a dropped job): counted, and noted for the
+ * catch-up.  Takes no lock of the caller's.
+ */
+extern void fsc_fill_skipped (struct fsc_object *o, uint64_t start,
+                              uint64_t len);
+
 /* probe.c: are fills off for the measure of what they cost the
  * clients (core/base/cost.c): a verdict "costly", or a probe holding
  * them?  Then readahead pauses too, over a link as well: its

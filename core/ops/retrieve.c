@@ -582,12 +582,8 @@ serve_uncached (struct fsc_object *o, const struct read_ctx *rc, uint64_t b,
   FSC_OSTAT_ADD (o, upstream_bytes, hi - lo);
   FSC_OSTAT_ADD (o, miss_bytes, hi - lo);
   *missed += hi - lo;
-  if (r->bypass) {
-    FSC_STAT_ADD (st, fill_skipped, 1);
-    FSC_STAT_ADD (st, fill_skipped_bytes, hi - lo);
-    FSC_OSTAT_ADD (o, fill_skipped_bytes, hi - lo);
-    fsc_catchup_note (o, lo, hi - lo);
-  }
+  if (r->bypass)
+    fsc_fill_skipped (o, lo, hi - lo);
   return 0;
 }
 
