@@ -158,4 +158,29 @@ fsc_wall_ms (void)
   return (uint64_t) ts.tv_sec * 1000 + (uint64_t) ts.tv_nsec / 1000000;
 }
 
+/* Name the calling thread (at most 15 bytes; longer is cut), so that
+ * top -H, perf sched, gdb's "info threads" and /proc/PID/task/TID/comm
+ * tell the cache's own threads from nbdkit's workers: every thread of
+ * the process was "nbdkit", and a profile of the hits' waits could
+ * only tell them apart by their thread ids (docs/benchmarks.md, stop
+ * 63).  A thread started from one of ours inherits its name (Linux
+ * copies it), such as a plugin's own thread started while one of ours
+ * opens a context.  Best effort: a name is never worth a failure.
+ */
+static inline void
+fsc_thread_name (const char *name)
+{
+#ifdef __GLIBC__
+  char n[16];
+  size_t len = strlen (name);
+  if (len > sizeof n - 1)
+    len = sizeof n - 1;
+  memcpy (n, name, len);
+  n[len] = '\0';
+  (void) pthread_setname_np (pthread_self (), n);
+#else
+  (void) name;
+#endif
+}
+
 #endif /* FSC_UTILS_H */

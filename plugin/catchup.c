@@ -139,6 +139,7 @@ static void *
 worker (void *arg)
 {
   struct cu_worker *w = arg;
+  fsc_thread_name ("fsc-catchup");
   struct fsc_upstream up = { .pread = cu_pread, .opaque = w };
   uint64_t off, len;
 

@@ -218,6 +218,14 @@ read_sample (void *arg)
   return NULL;
 }
 
+/* A read of its own (the first is read on the caller's thread). */
+static void *
+sample_thread (void *arg)
+{
+  fsc_thread_name ("fsc-identity");
+  return read_sample (arg);
+}
+
 int
 fingerprint_regions (struct upstream *up, const void *k, size_t klen,
                      uint64_t size, struct fscache_sample_set *set,
@@ -241,7 +249,7 @@ fingerprint_regions (struct upstream *up, const void *k, size_t klen,
   /* Each read but the first in a thread (if it cannot start, here). */
   for (unsigned i = 1; i < n; ++i)
     sm[i].started = upstream_parallel (up) &&
-      pthread_create (&sm[i].thread, NULL, read_sample, &sm[i]) == 0;
+      pthread_create (&sm[i].thread, NULL, sample_thread, &sm[i]) == 0;
   for (unsigned i = 0; i < n; ++i) {
     if (sm[i].started)
       pthread_join (sm[i].thread, NULL);

@@ -259,6 +259,7 @@ probe_round (struct fsc_cache *cache, bool (*probe) (const char *))
 static void *
 probe_loop (void *arg)
 {
+  fsc_thread_name ("fsc-peer-probe");
   pthread_mutex_lock (&prober.lock);
   while (!prober.stopping) {
     struct timespec ts;

@@ -169,6 +169,7 @@ static struct {
 static void *
 reap_loop (void *arg)
 {
+  fsc_thread_name ("fsc-peer-reap");
   pthread_mutex_lock (&reaper.lock);
   while (!reaper.stopping) {
     struct timespec ts;

@@ -260,6 +260,7 @@ static void *
 worker (void *arg)
 {
   struct pool *p = arg;
+  fsc_thread_name ("fsc-pool");
   struct upstream u;
   bool have = false;
 

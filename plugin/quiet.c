@@ -54,6 +54,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "utils.h"
+
 #include "quiet.h"
 #include "say.h"
 
@@ -125,6 +127,7 @@ static void *
 reader (void *arg)
 {
   struct gather *g = arg;
+  fsc_thread_name ("fsc-quiet");
   char buf[4096];
   for (;;) {
     bool ending = __atomic_load_n (&closing, __ATOMIC_ACQUIRE);

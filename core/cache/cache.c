@@ -398,6 +398,7 @@ static void *
 committer (void *arg)
 {
   struct fsc_cache *c = arg;
+  fsc_thread_name ("fsc-commit");
 
   for (;;) {
     pthread_mutex_lock (&c->lock);

@@ -596,6 +596,7 @@ static void *
 filler (void *arg)
 {
   struct fsc_cache *c = arg;
+  fsc_thread_name ("fsc-fill");
   const unsigned slot = __atomic_fetch_add (&c->filler_slots, 1,
                                             __ATOMIC_RELAXED);
 

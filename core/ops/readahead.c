@@ -61,6 +61,7 @@ static void *
 worker (void *arg)
 {
   struct fsc_readahead *ra = arg;
+  fsc_thread_name ("fsc-readahead");
 
   for (;;) {
     pthread_mutex_lock (&ra->lock);

@@ -465,6 +465,7 @@ static void *
 conn_thread (void *arg)
 {
   struct conn_arg *a = arg;
+  fsc_thread_name ("fsc-share-conn");
   struct fsc_object *o = a->o;
   struct share_server *srv = o->share;
   struct share_conn *c = a->c;
@@ -498,6 +499,7 @@ static void *
 listener (void *arg)
 {
   struct fsc_object *o = arg;
+  fsc_thread_name ("fsc-share");
   struct share_server *srv = o->share;
 
   for (;;) {

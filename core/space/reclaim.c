@@ -363,6 +363,7 @@ static void *
 reclaimer (void *arg)
 {
   struct fsc_object *o = arg;
+  fsc_thread_name ("fsc-reclaim");
   int r = 0;
   /* Test knob: with NBD_FSCACHE_TEST_RECLAIM_GATE=FILE the walk (and
    * the census) waits until FILE exists, so that a test can count the

@@ -290,6 +290,14 @@ sender (void *arg)
   }
 }
 
+/* A sender of its own (the writer is the first, unnamed as one). */
+static void *
+sender_thread (void *arg)
+{
+  fsc_thread_name ("fsc-wb-send");
+  return sender (arg);
+}
+
 /* Send every request of B, up to NPARALLEL at once.  0 or -1. */
 static int
 send_all (struct fsc_wlog *wl, struct batch *b)
@@ -300,7 +308,7 @@ send_all (struct fsc_wlog *wl, struct batch *b)
   if (n > b->nrq)
     n = b->nrq;
   for (unsigned i = 1; i < n; ++i)
-    if (pthread_create (&th[started], NULL, sender, b) == 0)
+    if (pthread_create (&th[started], NULL, sender_thread, b) == 0)
       started++;
   sender (b);
   for (unsigned i = 0; i < started; ++i)
@@ -582,6 +590,7 @@ static void *
 writer (void *arg)
 {
   struct fsc_wlog *wl = arg;
+  fsc_thread_name ("fsc-wb-writer");
   unsigned backoff = MIN_BACKOFF_MS;
   for (;;) {
     pthread_mutex_lock (&wl->lock);
