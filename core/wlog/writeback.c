@@ -290,7 +290,7 @@ sender (void *arg)
   }
 }
 
-/* A sender of its own (the writer is the first, unnamed as one). */
+/* A sender thread of its own (the writer sends too, under its name). */
 static void *
 sender_thread (void *arg)
 {
