@@ -62,13 +62,6 @@ fsc_fill_unhold (struct fsc_cache *c)
   pthread_mutex_unlock (&c->fill_lock);
 }
 
-/* Step the comparison of windows with fills and without (cost.c).  Its
- * mode "without" is one of two things: in the stretch of a verdict
- * "costly", the budget engaged (the return value: fills admitted at
- * DUTY_PCT of their rate, readahead paused); in a probe of a verdict
- * "free", the fills held (fsc_fill_held).  Its figures go to the stats
- * when a comparison was made.
- */
 /* Bytes served to clients so far, cost.c's measure. */
 static uint64_t
 served_bytes (struct fsc_stats *st)
@@ -78,6 +71,13 @@ served_bytes (struct fsc_stats *st)
     __atomic_load_n (&st->hits_rerouted_bytes, __ATOMIC_RELAXED);
 }
 
+/* Step the comparison of windows with fills and without (cost.c).  Its
+ * mode "without" is one of two things: in the stretch of a verdict
+ * "costly", the budget engaged (the return value: fills admitted at
+ * DUTY_PCT of their rate, readahead paused); in a probe of a verdict
+ * "free", the fills held (fsc_fill_held).  Its figures go to the stats
+ * when a comparison was made.
+ */
 bool
 fsc_fill_cost_engaged (struct fsc_cache *c)
 {

@@ -23,7 +23,8 @@ CLIENT wakes at least MIN times) and of CLIENT by them:
 Threads are told apart by name (the filter names its own: core/utils.h,
 fsc_thread_name) and the serving threads by the wakeups themselves.
 Usage: wakeups.py [--client=fio] [--min=1000] [--slow=50] FILE
-(FILE: a perf.data, read with perf script, or perf script's output).
+(FILE: a perf.data, read with perf script; or, named *.txt, the output
+of perf script -F comm,pid,tid,cpu,time,event,trace).
 """
 import argparse
 import bisect
@@ -40,7 +41,8 @@ SW = re.compile(r'prev_comm=(.*?) prev_pid=(\d+) .*==> '
 
 def events(path):
     if path.endswith('.txt'):
-        src = open(path)
+        with open(path) as f:
+            src = f.read().splitlines()
     else:
         src = subprocess.run(
             ['perf', 'script', '-i', path, '-F',
